@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` and `make test`. Both do all set-up.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: demo test data lint typecheck bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+data: $(STAMP)
+	$(PY) -m thinwire.data.setup
+
+demo: $(STAMP) data
+	$(VENV)/bin/thinwire compare --config configs/demo.toml
+
+test: $(STAMP) data
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,3 @@
+from thinwire.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""A multilayer perceptron with configurable depth, width and normalisation.
+
+With ``norm="batch"`` the net follows the original IST code (Yuan et al., VLDB 2022): every
+linear layer is bias-free and followed by BatchNorm1d that uses batch statistics in training and
+in evaluation (``track_running_stats=False``), hidden norms with a learnable per-neuron scale and
+shift, the logits' norm without (``affine=False``). Because batch statistics re-normalise each
+neuron, a subnet holding 1/n of a layer sees pre-activations on the same scale as the full net:
+this is IST's faithful answer to the activation-scale pitfall.
+
+``norm="layer"`` uses LayerNorm with biases in the linear layers; ``norm="none"`` plain linear
+layers with biases.
+
+Layout: ``layers[i]`` is the i-th Linear (``len(hidden) + 1`` of them), ``norms[i]`` its norm
+(``nn.Identity`` when none). Hidden layer i has ``hidden[i]`` neurons: the rows of
+``layers[i].weight`` and the columns of ``layers[i+1].weight``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, input_dim: int, hidden: Sequence[int], num_classes: int, *,
+                 norm: str = "batch", activation: str = "relu") -> None:
+        super().__init__()
+        self.input_dim = input_dim
+        self.hidden = tuple(int(h) for h in hidden)
+        self.num_classes = num_classes
+        self.norm = norm
+        self.activation = activation
+        widths = [input_dim, *self.hidden, num_classes]
+        bias = norm != "batch"
+        self.layers = nn.ModuleList(
+            nn.Linear(widths[i], widths[i + 1], bias=bias) for i in range(len(widths) - 1)
+        )
+        norms: list[nn.Module] = []
+        for i, w in enumerate(widths[1:]):
+            last = i == len(widths) - 2
+            if norm == "batch":
+                norms.append(nn.BatchNorm1d(w, affine=not last, momentum=None,
+                                            track_running_stats=False))
+            elif norm == "layer" and not last:
+                norms.append(nn.LayerNorm(w))
+            else:
+                norms.append(nn.Identity())
+        self.norms = nn.ModuleList(norms)
+        self.act = nn.ReLU() if activation == "relu" else nn.Tanh()
+
+    def forward(self, x: torch.Tensor, *, hidden_scale: float = 1.0) -> torch.Tensor:
+        """Logits. ``hidden_scale`` multiplies hidden activations (IST's inverted-dropout mode)."""
+        h = x.flatten(1)
+        last = len(self.layers) - 1
+        for i, (lin, nrm) in enumerate(zip(self.layers, self.norms)):
+            h = nrm(lin(h))
+            if i < last:
+                h = self.act(h)
+                if hidden_scale != 1.0:
+                    h = h * hidden_scale
+        return h
+
+
+def build_mlp(input_dim: int, hidden: Sequence[int], num_classes: int, *, norm: str = "batch",
+              activation: str = "relu", seed: int = 0) -> MLP:
+    """The MLP with weights drawn from ``seed`` (identical on every rank)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MLP(input_dim, hidden, num_classes, norm=norm, activation=activation)

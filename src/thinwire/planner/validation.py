@@ -1,0 +1,148 @@
+"""Validation: the planner's predictions beside published measurements (``--validate``).
+
+Three checks, all printed by ``thinwire plan --validate`` (docs/PLANNER.md shows its output):
+1. memory, Korthikanti et al. 2022 Fig. 1 (22B and 175B) and the ZeRO paper's example;
+2. step time, Korthikanti et al. 2022 Table 5 (iteration seconds, 8 runs) and Narayanan et al.
+   2021 Table 1 (achieved TFLOP/s per GPU, 10 runs), on the a100-80gb preset;
+3. the one calibrated constant, ``compute_efficiency``: fit by least squares on log(predicted /
+   measured) over all 18 runs, reported with leave-one-out errors (each run predicted by a fit
+   that never saw it) and across papers (fit on one paper, predict the other).
+Error = (predicted - measured) / measured of the reported metric.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from thinwire.planner.memory import GIB, ParamBytes, memory_breakdown, transformer_params_per_device, zero_model_states
+from thinwire.planner.presets import load_cluster
+from thinwire.planner.published import PublishedRun, korthikanti_memory, korthikanti_times, narayanan_table1
+from thinwire.planner.render import pct, table
+from thinwire.planner.specs import ClusterSpec
+from thinwire.planner.step import predict
+
+ZERO_EXAMPLE = (120.0, 31.4, 16.6, 1.9)  # GB, Rajbhandari et al. 2020, Psi = 7.5B, N_d = 64
+
+
+def all_runs() -> list[PublishedRun]:
+    return korthikanti_times() + narayanan_table1()
+
+
+def predicted_metric(run: PublishedRun, cluster: ClusterSpec) -> float:
+    """The run's metric as the planner predicts it on ``cluster`` (nodes set from the run)."""
+    nodes = max(1, math.ceil(run.strategy.devices / cluster.devices_per_node))
+    pred = predict(run.model, dataclasses.replace(cluster, nodes=nodes), run.strategy)
+    if run.metric == "iteration_s":
+        return pred.step_time
+    flops = run.model.flops_per_step(run.strategy.global_batch(), "full")  # Narayanan Eq. 3
+    return flops / (pred.step_time * run.strategy.devices) / 1e12
+
+
+def _log_error(run: PublishedRun, cluster: ClusterSpec) -> float:
+    ratio = predicted_metric(run, cluster) / run.measured
+    return math.log(ratio) if run.metric == "iteration_s" else -math.log(ratio)
+
+
+def fit_compute_efficiency(runs: Sequence[PublishedRun], cluster: ClusterSpec) -> float:
+    """argmin over f in [0.3, 1] of sum log^2(predicted time / measured time) (golden section)."""
+
+    def loss(f: float) -> float:
+        c = dataclasses.replace(cluster, compute_efficiency=f)
+        return sum(_log_error(r, c) ** 2 for r in runs)
+
+    lo, hi = 0.3, 1.0
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    for _ in range(40):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = loss(b)
+    return (lo + hi) / 2
+
+
+def error(run: PublishedRun, cluster: ClusterSpec) -> float:
+    return predicted_metric(run, cluster) / run.measured - 1.0
+
+
+def step_time_table(cluster: ClusterSpec) -> tuple[list[list[object]], dict[str, float]]:
+    """Rows (run, measured, predicted uncalibrated / calibrated / leave-one-out) and summary."""
+    runs = all_runs()
+    raw = dataclasses.replace(cluster, compute_efficiency=1.0)
+    f_all = fit_compute_efficiency(runs, raw)
+    fitted = dataclasses.replace(raw, compute_efficiency=f_all)
+    rows, errs = [], {"raw": [], "cal": [], "loo": []}
+    for i, run in enumerate(runs):
+        others = runs[:i] + runs[i + 1 :]
+        loo_cluster = dataclasses.replace(raw, compute_efficiency=fit_compute_efficiency(others, raw))
+        e_raw, e_cal, e_loo = error(run, raw), error(run, fitted), error(run, loo_cluster)
+        for key, val in (("raw", e_raw), ("cal", e_cal), ("loo", e_loo)):
+            errs[key].append(abs(val))
+        unit = "s" if run.metric == "iteration_s" else "TFLOP/s"
+        rows.append([f"{run.source} {run.label}", f"{run.measured:g} {unit}",
+                     f"{predicted_metric(run, fitted):.4g}", pct(e_raw), pct(e_cal), pct(e_loo)])
+    k = len(korthikanti_times())
+    f_k = fit_compute_efficiency(runs[:k], raw)
+    f_n = fit_compute_efficiency(runs[k:], raw)
+    cross_n = [abs(error(r, dataclasses.replace(raw, compute_efficiency=f_k))) for r in runs[k:]]
+    cross_k = [abs(error(r, dataclasses.replace(raw, compute_efficiency=f_n))) for r in runs[:k]]
+    summary = {"fit_all": f_all, "fit_korthikanti": f_k, "fit_narayanan": f_n,
+               "preset": cluster.compute_efficiency,
+               **{f"mean_{k_}": sum(v) / len(v) for k_, v in errs.items()},
+               **{f"max_{k_}": max(v) for k_, v in errs.items()},
+               "mean_korthikanti_fit_on_narayanan": sum(cross_k) / len(cross_k),
+               "mean_narayanan_fit_on_korthikanti": sum(cross_n) / len(cross_n)}
+    return rows, summary
+
+
+def memory_table(cluster: ClusterSpec) -> list[list[object]]:
+    """Korthikanti Fig. 1: model states (18 B/param, layers only) and activations, GiB."""
+    rows: list[list[object]] = []
+    for point in korthikanti_memory():
+        states = transformer_params_per_device(point.model, point.strategy, embeddings=False) * 18 / GIB
+        acts = memory_breakdown(point.model, cluster, point.strategy).activations / GIB
+        rows.append([point.label, f"{point.model_states_gib:.2f}", f"{states:.2f}",
+                     pct(states / point.model_states_gib - 1, 2), f"{point.activations_gib:.2f}",
+                     f"{acts:.2f}", pct(acts / point.activations_gib - 1, 2)])
+    return rows
+
+
+def zero_table() -> list[list[object]]:
+    """ZeRO paper example: Psi = 7.5B, N_d = 64, 2 + 2 + K (K = 12) bytes per parameter."""
+    rows: list[list[object]] = []
+    for stage, published in enumerate(ZERO_EXAMPLE):
+        got = sum(zero_model_states(7.5e9, 64, stage, ParamBytes(2.0, 2.0, 12.0))) / 1e9
+        rows.append([f"ZeRO stage {stage}", f"{published:g}", f"{got:.3g}", pct(got / published - 1, 2)])
+    return rows
+
+
+def render_validation(cluster: ClusterSpec | None = None) -> str:
+    """The text ``thinwire plan --validate`` prints."""
+    cluster = cluster or load_cluster("a100-80gb")
+    mem = table(["configuration", "states pub", "pred", "err", "activ. pub", "pred", "err"],
+                memory_table(cluster),
+                "Memory per GPU, GiB: Korthikanti et al. 2022 Fig. 1 (A100-80GB)")
+    zero = table(["model states", "paper GB", "pred GB", "err"], zero_table(),
+                 "Model states per GPU: Rajbhandari et al. 2020 (Psi = 7.5B, N_d = 64)")
+    rows, sm = step_time_table(cluster)
+    steps = table(["run", "measured", "predicted", "err uncal.", "err cal.", "err LOO"], rows,
+                  "Step time on a100-80gb: iteration seconds (Korthikanti) / TFLOP/s per GPU (Narayanan)")
+    notes = [
+        f"compute_efficiency: fit on all 18 runs {sm['fit_all']:.3f} (preset uses "
+        f"{sm['preset']:.3f}); fit on Korthikanti only {sm['fit_korthikanti']:.3f}, "
+        f"on Narayanan only {sm['fit_narayanan']:.3f}",
+        f"mean |error|: uncalibrated {100 * sm['mean_raw']:.2f}% (max {100 * sm['max_raw']:.2f}%), "
+        f"calibrated {100 * sm['mean_cal']:.2f}% (max {100 * sm['max_cal']:.2f}%), "
+        f"leave-one-out {100 * sm['mean_loo']:.2f}% (max {100 * sm['max_loo']:.2f}%)",
+        f"across papers: Korthikanti predicted with the Narayanan fit "
+        f"{100 * sm['mean_korthikanti_fit_on_narayanan']:.2f}%, Narayanan with the Korthikanti fit "
+        f"{100 * sm['mean_narayanan_fit_on_korthikanti']:.2f}%",
+    ]
+    return "\n\n".join([mem, zero, steps, "\n".join(notes)]) + "\n"

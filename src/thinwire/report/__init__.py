@@ -1,0 +1,1 @@
+"""Metrics JSONL -> tables (markdown) and plots (matplotlib PNG)."""

@@ -1,0 +1,27 @@
+"""``thinwire report RUN_DIR...``: print the comparison table and write plots."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from thinwire.report.plots import plot_runs
+from thinwire.report.tables import compare_table, load_run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories to compare")
+    parser.add_argument("--target", type=float, default=None,
+                        help="accuracy for the time/bytes-to-target columns "
+                             "(default: the highest accuracy every run reached)")
+    parser.add_argument("--plots", metavar="DIR", default=None,
+                        help="where to write accuracy.png and loss.png (default: beside the first run)")
+
+
+def run(args: argparse.Namespace) -> int:
+    runs = [load_run(p) for p in args.runs]
+    print(compare_table(runs, args.target))
+    out = Path(args.plots) if args.plots else Path(args.runs[0]).parent / "report"
+    for p in plot_runs(runs, out):
+        print(f"wrote {p}")
+    return 0

@@ -1,0 +1,262 @@
+"""The one communication layer: every collective and point-to-point thinwire issues goes here.
+
+Each call is written into the calling rank's :class:`Ledger`: the operation, the payload bytes
+this rank hands to the collective, the bytes it sends and receives on the wire as estimated for
+the collective's usual algorithm (ring all-reduce, ring all-gather, chain broadcast; exact for
+point-to-point), the peers, the wall time and a tag. A comparison of methods is a comparison of
+these counters. Wire figures for collectives are *estimates* (the backend chooses its own
+algorithm); measured figures come from the kernel's interface counters (``thinwire bench``).
+
+Traffic that is not part of a method's training (evaluation, metric reductions, checkpoint
+barriers) is tagged ``control`` and kept out of the method's totals.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+CONTROL = "control"
+
+
+def nbytes(tensors: torch.Tensor | Sequence[torch.Tensor]) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def wire_estimate(op: str, payload: int, n: int, *, root: bool = False) -> tuple[int, int]:
+    """(sent, received) bytes per rank on the wire for ``op`` over n ranks (estimates).
+
+    - all_reduce (ring): reduce-scatter + all-gather, each rank sends and receives
+      2 (n-1)/n x payload;
+    - all_gather (ring) of ``payload`` bytes per rank: sends and receives (n-1) x payload;
+    - broadcast (chain): every rank but the last forwards the payload once: the root sends it,
+      others receive it and (n-2)/(n-1) of them forward it; we charge the root ``payload`` sent
+      and each other rank ``payload`` received and (n-2)/(n-1) x payload sent;
+    - send / recv: exact.
+    """
+    if n <= 1:
+        return 0, 0
+    if op == "all_reduce":
+        b = round(2 * (n - 1) / n * payload)
+        return b, b
+    if op == "all_gather":
+        return (n - 1) * payload, (n - 1) * payload
+    if op == "broadcast":
+        return (payload, 0) if root else (round((n - 2) / (n - 1) * payload), payload)
+    if op == "send":
+        return payload, 0
+    if op == "recv":
+        return 0, payload
+    if op == "barrier":
+        return 0, 0
+    raise ValueError(f"unknown op {op!r}")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    step: int
+    op: str
+    tag: str
+    payload: int
+    sent: int
+    recv: int
+    peers: str
+    seconds: float
+    estimated: bool
+
+
+class Ledger:
+    """Per-rank record of every communication call (thread-safe: DDP hooks finish on threads)."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self.step = 0
+        self.entries: list[LedgerEntry] = []
+        self._lock = threading.Lock()
+
+    def record(self, entry: LedgerEntry) -> None:
+        with self._lock:
+            self.entries.append(entry)
+
+    def totals(self, *, include_control: bool = False, since: int = 0) -> dict[str, float]:
+        """Sums over entries[since:]: payload, sent, recv, seconds, calls; estimated flags it."""
+        with self._lock:
+            chosen = [e for e in self.entries[since:] if include_control or e.tag != CONTROL]
+        return {
+            "payload_bytes": sum(e.payload for e in chosen),
+            "sent_bytes": sum(e.sent for e in chosen),
+            "recv_bytes": sum(e.recv for e in chosen),
+            "comm_seconds": sum(e.seconds for e in chosen),
+            "calls": len(chosen),
+            "sent_estimated": any(e.estimated and e.sent for e in chosen),
+        }
+
+    def by_op(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for e in self.entries:
+                if e.tag == CONTROL:
+                    continue
+                d = out.setdefault(f"{e.op}:{e.tag}" if e.tag else e.op,
+                                   {"calls": 0, "payload": 0, "sent": 0, "recv": 0})
+                d["calls"] += 1
+                d["payload"] += e.payload
+                d["sent"] += e.sent
+                d["recv"] += e.recv
+        return out
+
+    def mark(self) -> int:
+        with self._lock:
+            return len(self.entries)
+
+    def dump(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [asdict(e) for e in self.entries]
+
+
+class Comm:
+    """A process group plus its ledger. Pass it around; nothing here is global.
+
+    ``group=None`` uses the default group. With ``world_size == 1`` and no process group
+    initialised, every call is a local no-op that records nothing (the single-process reference).
+    """
+
+    def __init__(self, group: Any = None, ledger: Ledger | None = None) -> None:
+        self.group = group
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+        self.ledger = ledger if ledger is not None else Ledger(self.rank)
+
+    # --- bookkeeping -------------------------------------------------------------------------
+    def _log(self, op: str, payload: int, peers: str, seconds: float, tag: str,
+             *, root: bool = False, exact: tuple[int, int] | None = None) -> None:
+        sent, recv = exact if exact is not None else wire_estimate(op, payload, self.world_size, root=root)
+        self.ledger.record(LedgerEntry(self.ledger.step, op, tag, payload, sent, recv, peers,
+                                       seconds, exact is None and op not in ("send", "recv")))
+
+    def _global(self, rank: int) -> int:
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+    # --- collectives -------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, *, op: str = "sum", tag: str = "") -> torch.Tensor:
+        """In-place all-reduce (``op``: sum, avg, max, min)."""
+        if self.world_size == 1:
+            return tensor
+        t0 = time.perf_counter()
+        if op == "avg":
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+            tensor.div_(self.world_size)
+        else:
+            dist.all_reduce(tensor, op=_REDUCE[op], group=self.group)
+        self._log("all_reduce", nbytes(tensor), "all", time.perf_counter() - t0, tag)
+        return tensor
+
+    def all_reduce_async(self, tensor: torch.Tensor, *, tag: str = "") -> torch.futures.Future:
+        """Non-blocking sum all-reduce returning a Future of the reduced tensor (DDP hooks)."""
+        if self.world_size == 1:
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(tensor)
+            return fut
+        t0 = time.perf_counter()
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        payload = nbytes(tensor)
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            self._log("all_reduce", payload, "all", time.perf_counter() - t0, tag)
+            return f.value()[0]
+
+        return work.get_future().then(done)
+
+    def all_gather(self, tensor: torch.Tensor, *, tag: str = "") -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (same shape on all ranks), in rank order."""
+        if self.world_size == 1:
+            return [tensor]
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        t0 = time.perf_counter()
+        dist.all_gather(out, tensor, group=self.group)
+        self._log("all_gather", nbytes(tensor), "all", time.perf_counter() - t0, tag)
+        return out
+
+    def all_gather_async(self, tensor: torch.Tensor, *, tag: str = "") -> torch.futures.Future:
+        """Non-blocking all-gather into one flat tensor [world_size * numel] (DDP hooks)."""
+        flat = tensor.reshape(-1)
+        if self.world_size == 1:
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(flat.clone())
+            return fut
+        out = torch.empty(self.world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
+        t0 = time.perf_counter()
+        work = dist.all_gather_into_tensor(out, flat, group=self.group, async_op=True)
+        payload = nbytes(flat)
+
+        def done(_f: torch.futures.Future) -> torch.Tensor:
+            self._log("all_gather", payload, "all", time.perf_counter() - t0, tag)
+            return out
+
+        return work.get_future().then(done)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, *, tag: str = "") -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor
+        t0 = time.perf_counter()
+        dist.broadcast(tensor, src=self._global(src), group=self.group)
+        self._log("broadcast", nbytes(tensor), f"src={src}", time.perf_counter() - t0, tag,
+                  root=self.rank == src)
+        return tensor
+
+    def barrier(self, *, tag: str = CONTROL) -> None:
+        if self.world_size == 1:
+            return
+        t0 = time.perf_counter()
+        dist.barrier(group=self.group)
+        self._log("barrier", 0, "all", time.perf_counter() - t0, tag)
+
+    # --- point to point ----------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int, *, tag: str = "") -> None:
+        t0 = time.perf_counter()
+        dist.send(tensor.contiguous(), dst=self._global(dst), group=self.group)
+        b = nbytes(tensor)
+        self._log("send", b, f"dst={dst}", time.perf_counter() - t0, tag, exact=(b, 0))
+
+    def recv(self, tensor: torch.Tensor, src: int, *, tag: str = "") -> torch.Tensor:
+        t0 = time.perf_counter()
+        dist.recv(tensor, src=self._global(src), group=self.group)
+        b = nbytes(tensor)
+        self._log("recv", b, f"src={src}", time.perf_counter() - t0, tag, exact=(0, b))
+        return tensor
+
+    def exchange(self, sends: Sequence[tuple[int, torch.Tensor]],
+                 recvs: Sequence[tuple[int, torch.Tensor]], *, tag: str = "") -> None:
+        """Post all sends and receives at once (no ordering deadlock), then wait for all.
+
+        ``sends``: (dst, tensor); ``recvs``: (src, buffer). Bytes are exact, one entry a message.
+        """
+        t0 = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self._global(d), self.group) for d, t in sends]
+        ops += [dist.P2POp(dist.irecv, t, self._global(s), self.group) for s, t in recvs]
+        if ops:
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        dt = time.perf_counter() - t0
+        for d, t in sends:
+            self._log("send", nbytes(t), f"dst={d}", dt, tag, exact=(nbytes(t), 0))
+        for s, t in recvs:
+            self._log("recv", nbytes(t), f"src={s}", dt, tag, exact=(0, nbytes(t)))
+
+    # --- small helpers -----------------------------------------------------------------------
+    def gather_floats(self, values: Sequence[float], *, tag: str = CONTROL) -> list[list[float]]:
+        """All ranks' small float vectors (metrics), tagged control by default."""
+        t = torch.tensor(list(values), dtype=torch.float64)
+        return [x.tolist() for x in self.all_gather(t, tag=tag)]
+
+
+_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

@@ -1,0 +1,94 @@
+"""Data parallelism (``dp``): DistributedDataParallel with its traffic through the ledger.
+
+Every step: 1. forward and backward on the worker's batch; 2. DDP buckets the gradients and
+calls our communication hook, which averages each bucket with one all-reduce through
+:class:`~thinwire.runtime.comm.Comm` (or, with ``method.compressor``, encodes it, exchanges the
+encoding with the collective that fits it and decodes); 3. the optimizer steps on the averaged
+gradient, so every replica stays identical.
+
+Parity: with the same global batch, n workers x batch b match one worker x batch n b up to
+floating-point summation order (when the model has no batch-statistics layers).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from thinwire.runtime.comm import Comm
+from thinwire.strategies.base import (
+    Context,
+    MemoryReport,
+    Strategy,
+    lr_at,
+    make_optimizer,
+    memory_of,
+    set_lr,
+)
+
+
+def allreduce_hook(comm: Comm) -> Any:
+    """The plain DDP hook: average a bucket with one all-reduce through the ledger."""
+
+    def hook(_state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
+        buf = bucket.buffer()
+        buf.div_(comm.world_size)
+        return comm.all_reduce_async(buf, tag="grad")
+
+    return hook
+
+
+class DataParallel(Strategy):
+    name = "dp"
+
+    def __init__(self, ctx: Context, model: nn.Module) -> None:
+        super().__init__(ctx, model)
+        self.model = model.to(ctx.device)
+        self._full_params = sum(p.numel() for p in model.parameters())
+        self.ddp: nn.Module
+        if self.comm.distributed:
+            self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])
+            state, hook = self._hook()
+            self.ddp.register_comm_hook(state, hook)
+        else:
+            self.ddp = self.model
+        self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
+
+    def _hook(self) -> tuple[Any, Any]:
+        if self.cfg.method.compressor == "none":
+            return None, allreduce_hook(self.comm)
+        from thinwire.compression import ddp_hook
+
+        return ddp_hook(self.cfg.method, self.comm, seed=self.cfg.train.seed)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+        set_lr(self.opt, lr_at(self.cfg.train, step))
+        self.ddp.train()
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.ddp(x), y)
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+    def eval_model(self) -> nn.Module | None:
+        return self.model if self.comm.rank == 0 else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+
+    def memory(self) -> MemoryReport:
+        return memory_of(self.model.parameters(), self.opt)
+
+    def close(self) -> None:
+        # DDP can abort a gloo rank at interpreter exit; drop it before the group goes.
+        del self.ddp
+        del self.opt
+        gc.collect()

@@ -1,0 +1,12 @@
+"""The IST theory lab: Shulgin & Richtarik, "Towards a Better Theoretical Understanding of
+Independent Subnetwork Training", ICML 2024 (arXiv 2306.16484), reproduced on quadratics.
+
+numpy only. Modules, in the order a run uses them:
+  1. ``problems``     seeded distributed quadratics f_i(x) = 1/2 x^T L_i x - b_i^T x;
+  2. ``methods``      GD, IST with Perm-q sketches (plain, scaled, preconditioned) drawn by the
+                      IST Partitioner, and Rand-k compressed GD, all as random affine maps;
+  3. ``predictions``  x*, the limit point x_inf, the bias floor, Theorem 1's theta, the
+                      stationary error, the 2x2 counterexample, computed from the problem;
+  4. ``lab`` and ``exp_*``  the experiments, gathered by ``experiments`` into a ``registry``;
+  5. ``cli``          ``thinwire theory``.
+"""

@@ -1,0 +1,200 @@
+"""The training loop, the same for every strategy.
+
+For each step: 1. take this worker's batch of the step (a pure function of seed, rank, step);
+2. ``strategy.train_step``; 3. every ``log_every`` steps rank 0 writes a metrics record
+(compute time = step time - time inside communication calls, from the ledger); 4. at evaluation
+points every rank calls ``strategy.eval_model`` and rank 0 evaluates the full model on the test
+set; 5. at checkpoint points every rank saves its state atomically. At the end the ledgers and
+memory reports of all ranks are gathered (tagged control) into ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from thinwire import checkpoint
+from thinwire.config import Config, to_dict
+from thinwire.data import BatchStream, Dataset, load_dataset, shard_indices
+from thinwire.metrics import JsonlWriter, evaluate
+from thinwire.models import build_mlp
+from thinwire.runtime.comm import Comm
+from thinwire.strategies import Context, Strategy, build_strategy
+from thinwire.strategies.base import lr_at
+
+
+def load_data(cfg: Config) -> Dataset:
+    d = cfg.data
+    return load_dataset(d.name, d.dir or None, seed=cfg.train.seed,
+                        limit_train=d.limit_train or None, limit_test=d.limit_test or None,
+                        download=d.download)
+
+
+def make_stream(cfg: Config, ds: Dataset, rank: int, world: int) -> BatchStream:
+    idx = shard_indices(ds.y_train.numpy(), rank, world, mode=cfg.data.shard,
+                        skew=cfg.data.skew if cfg.data.shard == "skew" else 0.0,
+                        seed=cfg.train.seed)
+    return BatchStream(ds.x_train, ds.y_train, idx, cfg.train.batch_size,
+                       seed=cfg.train.seed, rank=rank)
+
+
+def build(cfg: Config, comm: Comm, device: torch.device, ds: Dataset) -> Strategy:
+    model = build_mlp(ds.input_dim, cfg.model.hidden, ds.num_classes, norm=cfg.model.norm,
+                      activation=cfg.model.activation, seed=cfg.train.seed)
+    return build_strategy(Context(cfg=cfg, comm=comm, device=device), model)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, comm: Comm, device: torch.device, run_dir: Path) -> None:
+        self.cfg, self.comm, self.device, self.run_dir = cfg, comm, device, run_dir
+        self.ds = load_data(cfg)
+        self.stream = make_stream(cfg, self.ds, comm.rank, comm.world_size)
+        self.strategy = build(cfg, comm, device, self.ds)
+        self.start = 0
+        self.carry = {"wall_s": 0.0, "sent_bytes": 0.0, "payload_bytes": 0.0, "recv_bytes": 0.0}
+        if cfg.run.resume:
+            self._resume()
+        self.writer = (JsonlWriter(run_dir / "metrics.jsonl",
+                                   resume_step=self.start if cfg.run.resume else None)
+                       if comm.rank == 0 else None)
+
+    # --- resume ------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        step = checkpoint.latest_step(self.run_dir)
+        if step is None:
+            return
+        state = checkpoint.load_rank(self.run_dir, step, self.comm.rank, self.comm.world_size)
+        self.strategy.load_state_dict(state["strategy"])
+        self.carry = {k: float(v) for k, v in state["trainer"].items()}
+        self.start = step
+
+    def _counters(self) -> dict[str, float]:
+        t = self.comm.ledger.totals()
+        return {k: self.carry[k] + float(t[k]) for k in ("sent_bytes", "payload_bytes", "recv_bytes")}
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg, comm = self.cfg, self.comm
+        steps = cfg.train.steps
+        eval_every = cfg.train.eval_every or steps
+        bar = self._progress()
+        wall = self.carry["wall_s"]
+        acc_compute = acc_comm = 0.0
+        last_eval: dict[str, float] = {}
+        for step in range(self.start, steps):
+            comm.ledger.step = step
+            x, y = self.stream.batch(step)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            mark = comm.ledger.mark()
+            t0 = time.perf_counter()
+            loss = self.strategy.train_step(x, y, step)
+            dt = time.perf_counter() - t0
+            comm_s = float(comm.ledger.totals(since=mark)["comm_seconds"])
+            wall += dt
+            acc_compute += max(dt - comm_s, 0.0)
+            acc_comm += comm_s
+            done = step + 1
+            if self.writer and (done % cfg.train.log_every == 0 or done == steps):
+                self.writer.write({"kind": "train", "step": done, "loss": loss,
+                                   "lr": lr_at(cfg.train, step), "step_s": dt,
+                                   "compute_s": acc_compute, "comm_s": acc_comm, "wall_s": wall,
+                                   **self._counters()})
+            if done % eval_every == 0 or done == steps:
+                last_eval = self._evaluate(done, wall) or last_eval
+                if bar is not None:
+                    bar.set_postfix(acc=f"{last_eval.get('accuracy', 0):.3f}")
+            if self._checkpoint_due(done):
+                self._save(done, wall)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        summary = self._summary(wall, acc_compute, acc_comm, last_eval)
+        if self.writer:
+            self.writer.close()
+        self.strategy.close()
+        return summary
+
+    def _progress(self) -> Any:
+        if self.comm.rank != 0 or not self.cfg.run.progress:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.train.steps, initial=self.start, desc=self.cfg.run_name,
+                    leave=False, dynamic_ncols=True, mininterval=1.0)
+
+    def _checkpoint_due(self, done: int) -> bool:
+        every = self.cfg.run.checkpoint_every
+        return (every > 0 and done % every == 0) or done == self.cfg.train.steps
+
+    def _evaluate(self, step: int, wall: float) -> dict[str, float]:
+        model = self.strategy.eval_model()  # every rank: a sharded strategy assembles here
+        counters = self._counters()
+        per_rank = self.comm.gather_floats([counters["sent_bytes"], counters["payload_bytes"]])
+        if model is None or self.writer is None:
+            return {}
+        result = evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device)
+        sent = [r[0] for r in per_rank]
+        self.writer.write({"kind": "eval", "step": step, **result, "wall_s": wall,
+                           "sent_bytes": sum(sent) / len(sent), "sent_bytes_max": max(sent),
+                           "payload_bytes": sum(r[1] for r in per_rank) / len(per_rank)})
+        return result
+
+    def _save(self, step: int, wall: float) -> None:
+        state = {"strategy": self.strategy.state_dict(),
+                 "trainer": {"wall_s": wall, **self._counters()}}
+        checkpoint.save_rank(self.run_dir, step, self.comm.rank, state)
+        self.comm.barrier()
+        if self.comm.rank == 0:
+            checkpoint.mark_complete(self.run_dir, step, self.comm.world_size)
+        self.comm.barrier()
+
+    def _summary(self, wall: float, compute: float, comm_s: float,
+                 last_eval: dict[str, float]) -> dict[str, Any]:
+        c = self._counters()
+        mem = self.strategy.memory()
+        rows = self.comm.gather_floats([c["sent_bytes"], c["payload_bytes"], c["recv_bytes"],
+                                        mem.params, mem.grads, mem.optimizer, mem.param_count])
+        cfg = self.cfg
+        summary = {
+            "method": cfg.method.name, "label": label(cfg), "run": cfg.run_name,
+            "workers": self.comm.world_size, "steps": cfg.train.steps,
+            "final": last_eval, "wall_s": wall, "compute_s": compute, "comm_s": comm_s,
+            "bytes": {
+                "sent_per_worker_mean": sum(r[0] for r in rows) / len(rows),
+                "sent_per_worker_max": max(r[0] for r in rows),
+                "payload_per_worker_mean": sum(r[1] for r in rows) / len(rows),
+                "recv_per_worker_max": max(r[2] for r in rows),
+                "per_rank_sent": [r[0] for r in rows],
+                "collectives_estimated": bool(self.comm.ledger.totals()["sent_estimated"]),
+            },
+            "memory": {
+                "params_bytes_max": max(r[3] for r in rows), "grads_bytes_max": max(r[4] for r in rows),
+                "optimizer_bytes_max": max(r[5] for r in rows),
+                "params_held_max": int(max(r[6] for r in rows)),
+                "params_full": self.strategy.full_param_count(),
+            },
+            "config": to_dict(cfg),
+        }
+        if self.comm.rank == 0:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.run_dir / f"ledger.rank{self.comm.rank}.json").write_text(
+            json.dumps({"by_op": self.comm.ledger.by_op(), "totals": self.comm.ledger.totals()},
+                       indent=1))
+        return summary
+
+
+def label(cfg: Config) -> str:
+    """A short human name of the method and its main parameter."""
+    m = cfg.method
+    if m.name == "dp":
+        return "dp" if m.compressor == "none" else f"dp+{m.compressor}"
+    if m.name in ("localsgd", "diloco"):
+        extra = f"+{m.compressor}" if m.name == "diloco" and m.compressor != "none" else ""
+        return f"{m.name}(H={m.period}){extra}"
+    hybrid = f"->localsgd@{m.switch_at}" if m.switch_at else ""
+    return f"ist(K={m.local_steps},{m.deployment}){hybrid}"
