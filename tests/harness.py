@@ -13,6 +13,8 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import pickle
+import queue as queue_mod
 import socket
 import traceback
 from collections.abc import Callable
@@ -41,7 +43,8 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any,
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
-        queue.put((rank, "ok", result))
+        # plain pickle: torch's queue reductions share memory that dies with this process
+        queue.put((rank, "ok", pickle.dumps(result)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -68,7 +71,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
                 missing = sorted(set(range(world_size)) - set(results))
                 raise AssertionError(f"ranks {missing} did not finish within {timeout} s") from None
             if status == "ok":
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}:\n{value}")
                 break

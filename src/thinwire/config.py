@@ -199,6 +199,9 @@ class Config:
             _check(min(self.model.hidden) >= self.runtime.workers, "model.hidden",
                    f"IST cuts each hidden layer into {self.runtime.workers} groups; "
                    f"use widths >= {self.runtime.workers}")
+            _check(self.method.scale != "batchnorm" or self.model.norm == "batch", "method.scale",
+                   "batchnorm scaling needs --model.norm batch; with other norms use "
+                   "--method.scale dropout")
             _check(self.method.switch_at % self.method.local_steps == 0, "method.switch_at",
                    f"must be a multiple of method.local_steps ({self.method.local_steps})")
 

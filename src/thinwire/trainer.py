@@ -158,7 +158,8 @@ class Trainer:
         c = self._counters()
         mem = self.strategy.memory()
         rows = self.comm.gather_floats([c["sent_bytes"], c["payload_bytes"], c["recv_bytes"],
-                                        mem.params, mem.grads, mem.optimizer, mem.param_count])
+                                        mem.params, mem.grads, mem.optimizer, mem.param_count,
+                                        mem.stored_count])
         cfg = self.cfg
         summary = {
             "method": cfg.method.name, "label": label(cfg), "run": cfg.run_name,
@@ -176,6 +177,7 @@ class Trainer:
                 "params_bytes_max": max(r[3] for r in rows), "grads_bytes_max": max(r[4] for r in rows),
                 "optimizer_bytes_max": max(r[5] for r in rows),
                 "params_held_max": int(max(r[6] for r in rows)),
+                "params_stored_max": int(max(r[7] for r in rows)),
                 "params_full": self.strategy.full_param_count(),
             },
             "config": to_dict(cfg),

@@ -1,0 +1,47 @@
+"""The planner: memory, bytes and step time of a training plan, as pure functions of specs.
+
+Models the layouts of Megatron-LM (Narayanan et al. 2021; Korthikanti et al. 2022), ZeRO
+(Rajbhandari et al. 2020) and the data-parallel replacements thinwire trains (compressed DP,
+local SGD / DiLoCo, IST) in one alpha-beta cost model; validated against published runs by
+``thinwire plan --validate`` (docs/PLANNER.md). No process group, no torch at import time.
+
+    from thinwire.planner import load_model, load_cluster, StrategySpec, predict
+    pred = predict(load_model("gpt3-175b"), load_cluster("a100-80gb", nodes=8),
+                   StrategySpec(tp=8, pp=8, micro_batches=1536, sequence_parallel=True,
+                                recompute="selective", interleave=3))
+    pred.step_time, pred.memory.total, pred.breakdown.as_dict()
+"""
+
+from thinwire.planner.insight import crossover_bandwidth, knee, scaling
+from thinwire.planner.memory import MemoryBreakdown, memory_breakdown, subnet_params
+from thinwire.planner.presets import list_presets, load_cluster, load_model, model_spec_from_module
+from thinwire.planner.search import search
+from thinwire.planner.specs import ClusterSpec, CountedSpec, MLPSpec, ModelSpec, TransformerSpec
+from thinwire.planner.step import Prediction, StepBreakdown, predict
+from thinwire.planner.strategy import StrategySpec, check_layout
+from thinwire.planner.thinwire_runs import predict_thinwire_run
+
+__all__ = [
+    "ClusterSpec",
+    "CountedSpec",
+    "MLPSpec",
+    "MemoryBreakdown",
+    "ModelSpec",
+    "Prediction",
+    "StepBreakdown",
+    "StrategySpec",
+    "TransformerSpec",
+    "check_layout",
+    "crossover_bandwidth",
+    "knee",
+    "list_presets",
+    "load_cluster",
+    "load_model",
+    "memory_breakdown",
+    "model_spec_from_module",
+    "predict",
+    "predict_thinwire_run",
+    "scaling",
+    "search",
+    "subnet_params",
+]

@@ -58,12 +58,20 @@ def vector_time(nbytes: float, cluster: ClusterSpec) -> float:
     return nbytes / (cluster.memory_bandwidth * cluster.memory_efficiency)
 
 
-def gemm_time(m: float, k: float, n: float, elem: float, peak: float,
-              curve: tuple[tuple[float, float], ...], cluster: ClusterSpec) -> float:
+def gemm_time(
+    m: float,
+    k: float,
+    n: float,
+    elem: float,
+    peak: float,
+    curve: tuple[tuple[float, float], ...],
+    cluster: ClusterSpec,
+) -> float:
     """Forward GEMM (m x k) @ (k x n): compute time plus the time to move its operands and
     result, not overlapped (Calculon's "no_overlap" processing mode)."""
-    return (matmul_time(2.0 * m * k * n, peak, curve)
-            + vector_time(elem * (m * k + k * n + m * n), cluster))
+    return matmul_time(2.0 * m * k * n, peak, curve) + vector_time(
+        elem * (m * k + k * n + m * n), cluster
+    )
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,15 @@ class LayerCost:
 
 
 @lru_cache(maxsize=4096)
-def layer_cost(model: TransformerSpec, cluster: ClusterSpec, b: int, t: int, sp: bool,
-               recompute: str, dtype: str) -> LayerCost:
+def layer_cost(
+    model: TransformerSpec,
+    cluster: ClusterSpec,
+    b: int,
+    t: int,
+    sp: bool,
+    recompute: str,
+    dtype: str,
+) -> LayerCost:
     """Forward + backward (+ recompute) cost of one layer for a micro-batch of ``b``."""
     e = float(DTYPE_BYTES[dtype])
     peak, curve = cluster.peak(dtype), cluster.matmul_efficiency
@@ -129,8 +144,9 @@ def tp_layer_comm(nbytes: float, t: int, sp: bool, recompute: str, cluster: Clus
 
 
 @lru_cache(maxsize=1024)
-def logits_cost(model: TransformerSpec, cluster: ClusterSpec, b: int, t: int, sp: bool,
-                dtype: str) -> LayerCost:
+def logits_cost(
+    model: TransformerSpec, cluster: ClusterSpec, b: int, t: int, sp: bool, dtype: str
+) -> LayerCost:
     """Output layer + vocab-parallel cross entropy (fp32) for one micro-batch, on the last stage."""
     e = float(DTYPE_BYTES[dtype])
     peak, curve = cluster.peak(dtype), cluster.matmul_efficiency
@@ -141,8 +157,11 @@ def logits_cost(model: TransformerSpec, cluster: ClusterSpec, b: int, t: int, sp
     link = intra_link(cluster)
     comm = 0.0
     if t > 1:  # gather the final layer norm output (SP) or all-reduce its gradient
-        comm = (ring_all_gather(nbytes, t, link) + ring_reduce_scatter(nbytes, t, link) if sp
-                else ring_allreduce(nbytes, t, link))
+        comm = (
+            ring_all_gather(nbytes, t, link) + ring_reduce_scatter(nbytes, t, link)
+            if sp
+            else ring_allreduce(nbytes, t, link)
+        )
     return LayerCost(mm / cluster.compute_efficiency, vec / cluster.compute_efficiency, comm)
 
 

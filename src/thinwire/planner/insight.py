@@ -39,9 +39,15 @@ def step_at(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec, bandwidth: 
     return predict(model, cluster, s, inter_bandwidth=bandwidth).step_time
 
 
-def crossover_bandwidth(model: ModelSpec, cluster: ClusterSpec, dp: StrategySpec,
-                        other: StrategySpec, penalty: float = 1.0,
-                        lo: float = 1e5, hi: float = 1e12) -> float:
+def crossover_bandwidth(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    dp: StrategySpec,
+    other: StrategySpec,
+    penalty: float = 1.0,
+    lo: float = 1e5,
+    hi: float = 1e12,
+) -> float:
     """Largest bandwidth (bytes/s) below which ``other`` beats ``dp``: inf if it wins on every
     link up to ``hi``, 0 if it never wins down to ``lo``."""
 
@@ -67,9 +73,11 @@ def method_variants(base: StrategySpec) -> dict[str, StrategySpec]:
     ratio = base.compression_ratio if base.compression_ratio > 1 else 100.0
     period = base.period if base.period > 1 else 10
     steps = base.local_steps if base.local_steps > 1 else 10
-    out = {"dp": dataclasses.replace(base, method="dp"),
-           "compressed": dataclasses.replace(base, method="compressed", compression_ratio=ratio),
-           "localsgd": dataclasses.replace(base, method="localsgd", period=period)}
+    out = {
+        "dp": dataclasses.replace(base, method="dp"),
+        "compressed": dataclasses.replace(base, method="compressed", compression_ratio=ratio),
+        "localsgd": dataclasses.replace(base, method="localsgd", period=period),
+    }
     if base.tp == 1 and base.pp == 1:
         out["ist"] = dataclasses.replace(base, method="ist", local_steps=steps)
     return out
@@ -89,8 +97,9 @@ class ScalingPoint:
     """Throughput / (workers x throughput of the smallest worker count per worker)."""
 
 
-def _layout(base: StrategySpec, cluster: ClusterSpec, d: int, global_batch: int,
-            weak: bool) -> tuple[StrategySpec, ClusterSpec] | None:
+def _layout(
+    base: StrategySpec, cluster: ClusterSpec, d: int, global_batch: int, weak: bool
+) -> tuple[StrategySpec, ClusterSpec] | None:
     per_worker = base.micro_batch_size * base.micro_batches if weak else global_batch / d
     if per_worker < base.micro_batch_size or per_worker % base.micro_batch_size:
         return None
@@ -105,8 +114,14 @@ def _layout(base: StrategySpec, cluster: ClusterSpec, d: int, global_batch: int,
     return s, dataclasses.replace(cluster, devices_per_node=g, nodes=devices // g)
 
 
-def scaling(model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, workers: list[int],
-            global_batch: int, weak: bool = False) -> list[ScalingPoint]:
+def scaling(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    base: StrategySpec,
+    workers: list[int],
+    global_batch: int,
+    weak: bool = False,
+) -> list[ScalingPoint]:
     """Step time and throughput against data-parallel workers for each method."""
     if not weak and global_batch < 1:
         raise UsageError("--scaling needs --global-batch (strong scaling keeps it fixed) or --weak")
@@ -124,11 +139,17 @@ def scaling(model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, workers:
             except UsageError:
                 continue
             bd = p.breakdown
-            curve.append(ScalingPoint(name, d, p.step_time, p.samples_per_s,
-                                      bd.dp_comm + bd.codec, bd.compute))
+            curve.append(
+                ScalingPoint(
+                    name, d, p.step_time, p.samples_per_s, bd.dp_comm + bd.codec, bd.compute
+                )
+            )
         if curve:
             unit = curve[0].samples_per_s / curve[0].workers
-            points += [dataclasses.replace(q, efficiency=q.samples_per_s / (q.workers * unit)) for q in curve]
+            points += [
+                dataclasses.replace(q, efficiency=q.samples_per_s / (q.workers * unit))
+                for q in curve
+            ]
     return points
 
 

@@ -66,8 +66,13 @@ class MemoryBreakdown:
         return self.total <= cluster.device_memory
 
     def as_dict(self) -> dict[str, float]:
-        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-                "activations": self.activations, "total": self.total}
+        return {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "total": self.total,
+        }
 
 
 def param_bytes(strategy: StrategySpec, cluster: ClusterSpec) -> ParamBytes:
@@ -80,7 +85,9 @@ def param_bytes(strategy: StrategySpec, cluster: ClusterSpec) -> ParamBytes:
     return ParamBytes(wb, grad, 4.0 + 4.0 * state)
 
 
-def zero_model_states(psi: float, n_d: int, stage: int, pb: ParamBytes) -> tuple[float, float, float]:
+def zero_model_states(
+    psi: float, n_d: int, stage: int, pb: ParamBytes
+) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per device under ZeRO ``stage`` (module docstring)."""
     w, g, k = pb.weight * psi, pb.grad * psi, pb.optim * psi
     if stage >= 1:
@@ -106,8 +113,12 @@ def layer_activation_units(model: TransformerSpec, t: int, sp: bool, recompute: 
 
 def activation_bytes(model: TransformerSpec, s: StrategySpec) -> float:
     """Activation bytes held by the first pipeline stage at its peak (1F1B, interleaving)."""
-    per_layer = (layer_activation_units(model, s.tp, s.sequence_parallel, s.recompute)
-                 * model.seq * s.micro_batch_size * model.hidden)
+    per_layer = (
+        layer_activation_units(model, s.tp, s.sequence_parallel, s.recompute)
+        * model.seq
+        * s.micro_batch_size
+        * model.hidden
+    )
     in_flight = min(s.micro_batches, s.pp)
     total = per_layer * (model.layers / s.pp) * in_flight
     if s.interleave > 1:
@@ -115,8 +126,9 @@ def activation_bytes(model: TransformerSpec, s: StrategySpec) -> float:
     return total
 
 
-def transformer_params_per_device(model: TransformerSpec, s: StrategySpec,
-                                  embeddings: bool = True) -> float:
+def transformer_params_per_device(
+    model: TransformerSpec, s: StrategySpec, embeddings: bool = True
+) -> float:
     """Parameters on the first stage's device: L/p layers split t ways (+ its embedding shard)."""
     layers = model.layers / s.pp * model.layer_params / s.tp
     if not embeddings:

@@ -52,7 +52,9 @@ def _lookup(kind: str, ref: str) -> dict[str, Any]:
     if ref.endswith(".toml") or "/" in ref:
         path = Path(ref)
         if not path.is_file():
-            raise UsageError(f"--{kind} file {ref} does not exist; give a preset name or an existing .toml")
+            raise UsageError(
+                f"--{kind} file {ref} does not exist; give a preset name or an existing .toml"
+            )
         return _read(path, str(path))
     files = _preset_files(kind)
     if ref in files:
@@ -61,17 +63,25 @@ def _lookup(kind: str, ref: str) -> dict[str, Any]:
         data = _read(entry, f"preset {name}")
         if ref in data.get("aliases", []):
             return data
-    raise UsageError(f"unknown --{kind} {ref!r}; use one of {', '.join(sorted(files))} or a FILE.toml")
+    raise UsageError(
+        f"unknown --{kind} {ref!r}; use one of {', '.join(sorted(files))} or a FILE.toml"
+    )
 
 
 def _build(cls: type, data: dict[str, Any], label: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise UsageError(f"{label}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
-    missing = sorted(f.name for f in dataclasses.fields(cls)
-                     if f.name not in data and f.default is dataclasses.MISSING
-                     and f.default_factory is dataclasses.MISSING)
+        raise UsageError(
+            f"{label}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
+        )
+    missing = sorted(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )
     if missing:
         raise UsageError(f"{label}: missing key(s) {', '.join(missing)}; add them to the TOML")
     try:
@@ -133,7 +143,9 @@ def model_spec_from_module(module: Any, name: str = "module") -> MLPSpec | Count
 
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    chain = bool(linears) and all(a.out_features == b.in_features for a, b in zip(linears, linears[1:]))
+    chain = bool(linears) and all(
+        a.out_features == b.in_features for a, b in zip(linears, linears[1:])
+    )
     if chain and len(linears) >= 2:
         widths = (linears[0].in_features, *(m.out_features for m in linears))
         spec = MLPSpec(name=name, widths=widths, bias=all(m.bias is not None for m in linears))
@@ -141,5 +153,7 @@ def model_spec_from_module(module: Any, name: str = "module") -> MLPSpec | Count
             return spec
     flops = 6.0 * sum(m.in_features * m.out_features for m in linears)
     if flops <= 0:
-        raise UsageError(f"{name}: no nn.Linear layers to count FLOPs from; describe it in a TOML file")
+        raise UsageError(
+            f"{name}: no nn.Linear layers to count FLOPs from; describe it in a TOML file"
+        )
     return CountedSpec(name=name, params=params, flops_per_sample=flops)

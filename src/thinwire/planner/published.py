@@ -47,7 +47,9 @@ class MemoryPoint:
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int) -> TransformerSpec:
-    return TransformerSpec(name=name, layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200)
+    return TransformerSpec(
+        name=name, layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=51200
+    )
 
 
 def korthikanti_models() -> dict[str, tuple[TransformerSpec, int, int, int, int]]:
@@ -63,8 +65,17 @@ def korthikanti_models() -> dict[str, tuple[TransformerSpec, int, int, int, int]
 def _korthikanti_strategy(name: str, recompute: str, sp: bool) -> StrategySpec:
     _, t, p, batch, b = korthikanti_models()[name]
     v = 3 if name in ("175B", "530B") else 1
-    return StrategySpec(dp=1, tp=t, pp=p, micro_batch_size=b, micro_batches=batch // b,
-                        interleave=v, recompute=recompute, sequence_parallel=sp, dtype="bf16")
+    return StrategySpec(
+        dp=1,
+        tp=t,
+        pp=p,
+        micro_batch_size=b,
+        micro_batches=batch // b,
+        interleave=v,
+        recompute=recompute,
+        sequence_parallel=sp,
+        dtype="bf16",
+    )
 
 
 def korthikanti_memory() -> list[MemoryPoint]:
@@ -72,23 +83,58 @@ def korthikanti_memory() -> list[MemoryPoint]:
     out = []
     for name, states, plain, saved in (("22B", 45.56, 59.25, 9.56), ("175B", 45.56, 66.84, 12.35)):
         model = korthikanti_models()[name][0]
-        out.append(MemoryPoint(f"{name} no recompute", model,
-                               _korthikanti_strategy(name, "none", False), states, plain))
-        out.append(MemoryPoint(f"{name} SP + selective", model,
-                               _korthikanti_strategy(name, "selective", True), states, saved))
+        out.append(
+            MemoryPoint(
+                f"{name} no recompute",
+                model,
+                _korthikanti_strategy(name, "none", False),
+                states,
+                plain,
+            )
+        )
+        out.append(
+            MemoryPoint(
+                f"{name} SP + selective",
+                model,
+                _korthikanti_strategy(name, "selective", True),
+                states,
+                saved,
+            )
+        )
     return out
 
 
 def korthikanti_times() -> list[PublishedRun]:
     """Table 5 iteration times, seconds."""
-    measured = {"22B": (1.42, 1.10), "175B": (18.13, 13.75), "530B": (49.05, 37.83), "1T": (94.42, 71.49)}
+    measured = {
+        "22B": (1.42, 1.10),
+        "175B": (18.13, 13.75),
+        "530B": (49.05, 37.83),
+        "1T": (94.42, 71.49),
+    }
     out = []
     for name, (full, present) in measured.items():
         model = korthikanti_models()[name][0]
-        out.append(PublishedRun("Korthikanti 2022 T5", f"{name} full recompute", model,
-                                _korthikanti_strategy(name, "full", False), full, "iteration_s"))
-        out.append(PublishedRun("Korthikanti 2022 T5", f"{name} SP + selective", model,
-                                _korthikanti_strategy(name, "selective", True), present, "iteration_s"))
+        out.append(
+            PublishedRun(
+                "Korthikanti 2022 T5",
+                f"{name} full recompute",
+                model,
+                _korthikanti_strategy(name, "full", False),
+                full,
+                "iteration_s",
+            )
+        )
+        out.append(
+            PublishedRun(
+                "Korthikanti 2022 T5",
+                f"{name} SP + selective",
+                model,
+                _korthikanti_strategy(name, "selective", True),
+                present,
+                "iteration_s",
+            )
+        )
     return out
 
 
@@ -109,9 +155,26 @@ def narayanan_table1() -> list[PublishedRun]:
     out = []
     for label, a, h, layers, t, p, gpus, batch, b, v, torch_ddp, tflops in rows:
         d = gpus // (t * p)
-        s = StrategySpec(dp=d, tp=t, pp=p, micro_batch_size=b, micro_batches=batch // (b * d),
-                         interleave=v, recompute="full", dtype="fp16", accounting="zero",
-                         overlap_dp=torch_ddp)
-        out.append(PublishedRun("Narayanan 2021 T1", label, _gpt(f"gpt-{label}", layers, h, a), s,
-                                tflops, "tflops_per_gpu"))
+        s = StrategySpec(
+            dp=d,
+            tp=t,
+            pp=p,
+            micro_batch_size=b,
+            micro_batches=batch // (b * d),
+            interleave=v,
+            recompute="full",
+            dtype="fp16",
+            accounting="zero",
+            overlap_dp=torch_ddp,
+        )
+        out.append(
+            PublishedRun(
+                "Narayanan 2021 T1",
+                label,
+                _gpt(f"gpt-{label}", layers, h, a),
+                s,
+                tflops,
+                "tflops_per_gpu",
+            )
+        )
     return out

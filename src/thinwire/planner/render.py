@@ -13,7 +13,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str =
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        )
 
     out = [title] if title else []
     out += [line(cells[0]), "  ".join("-" * w for w in widths)]

@@ -27,15 +27,23 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def candidates(model: ModelSpec, cluster: ClusterSpec, base: StrategySpec,
-               global_batch: int) -> Iterator[StrategySpec]:
+def candidates(
+    model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, global_batch: int
+) -> Iterator[StrategySpec]:
     """Every layout of the search space for ``global_batch`` (memory not yet checked)."""
     n = cluster.devices
     if not isinstance(model, TransformerSpec):
         for b in (1, 2, 4, 8, 16, 32, 64, 128):
             if global_batch % (b * n) == 0:
-                yield dataclasses.replace(base, dp=n, tp=1, pp=1, micro_batch_size=b,
-                                          micro_batches=global_batch // (b * n), interleave=1)
+                yield dataclasses.replace(
+                    base,
+                    dp=n,
+                    tp=1,
+                    pp=1,
+                    micro_batch_size=b,
+                    micro_batches=global_batch // (b * n),
+                    interleave=1,
+                )
         return
     ist = base.method == "ist"
     for t in [1] if ist else divisors(cluster.devices_per_node):
@@ -51,22 +59,37 @@ def candidates(model: ModelSpec, cluster: ClusterSpec, base: StrategySpec,
                 if (global_batch // d) % b:
                     continue
                 m = global_batch // (d * b)
-                vs = [v for v in (1, 2, 3, 4) if v == 1 or (p > 1 and (model.layers // p) % v == 0
-                                                          and m % p == 0)]
+                vs = [
+                    v
+                    for v in (1, 2, 3, 4)
+                    if v == 1 or (p > 1 and (model.layers // p) % v == 0 and m % p == 0)
+                ]
                 for v in vs:
                     for rec in ("none", "selective", "full"):
                         for sp in (False, True) if t > 1 else (False,):
                             for zero in (0,) if d == 1 else (0, 1, 2, 3) if p == 1 else (0, 1):
                                 yield dataclasses.replace(
-                                    base, dp=d, tp=t, pp=p, micro_batch_size=b, micro_batches=m,
-                                    interleave=v, recompute=rec, sequence_parallel=sp, zero=zero)
+                                    base,
+                                    dp=d,
+                                    tp=t,
+                                    pp=p,
+                                    micro_batch_size=b,
+                                    micro_batches=m,
+                                    interleave=v,
+                                    recompute=rec,
+                                    sequence_parallel=sp,
+                                    zero=zero,
+                                )
 
 
-def search(model: ModelSpec, cluster: ClusterSpec, base: StrategySpec,
-           global_batch: int) -> list[Prediction]:
+def search(
+    model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, global_batch: int
+) -> list[Prediction]:
     """Feasible plans sorted by step time (ties: less memory first)."""
     if global_batch < 1:
-        raise UsageError("--search needs a global batch: pass --global-batch B (the model preset has none)")
+        raise UsageError(
+            "--search needs a global batch: pass --global-batch B (the model preset has none)"
+        )
     found: list[Prediction] = []
     for s in candidates(model, cluster, base, global_batch):
         try:

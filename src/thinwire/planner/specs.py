@@ -13,7 +13,7 @@ the fix, so the command line can print it and exit 2.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from thinwire.errors import UsageError
 
@@ -27,7 +27,9 @@ def _positive(obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if not value > 0:
-            raise UsageError(f"{type(obj).__name__}.{name} must be > 0 (got {value}); set a positive value")
+            raise UsageError(
+                f"{type(obj).__name__}.{name} must be > 0 (got {value}); set a positive value"
+            )
 
 
 @dataclass(frozen=True)
@@ -189,19 +191,34 @@ class ClusterSpec:
     """Training dtype when the strategy does not name one."""
 
     def __post_init__(self) -> None:
-        _positive(self, "devices_per_node", "device_memory", "memory_bandwidth", "intra_bandwidth",
-                  "inter_bandwidth", "nodes", "host_bandwidth")
+        _positive(
+            self,
+            "devices_per_node",
+            "device_memory",
+            "memory_bandwidth",
+            "intra_bandwidth",
+            "inter_bandwidth",
+            "nodes",
+            "host_bandwidth",
+        )
         pairs = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
         object.__setattr__(self, "peak_flops", tuple(sorted((str(k), float(v)) for k, v in pairs)))
         if any(v <= 0 for _, v in self.peak_flops):
             raise UsageError("cluster.peak_flops values must be > 0 FLOP/s")
         if self.default_dtype not in dict(self.peak_flops):
-            raise UsageError(f"cluster.default_dtype={self.default_dtype!r} has no entry in cluster.peak_flops")
+            raise UsageError(
+                f"cluster.default_dtype={self.default_dtype!r} has no entry in cluster.peak_flops"
+            )
         curve = tuple(sorted((float(g), float(e)) for g, e in self.matmul_efficiency))
         if not curve or any(not 0 < e <= 1 or g <= 0 for g, e in curve):
             raise UsageError("cluster.matmul_efficiency needs [gflop > 0, 0 < eff <= 1] pairs")
         object.__setattr__(self, "matmul_efficiency", curve)
-        for name in ("memory_efficiency", "intra_efficiency", "inter_efficiency", "compute_efficiency"):
+        for name in (
+            "memory_efficiency",
+            "intra_efficiency",
+            "inter_efficiency",
+            "compute_efficiency",
+        ):
             if not 0 < getattr(self, name) <= 1:
                 raise UsageError(f"cluster.{name} must be in (0, 1]")
         if self.intra_latency < 0 or self.inter_latency < 0:
@@ -216,6 +233,8 @@ class ClusterSpec:
         """Peak FLOP/s for ``dtype``; UsageError naming the known dtypes otherwise."""
         table = dict(self.peak_flops)
         if dtype not in table:
-            raise UsageError(f"cluster {self.name} has no peak_flops for dtype {dtype!r}; "
-                             f"use one of {sorted(table)}")
+            raise UsageError(
+                f"cluster {self.name} has no peak_flops for dtype {dtype!r}; "
+                f"use one of {sorted(table)}"
+            )
         return table[dtype]

@@ -17,8 +17,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from thinwire.planner.comm import dp_layout, inter_link, intra_link, p2p, pp_crosses_nodes, ring_all_gather
-from thinwire.planner.compute import LayerCost, layer_cost, logits_cost, matmul_time, optimizer_time, vector_time
+from thinwire.errors import UsageError
+from thinwire.planner.comm import (
+    dp_layout,
+    inter_link,
+    intra_link,
+    p2p,
+    pp_crosses_nodes,
+    ring_all_gather,
+)
+from thinwire.planner.compute import (
+    LayerCost,
+    layer_cost,
+    logits_cost,
+    matmul_time,
+    optimizer_time,
+    vector_time,
+)
 from thinwire.planner.memory import (
     MemoryBreakdown,
     memory_breakdown,
@@ -27,7 +42,14 @@ from thinwire.planner.memory import (
     transformer_ist_subnet_params,
     transformer_params_per_device,
 )
-from thinwire.planner.specs import DTYPE_BYTES, ClusterSpec, MLPSpec, ModelSpec, TransformerSpec
+from thinwire.planner.specs import (
+    DTYPE_BYTES,
+    ClusterSpec,
+    CountedSpec,
+    MLPSpec,
+    ModelSpec,
+    TransformerSpec,
+)
 from thinwire.planner.strategy import StrategySpec, check_layout
 from thinwire.planner.sync import SyncCost, SyncInputs, sync_cost
 
@@ -47,11 +69,28 @@ class StepBreakdown:
 
     @property
     def total(self) -> float:
-        return (self.compute + self.tp_comm + self.pp_comm + self.bubble + self.dp_comm
-                + self.codec + self.optimizer + self.offload)
+        return (
+            self.compute
+            + self.tp_comm
+            + self.pp_comm
+            + self.bubble
+            + self.dp_comm
+            + self.codec
+            + self.optimizer
+            + self.offload
+        )
 
     def as_dict(self) -> dict[str, float]:
-        names = ("compute", "tp_comm", "pp_comm", "bubble", "dp_comm", "codec", "optimizer", "offload")
+        names = (
+            "compute",
+            "tp_comm",
+            "pp_comm",
+            "bubble",
+            "dp_comm",
+            "codec",
+            "optimizer",
+            "offload",
+        )
         return {k: getattr(self, k) for k in names} | {"total": self.total}
 
 
@@ -97,13 +136,28 @@ class Prediction:
         return self.global_batch / self.step_time
 
 
-def _sync(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec, psi: float, sub: float,
-          bandwidth: float | None) -> SyncCost:
+def _sync(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    s: StrategySpec,
+    psi: float,
+    sub: float,
+    bandwidth: float | None,
+) -> SyncCost:
     pb = param_bytes(s, cluster)
     local, nodes = dp_layout(cluster, s)
     codec_rate = cluster.memory_bandwidth * cluster.memory_efficiency
-    x = SyncInputs(psi, sub, pb.grad, pb.weight, local, nodes, intra_link(cluster),
-                   inter_link(cluster, bandwidth), codec_rate)
+    x = SyncInputs(
+        psi,
+        sub,
+        pb.grad,
+        pb.weight,
+        local,
+        nodes,
+        intra_link(cluster),
+        inter_link(cluster, bandwidth),
+        codec_rate,
+    )
     return sync_cost(x, s)
 
 
@@ -124,8 +178,9 @@ def _optimizer(cluster: ClusterSpec, s: StrategySpec, psi: float) -> tuple[float
     return optimizer_time(owned, pb.grad + 2 * pb.optim + pb.weight, cluster), 0.0
 
 
-def _transformer(model: TransformerSpec, cluster: ClusterSpec, s: StrategySpec,
-                 bandwidth: float | None) -> tuple[StepBreakdown, Traffic, SyncCost]:
+def _transformer(
+    model: TransformerSpec, cluster: ClusterSpec, s: StrategySpec, bandwidth: float | None
+) -> tuple[StepBreakdown, Traffic, SyncCost]:
     dtype = s.resolved_dtype(cluster)
     e = float(DTYPE_BYTES[dtype])
     b, t, p, v, m = s.micro_batch_size, s.tp, s.pp, s.interleave, s.micro_batches
@@ -163,13 +218,18 @@ def _transformer(model: TransformerSpec, cluster: ClusterSpec, s: StrategySpec,
     # 5 (6) reduce-scatter + all-gather pairs with SP; full recompute in parentheses
     units = 12 if s.recompute == "full" else (10 if s.sequence_parallel else 8)
     tp_units = units * (t - 1) / t * act * per_stage * m if (t > 1 and not ist) else 0.0
-    traffic = Traffic(tp=tp_units, pp=(2 * v * act / t * m if p > 1 else 0.0),
-                      dp=sync.wire_bytes, dp_payload=sync.payload_bytes)
+    traffic = Traffic(
+        tp=tp_units,
+        pp=(2 * v * act / t * m if p > 1 else 0.0),
+        dp=sync.wire_bytes,
+        dp_payload=sync.payload_bytes,
+    )
     return bd, traffic, sync
 
 
-def _dense(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec,
-           bandwidth: float | None) -> tuple[StepBreakdown, Traffic, SyncCost]:
+def _dense(
+    model: ModelSpec, cluster: ClusterSpec, s: StrategySpec, bandwidth: float | None
+) -> tuple[StepBreakdown, Traffic, SyncCost]:
     dtype = s.resolved_dtype(cluster)
     peak, curve = cluster.peak(dtype), cluster.matmul_efficiency
     b = s.micro_batch_size
@@ -179,21 +239,31 @@ def _dense(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec,
         mm = sum(3 * matmul_time(2.0 * b * x * y, peak, curve) for x, y in zip(w[:-1], w[1:]))
         vec = vector_time(6.0 * DTYPE_BYTES[dtype] * b * sum(w[1:]), cluster)
         per_mb = mm + vec
-    else:
+    elif isinstance(model, CountedSpec):
         per_mb = 3 * matmul_time(model.flops_per_sample * b / 3, peak, curve)
+    else:
+        raise UsageError(f"model {model.name}: transformers take the pipeline path")
     per_mb /= cluster.compute_efficiency
     psi = float(model.params)
     sub = subnet_params(model, s.dp) if s.method == "ist" else psi
     sync = _sync(model, cluster, s, psi, sub, bandwidth)
     opt, off = _optimizer(cluster, s, sub)
-    bd = StepBreakdown(compute=s.micro_batches * per_mb, tp_comm=0.0, pp_comm=0.0, bubble=0.0,
-                       dp_comm=_exposed(sync.time, per_mb, s), codec=sync.codec,
-                       optimizer=opt, offload=off)
+    bd = StepBreakdown(
+        compute=s.micro_batches * per_mb,
+        tp_comm=0.0,
+        pp_comm=0.0,
+        bubble=0.0,
+        dp_comm=_exposed(sync.time, per_mb, s),
+        codec=sync.codec,
+        optimizer=opt,
+        offload=off,
+    )
     return bd, Traffic(0.0, 0.0, sync.wire_bytes, sync.payload_bytes), sync
 
 
-def predict(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec,
-            inter_bandwidth: float | None = None) -> Prediction:
+def predict(
+    model: ModelSpec, cluster: ClusterSpec, s: StrategySpec, inter_bandwidth: float | None = None
+) -> Prediction:
     """Memory, bytes and step time of ``s``; ``inter_bandwidth`` overrides the network's."""
     check_layout(model, cluster, s)
     if isinstance(model, TransformerSpec):
@@ -201,11 +271,18 @@ def predict(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec,
         useful = model.flops_per_step(s.global_batch())
     else:
         bd, traffic, sync = _dense(model, cluster, s, inter_bandwidth)
-        per_sample = model.flops_per_sample
-        useful = per_sample * s.global_batch()
+        useful = model.flops_per_sample * s.global_batch()
     if s.method == "ist":  # a subnet does a fraction of the full model's work
         psi = float(model.params)
         useful *= subnet_params(model, s.dp) / psi
     peak = cluster.peak(s.resolved_dtype(cluster)) * s.devices
-    return Prediction(s, memory_breakdown(model, cluster, s), bd, traffic, s.global_batch(),
-                      useful, peak, sync.compressed)
+    return Prediction(
+        s,
+        memory_breakdown(model, cluster, s),
+        bd,
+        traffic,
+        s.global_batch(),
+        useful,
+        peak,
+        sync.compressed,
+    )

@@ -72,15 +72,25 @@ class StrategySpec:
     """IST: sharded (model spread over workers) or central (rank 0 holds it, also a worker)."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch_size", "micro_batches", "interleave",
-                     "period", "local_steps"):
+        for name in (
+            "dp",
+            "tp",
+            "pp",
+            "micro_batch_size",
+            "micro_batches",
+            "interleave",
+            "period",
+            "local_steps",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"strategy.{name} must be an integer >= 1 (got {value!r})")
         if self.zero not in (0, 1, 2, 3):
             raise UsageError(f"strategy.zero={self.zero} must be 0, 1, 2 or 3")
         if self.recompute not in RECOMPUTE:
-            raise UsageError(f"strategy.recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+            raise UsageError(
+                f"strategy.recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}"
+            )
         if self.method not in METHODS:
             raise UsageError(f"strategy.method={self.method!r}; use one of {', '.join(METHODS)}")
         if self.dtype and self.dtype not in DTYPE_BYTES:
@@ -88,18 +98,24 @@ class StrategySpec:
         if self.accounting not in ("megatron", "zero"):
             raise UsageError(f"strategy.accounting={self.accounting!r}; use megatron or zero")
         if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"strategy.optimizer={self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+            raise UsageError(
+                f"strategy.optimizer={self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
+            )
         if self.compression_ratio < 1:
             raise UsageError(f"strategy.compression_ratio={self.compression_ratio} must be >= 1")
         if self.codec_passes < 0:
             raise UsageError(f"strategy.codec_passes={self.codec_passes} must be >= 0")
         if self.ist_deployment not in ("sharded", "central"):
-            raise UsageError(f"strategy.ist_deployment={self.ist_deployment!r}; use sharded or central")
+            raise UsageError(
+                f"strategy.ist_deployment={self.ist_deployment!r}; use sharded or central"
+            )
         if self.interleave > 1 and self.pp == 1:
             raise UsageError("strategy.interleave > 1 needs pp > 1; set --interleave 1")
         if self.interleave > 1 and self.micro_batches % self.pp:
-            raise UsageError(f"interleaved 1F1B needs micro_batches ({self.micro_batches}) to be a "
-                             f"multiple of pp ({self.pp}); change --micro-batches")
+            raise UsageError(
+                f"interleaved 1F1B needs micro_batches ({self.micro_batches}) to be a "
+                f"multiple of pp ({self.pp}); change --micro-batches"
+            )
 
     @property
     def devices(self) -> int:
@@ -119,21 +135,29 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> Non
     """Raise UsageError unless ``s`` can run ``model`` on ``cluster`` (memory is checked apart)."""
     n = cluster.devices
     if s.devices != n:
-        raise UsageError(f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.devices} but the cluster has {n} "
-                         f"devices ({cluster.nodes} nodes x {cluster.devices_per_node}); fix --dp/--tp/--pp or --nodes")
+        raise UsageError(
+            f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.devices} but the cluster has {n} "
+            f"devices ({cluster.nodes} nodes x {cluster.devices_per_node}); fix --dp/--tp/--pp or --nodes"
+        )
     if s.tp > cluster.devices_per_node or cluster.devices_per_node % s.tp:
-        raise UsageError(f"tp={s.tp} must divide the {cluster.devices_per_node} devices of a node "
-                         "(tensor parallelism stays inside a node); lower --tp")
+        raise UsageError(
+            f"tp={s.tp} must divide the {cluster.devices_per_node} devices of a node "
+            "(tensor parallelism stays inside a node); lower --tp"
+        )
     cluster.peak(s.resolved_dtype(cluster))  # raises for an unknown dtype
     if not isinstance(model, TransformerSpec):
         if s.tp > 1 or s.pp > 1:
-            raise UsageError(f"model {model.name} is not a transformer: tensor and pipeline "
-                             "parallelism are modelled for transformers only; use --tp 1 --pp 1")
+            raise UsageError(
+                f"model {model.name} is not a transformer: tensor and pipeline "
+                "parallelism are modelled for transformers only; use --tp 1 --pp 1"
+            )
         return
     if s.method == "ist" and (s.tp > 1 or s.pp > 1):
         raise UsageError("method ist partitions the model over the dp workers; use --tp 1 --pp 1")
     if model.heads % s.tp:
         raise UsageError(f"tp={s.tp} must divide model.heads={model.heads}; pick a divisor")
     if model.layers % (s.pp * s.interleave):
-        raise UsageError(f"pp*interleave = {s.pp * s.interleave} must divide model.layers="
-                         f"{model.layers}; change --pp or --interleave")
+        raise UsageError(
+            f"pp*interleave = {s.pp * s.interleave} must divide model.layers="
+            f"{model.layers}; change --pp or --interleave"
+        )

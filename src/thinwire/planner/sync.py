@@ -95,6 +95,8 @@ def _ist(x: SyncInputs, s: StrategySpec) -> SyncCost:
 
 def sync_cost(x: SyncInputs, s: StrategySpec) -> SyncCost:
     """Seconds and bytes per step for the strategy's method (module docstring)."""
+    if s.dp <= 1:
+        return SyncCost(0.0, 0.0, 0.0, 0.0)
     payload = x.params * x.grad_bytes
     wire_factor = ring_wire_factor(s.dp)
     if s.method == "ist":

@@ -16,9 +16,20 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from thinwire.planner.memory import GIB, ParamBytes, memory_breakdown, transformer_params_per_device, zero_model_states
+from thinwire.planner.memory import (
+    GIB,
+    ParamBytes,
+    memory_breakdown,
+    transformer_params_per_device,
+    zero_model_states,
+)
 from thinwire.planner.presets import load_cluster
-from thinwire.planner.published import PublishedRun, korthikanti_memory, korthikanti_times, narayanan_table1
+from thinwire.planner.published import (
+    PublishedRun,
+    korthikanti_memory,
+    korthikanti_times,
+    narayanan_table1,
+)
 from thinwire.planner.render import pct, table
 from thinwire.planner.specs import ClusterSpec
 from thinwire.planner.step import predict
@@ -78,27 +89,42 @@ def step_time_table(cluster: ClusterSpec) -> tuple[list[list[object]], dict[str,
     raw = dataclasses.replace(cluster, compute_efficiency=1.0)
     f_all = fit_compute_efficiency(runs, raw)
     fitted = dataclasses.replace(raw, compute_efficiency=f_all)
-    rows, errs = [], {"raw": [], "cal": [], "loo": []}
+    rows: list[list[object]] = []
+    errs: dict[str, list[float]] = {"raw": [], "cal": [], "loo": []}
     for i, run in enumerate(runs):
         others = runs[:i] + runs[i + 1 :]
-        loo_cluster = dataclasses.replace(raw, compute_efficiency=fit_compute_efficiency(others, raw))
+        loo_cluster = dataclasses.replace(
+            raw, compute_efficiency=fit_compute_efficiency(others, raw)
+        )
         e_raw, e_cal, e_loo = error(run, raw), error(run, fitted), error(run, loo_cluster)
         for key, val in (("raw", e_raw), ("cal", e_cal), ("loo", e_loo)):
             errs[key].append(abs(val))
         unit = "s" if run.metric == "iteration_s" else "TFLOP/s"
-        rows.append([f"{run.source} {run.label}", f"{run.measured:g} {unit}",
-                     f"{predicted_metric(run, fitted):.4g}", pct(e_raw), pct(e_cal), pct(e_loo)])
+        rows.append(
+            [
+                f"{run.source} {run.label}",
+                f"{run.measured:g} {unit}",
+                f"{predicted_metric(run, fitted):.4g}",
+                pct(e_raw),
+                pct(e_cal),
+                pct(e_loo),
+            ]
+        )
     k = len(korthikanti_times())
     f_k = fit_compute_efficiency(runs[:k], raw)
     f_n = fit_compute_efficiency(runs[k:], raw)
     cross_n = [abs(error(r, dataclasses.replace(raw, compute_efficiency=f_k))) for r in runs[k:]]
     cross_k = [abs(error(r, dataclasses.replace(raw, compute_efficiency=f_n))) for r in runs[:k]]
-    summary = {"fit_all": f_all, "fit_korthikanti": f_k, "fit_narayanan": f_n,
-               "preset": cluster.compute_efficiency,
-               **{f"mean_{k_}": sum(v) / len(v) for k_, v in errs.items()},
-               **{f"max_{k_}": max(v) for k_, v in errs.items()},
-               "mean_korthikanti_fit_on_narayanan": sum(cross_k) / len(cross_k),
-               "mean_narayanan_fit_on_korthikanti": sum(cross_n) / len(cross_n)}
+    summary = {
+        "fit_all": f_all,
+        "fit_korthikanti": f_k,
+        "fit_narayanan": f_n,
+        "preset": cluster.compute_efficiency,
+        **{f"mean_{k_}": sum(v) / len(v) for k_, v in errs.items()},
+        **{f"max_{k_}": max(v) for k_, v in errs.items()},
+        "mean_korthikanti_fit_on_narayanan": sum(cross_k) / len(cross_k),
+        "mean_narayanan_fit_on_korthikanti": sum(cross_n) / len(cross_n),
+    }
     return rows, summary
 
 
@@ -106,11 +132,21 @@ def memory_table(cluster: ClusterSpec) -> list[list[object]]:
     """Korthikanti Fig. 1: model states (18 B/param, layers only) and activations, GiB."""
     rows: list[list[object]] = []
     for point in korthikanti_memory():
-        states = transformer_params_per_device(point.model, point.strategy, embeddings=False) * 18 / GIB
+        states = (
+            transformer_params_per_device(point.model, point.strategy, embeddings=False) * 18 / GIB
+        )
         acts = memory_breakdown(point.model, cluster, point.strategy).activations / GIB
-        rows.append([point.label, f"{point.model_states_gib:.2f}", f"{states:.2f}",
-                     pct(states / point.model_states_gib - 1, 2), f"{point.activations_gib:.2f}",
-                     f"{acts:.2f}", pct(acts / point.activations_gib - 1, 2)])
+        rows.append(
+            [
+                point.label,
+                f"{point.model_states_gib:.2f}",
+                f"{states:.2f}",
+                pct(states / point.model_states_gib - 1, 2),
+                f"{point.activations_gib:.2f}",
+                f"{acts:.2f}",
+                pct(acts / point.activations_gib - 1, 2),
+            ]
+        )
     return rows
 
 
@@ -119,21 +155,31 @@ def zero_table() -> list[list[object]]:
     rows: list[list[object]] = []
     for stage, published in enumerate(ZERO_EXAMPLE):
         got = sum(zero_model_states(7.5e9, 64, stage, ParamBytes(2.0, 2.0, 12.0))) / 1e9
-        rows.append([f"ZeRO stage {stage}", f"{published:g}", f"{got:.3g}", pct(got / published - 1, 2)])
+        rows.append(
+            [f"ZeRO stage {stage}", f"{published:g}", f"{got:.3g}", pct(got / published - 1, 2)]
+        )
     return rows
 
 
 def render_validation(cluster: ClusterSpec | None = None) -> str:
     """The text ``thinwire plan --validate`` prints."""
     cluster = cluster or load_cluster("a100-80gb")
-    mem = table(["configuration", "states pub", "pred", "err", "activ. pub", "pred", "err"],
-                memory_table(cluster),
-                "Memory per GPU, GiB: Korthikanti et al. 2022 Fig. 1 (A100-80GB)")
-    zero = table(["model states", "paper GB", "pred GB", "err"], zero_table(),
-                 "Model states per GPU: Rajbhandari et al. 2020 (Psi = 7.5B, N_d = 64)")
+    mem = table(
+        ["configuration", "states pub", "pred", "err", "activ. pub", "pred", "err"],
+        memory_table(cluster),
+        "Memory per GPU, GiB: Korthikanti et al. 2022 Fig. 1 (A100-80GB)",
+    )
+    zero = table(
+        ["model states", "paper GB", "pred GB", "err"],
+        zero_table(),
+        "Model states per GPU: Rajbhandari et al. 2020 (Psi = 7.5B, N_d = 64)",
+    )
     rows, sm = step_time_table(cluster)
-    steps = table(["run", "measured", "predicted", "err uncal.", "err cal.", "err LOO"], rows,
-                  "Step time on a100-80gb: iteration seconds (Korthikanti) / TFLOP/s per GPU (Narayanan)")
+    steps = table(
+        ["run", "measured", "predicted", "err uncal.", "err cal.", "err LOO"],
+        rows,
+        "Step time on a100-80gb: iteration seconds (Korthikanti) / TFLOP/s per GPU (Narayanan)",
+    )
     notes = [
         f"compute_efficiency: fit on all 18 runs {sm['fit_all']:.3f} (preset uses "
         f"{sm['preset']:.3f}); fit on Korthikanti only {sm['fit_korthikanti']:.3f}, "

@@ -31,12 +31,17 @@ class Context:
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Bytes a worker holds for training state (activations excluded)."""
+    """Bytes a worker holds for training state (activations excluded).
+
+    ``param_count``: parameters the worker trains (with gradients and optimizer state);
+    ``stored_count``: parameters it keeps without training them (IST's model storage).
+    """
 
     params: int
     grads: int
     optimizer: int
     param_count: int
+    stored_count: int = 0
 
     @property
     def total(self) -> int:

@@ -1,0 +1,76 @@
+"""Error feedback (EF, "memory"): send what was dropped before, later.
+
+Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory" (NeurIPS 2018); Karimireddy et al.,
+"Error Feedback Fixes SignSGD" (ICML 2019). Per key (DDP bucket), each rank keeps a residual e
+(zero at first) and, for a gradient g:
+  1. corrected = g + e;
+  2. payload = C(corrected) (what goes on the wire);
+  3. e <- corrected - decode(payload) (what the wire did not carry).
+Nothing is lost, only delayed: with a contractive C (||C(x) - x||^2 <= (1 - delta) ||x||^2) SGD
+with EF converges at SGD's rate. Applied to the biased compressors (top-k, unscaled rand-k, sign,
+int8, fp16, bf16); QSGD is unbiased with variance factor omega that may exceed 1, where EF's
+contraction argument fails, so it runs without. PowerSGD keeps its own residual against the
+*aggregated* approximation, as Vogels et al. do (:mod:`thinwire.compression.powersgd`).
+
+Why EF and not EF21 (Richtarik, Sokolov and Fatkhullin, NeurIPS 2021; each rank keeps g_i and
+sends C(grad_i - g_i)): EF21's guarantees are sharper with full gradients, but with stochastic
+gradients plain EF21 keeps a variance floor unless batches grow (the gap EF21-SGDM later
+closed), and it makes the update direction a running state rather than this step's gradient,
+which changes what DDP's optimizer sees. Classic EF is what EF-signSGD and PowerSGD were shown
+with, keeps the hook stateless apart from e, and is exact for the identity.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from thinwire.compression.base import Compressor, Part, Payload
+
+
+class ErrorFeedback(Compressor):
+    """Wrap a compressor with a residual per key; decode is the inner compressor's."""
+
+    unbiased = False
+
+    def __init__(self, inner: Compressor) -> None:
+        super().__init__(seed=inner.seed, rank=inner.rank)
+        self.inner = inner
+        self.name = inner.name
+        self.linear = inner.linear
+        self.residuals: dict[int, torch.Tensor] = {}
+
+    def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
+        return self.inner.spec(numel, dtype)
+
+    def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
+        flat = x.reshape(-1)
+        # 1. add back what earlier steps did not send
+        e = self.residuals.get(key)
+        corrected = flat + e if e is not None and e.shape == flat.shape else flat
+        # 2. compress
+        payload = self.inner.encode(corrected, step, key=key)
+        # 3. keep what this payload does not carry
+        decoded = self.inner.decode(payload, flat.numel(), step, key=key)
+        self.residuals[key] = corrected - decoded.to(corrected.dtype)
+        return payload
+
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
+        return self.inner.decode(payload, numel, step, key=key)
+
+    def reset(self, key: int | None = None) -> None:
+        if key is None:
+            self.residuals.clear()
+        else:
+            self.residuals.pop(key, None)
+        self.inner.reset(key)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"residual.{k}": v for k, v in self.residuals.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.residuals = {int(k.split(".", 1)[1]): v.clone() for k, v in state.items()
+                          if k.startswith("residual.")}
+
+    def __repr__(self) -> str:
+        return f"ErrorFeedback({self.inner!r})"
+
