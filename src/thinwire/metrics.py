@@ -21,13 +21,13 @@ from torch import nn
 
 
 class JsonlWriter:
-    """Appends JSON records; on resume, drops records at or beyond the resumed step."""
+    """Appends JSON records; on resume, drops records after the resumed step."""
 
     def __init__(self, path: Path, *, resume_step: int | None = None) -> None:
         self.path = path
         if resume_step is not None and path.exists():
             kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) < resume_step]
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
             path.write_text("".join(k + "\n" for k in kept))
         elif path.exists():
             path.unlink()

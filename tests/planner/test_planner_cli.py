@@ -16,17 +16,35 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "PLANNER.md"
 
 
 def test_search_prints_a_ranked_table(capsys):
-    rc = main(["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb", "--nodes", "8", "--search"])
+    rc = main(
+        ["plan", "--model", "gpt3-175b", "--cluster", "a100-80gb", "--nodes", "8", "--search"]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "feasible plans on 64 devices" in out and "#1 vs #2" in out
-    ranks = [line.split()[0] for line in out.splitlines() if re.match(r"^\d+\s", line)]
+    ranks = [line.split()[0] for line in out.splitlines() if re.match(r"^\d+\s+\d+\s+\d+", line)]
     assert ranks[:3] == ["1", "2", "3"]
 
 
 def test_single_plan_text_and_json(capsys):
-    args = ["plan", "--model", "megatron-175b", "--cluster", "a100-80gb", "--nodes", "8",
-            "--tp", "8", "--pp", "8", "--interleave", "3", "--sp", "--recompute", "selective"]
+    args = [
+        "plan",
+        "--model",
+        "megatron-175b",
+        "--cluster",
+        "a100-80gb",
+        "--nodes",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--interleave",
+        "3",
+        "--sp",
+        "--recompute",
+        "selective",
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "Memory: fits" in text and "bubble" in text
@@ -41,12 +59,43 @@ def test_validate_crossover_and_scaling(capsys, tmp_path):
     assert main(["plan", "--validate"]) == 0
     out = capsys.readouterr().out
     assert "Korthikanti" in out and "Narayanan" in out and "leave-one-out" in out
-    assert main(["plan", "--model", "mlp-784-2048-2048-10", "--cluster", "cpu-1gbe", "--nodes",
-                 "8", "--crossover", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "mlp-784-2048-2048-10",
+                "--cluster",
+                "cpu-1gbe",
+                "--nodes",
+                "8",
+                "--crossover",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert 0 < data["crossover_bytes_per_s"]["compressed"] < 1e12
-    assert main(["plan", "--model", "mlp-784-2048-2048-10", "--cluster", "cpu-1gbe", "--nodes",
-                 "8", "--scaling", "--max-workers", "16", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "mlp-784-2048-2048-10",
+                "--cluster",
+                "cpu-1gbe",
+                "--nodes",
+                "8",
+                "--scaling",
+                "--max-workers",
+                "16",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert "DP knee" in capsys.readouterr().out
     png = tmp_path / "scaling.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -58,8 +107,21 @@ def test_validate_crossover_and_scaling(capsys, tmp_path):
         (["--model", "gpt-7", "--cluster", "a100-80gb"], "unknown --model"),
         (["--model", "gpt3-175b", "--cluster", "a100-40"], "unknown --cluster"),
         (["--model", "gpt3-175b", "--cluster", "a100-80gb", "--nodes", "8", "--tp", "3"], "tp*pp"),
-        (["--model", "gpt3-175b", "--cluster", "a100-80gb", "--nodes", "8", "--tp", "16", "--dp", "4"],
-         "inside a node"),
+        (
+            [
+                "--model",
+                "gpt3-175b",
+                "--cluster",
+                "a100-80gb",
+                "--nodes",
+                "8",
+                "--tp",
+                "16",
+                "--dp",
+                "4",
+            ],
+            "inside a node",
+        ),
         (["--model", "gpt3-175b", "--cluster", "a100-80gb", "--dp", "3"], "dp*tp*pp"),
         (["--model", "mlp-784-2048-2048-10", "--cluster", "cpu-1gbe", "--scaling"], "--out"),
         (["--model", "gpt3-175b", "--cluster", "a100-80gb", "--bandwidth", "fast"], "--bandwidth"),
@@ -74,7 +136,9 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, needle):
 
 def test_doc_blocks_are_printed_by_their_commands(capsys):
     text = DOC.read_text(encoding="utf-8")
-    blocks = re.findall(r"<!-- printed by: (thinwire plan[^>]*?) -->\n```text\n(.*?)```", text, re.S)
+    blocks = re.findall(
+        r"<!-- printed by: (thinwire plan[^>]*?) -->\n```text\n(.*?)```", text, re.S
+    )
     assert len(blocks) >= 3
     for command, shown in blocks:
         assert main(shlex.split(command)[1:]) == 0

@@ -42,7 +42,9 @@ def test_reduce_scatter_and_all_gather_are_half_an_allreduce():
 
 def test_tree_allreduce_and_p2p():
     assert tree_allreduce(1e3, 8, LINK) == pytest.approx(2 * 3 * (1e-5 + 1e3 * 1e-9))
-    assert tree_allreduce(1e3, 5, LINK) == pytest.approx(2 * 3 * (1e-5 + 1e3 * 1e-9))  # ceil(log2 5)
+    assert tree_allreduce(1e3, 5, LINK) == pytest.approx(
+        2 * 3 * (1e-5 + 1e3 * 1e-9)
+    )  # ceil(log2 5)
     assert p2p(5e6, LINK) == pytest.approx(1e-5 + 5e-3)
 
 
@@ -66,7 +68,9 @@ def test_hierarchical_allreduce_is_rs_intra_plus_ar_inter_plus_ag_intra():
     # cheaper than a flat ring over the slow links with every byte
     assert allreduce(n, g, nodes, intra, inter) < ring_allreduce(n, g * nodes, inter)
     rs = reduce_scatter(n, g, nodes, intra, inter)
-    assert rs == pytest.approx(ring_reduce_scatter(n, g, intra) + ring_reduce_scatter(n / g, nodes, inter))
+    assert rs == pytest.approx(
+        ring_reduce_scatter(n, g, intra) + ring_reduce_scatter(n / g, nodes, inter)
+    )
     assert all_gather(n, g, nodes, intra, inter) == pytest.approx(rs)
 
 

@@ -47,8 +47,9 @@ def test_candidates_cover_the_published_175b_layout():
     assert (8, 8, 3, "selective", True) in layouts
     # the best plan predicts no slower than the published configuration
     best = search(model, cluster, StrategySpec(), 64)[0]
-    published = StrategySpec(tp=8, pp=8, micro_batches=64, interleave=3, recompute="selective",
-                             sequence_parallel=True)
+    published = StrategySpec(
+        tp=8, pp=8, micro_batches=64, interleave=3, recompute="selective", sequence_parallel=True
+    )
     assert best.step_time <= predict(model, cluster, published).step_time
 
 

@@ -19,7 +19,13 @@ def test_every_preset_loads():
     for name in clusters:
         assert load_cluster(name).devices >= 1
     models = list_presets("model")
-    assert {"gpt3-175b", "megatron-22b", "megatron-1t", "gpt2-small", "mlp-784-2048-2048-10"} <= set(models)
+    assert {
+        "gpt3-175b",
+        "megatron-22b",
+        "megatron-1t",
+        "gpt2-small",
+        "mlp-784-2048-2048-10",
+    } <= set(models)
     for name in models:
         assert load_model(name).params > 0
 
@@ -38,8 +44,10 @@ def test_presets_carry_the_right_numbers():
 
 def test_toml_files(tmp_path):
     good = tmp_path / "tiny.toml"
-    good.write_text('kind = "transformer"\nname = "tiny"\nlayers = 2\nhidden = 64\nheads = 4\n'
-                    "seq = 32\nvocab = 100\n")
+    good.write_text(
+        'kind = "transformer"\nname = "tiny"\nlayers = 2\nhidden = 64\nheads = 4\n'
+        "seq = 32\nvocab = 100\n"
+    )
     assert load_model(str(good)).layers == 2
     typo = tmp_path / "typo.toml"
     typo.write_text('name = "t"\nlayers = 2\nhiden = 64\nheads = 4\nseq = 32\nvocab = 100\n')
@@ -69,8 +77,17 @@ def test_validation_messages_name_the_field():
     with pytest.raises(UsageError, match="zero"):
         StrategySpec(zero=4)
     with pytest.raises(UsageError, match="matmul_efficiency"):
-        ClusterSpec("c", 1, 1e9, {"fp32": 1e12}, 1e9, 1e9, 1e9, default_dtype="fp32",
-                    matmul_efficiency=((1.0, 1.5),))
+        ClusterSpec(
+            "c",
+            1,
+            1e9,
+            {"fp32": 1e12},
+            1e9,
+            1e9,
+            1e9,
+            default_dtype="fp32",
+            matmul_efficiency=((1.0, 1.5),),
+        )
 
 
 def test_check_layout_rejects_impossible_degrees():

@@ -52,7 +52,11 @@ def test_matmul_efficiency_curve():
 
 def _ideal_cluster(nodes: int):
     return dataclasses.replace(
-        A100, nodes=nodes, intra_bandwidth=1e18, inter_bandwidth=1e18, intra_latency=0.0,
+        A100,
+        nodes=nodes,
+        intra_bandwidth=1e18,
+        inter_bandwidth=1e18,
+        intra_latency=0.0,
         inter_latency=0.0,
     )
 
@@ -60,7 +64,9 @@ def _ideal_cluster(nodes: int):
 def test_bubble_is_p_minus_1_over_v_m_of_the_pipeline():
     model = TransformerSpec("x", layers=32, hidden=4096, heads=32, seq=2048, vocab=51200)
     cluster = _ideal_cluster(4)
-    s = StrategySpec(dp=1, tp=8, pp=4, micro_batches=16, recompute="selective", sequence_parallel=True)
+    s = StrategySpec(
+        dp=1, tp=8, pp=4, micro_batches=16, recompute="selective", sequence_parallel=True
+    )
     one = predict(model, cluster, s).breakdown
     two = predict(model, cluster, dataclasses.replace(s, interleave=2)).breakdown
     assert two.bubble == pytest.approx(one.bubble / 2, rel=1e-6)
@@ -69,7 +75,9 @@ def test_bubble_is_p_minus_1_over_v_m_of_the_pipeline():
     mean_stage = (32 * layer.total + logits.total) / 4  # one micro-batch, averaged over stages
     assert one.bubble == pytest.approx((4 - 1) * mean_stage, rel=1e-6)
     # the ideal time is m micro-batches on the slowest (last) stage
-    assert one.compute + one.tp_comm == pytest.approx(16 * (8 * layer.total + logits.total), rel=1e-6)
+    assert one.compute + one.tp_comm == pytest.approx(
+        16 * (8 * layer.total + logits.total), rel=1e-6
+    )
 
 
 def test_recompute_trades_time_for_memory():

@@ -42,11 +42,11 @@ def test_ist_central_worker_and_root_bytes():
 def test_times_follow_the_link_and_the_compute():
     slow = predict_thinwire_run("dp", WIDTHS, 32, 4, link_bytes_per_s=1e6)
     fast = predict_thinwire_run("dp", WIDTHS, 32, 4, link_bytes_per_s=1e9)
-    assert slow["comm_time_s"] == pytest.approx(
-        6 * 50e-6 + 1.5 * 301_066 * 4 / 1e6
-    )
+    assert slow["comm_time_s"] == pytest.approx(6 * 50e-6 + 1.5 * 301_066 * 4 / 1e6)
     assert slow["step_time_s"] > fast["step_time_s"]
-    assert fast["compute_time_s"] == pytest.approx(6 * (64 * 512 + 512 * 512 + 512 * 10) * 32 / 1e11)
+    assert fast["compute_time_s"] == pytest.approx(
+        6 * (64 * 512 + 512 * 512 + 512 * 10) * 32 / 1e11
+    )
     comp = predict_thinwire_run("compressed", WIDTHS, 32, 4, compression_ratio=50)
     assert comp["bytes_per_worker_per_step"] == pytest.approx(301_066 * 4 / 50)
     one = predict_thinwire_run("dp", WIDTHS, 32, 1)

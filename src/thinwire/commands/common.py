@@ -42,6 +42,9 @@ def preflight(cfg: Config) -> None:
     """Load the data once here and check every shard holds a batch: one-line errors, exit 2."""
     from thinwire.trainer import load_data, make_stream
 
+    if cfg.data.dir and not Path(cfg.data.dir).is_dir():
+        raise UsageError(f"data.dir: {cfg.data.dir} is not a directory; pass the folder holding "
+                         "the dataset files, or leave it empty for the standard places")
     ds = load_data(cfg)
     for rank in range(cfg.runtime.workers):
         try:

@@ -19,15 +19,16 @@
      tensor of the bucket (:meth:`PowerSGD.average_async`).
 Every exchange is tagged ``grad``. :func:`average_async` is the same exchange for any flat
 tensor (DiLoCo's pseudo-gradient uses it, tagged ``average``).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: DDP's ``register_comm_hook`` compares the hook's
+annotations with ``dist.GradBucket`` and ``Future[Tensor]`` as objects, not strings.
+"""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from thinwire.compression.base import Compressor, from_bytes, to_bytes
 from thinwire.compression.powersgd import PowerSGD
@@ -90,7 +91,7 @@ class HookState:
         return step
 
 
-def compressed_hook(state: HookState, bucket: Any) -> torch.futures.Future:
+def compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook (``DDP.register_comm_hook(state, compressed_hook)``)."""
     buf = bucket.buffer()
     key = bucket.index()

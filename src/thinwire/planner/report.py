@@ -12,6 +12,15 @@ from thinwire.planner.step import Prediction
 from thinwire.planner.strategy import StrategySpec
 
 
+def method_settings(s: StrategySpec) -> str:
+    """The method's own knobs, e.g. "ratio=100" or "K=10 sharded"."""
+    return {
+        "compressed": f"ratio={s.compression_ratio:g}",
+        "localsgd": f"H={s.period}",
+        "ist": f"K={s.local_steps} {s.ist_deployment}",
+    }.get(s.method, "")
+
+
 def layout(s: StrategySpec) -> str:
     """Compact one-line form of a strategy."""
     text = (
@@ -19,12 +28,8 @@ def layout(s: StrategySpec) -> str:
         f"v={s.interleave} zero={s.zero} recompute={s.recompute}"
         f"{' sp' if s.sequence_parallel else ''}{' offload' if s.offload else ''}"
     )
-    extra = {
-        "compressed": f" ratio={s.compression_ratio:g}",
-        "localsgd": f" H={s.period}",
-        "ist": f" K={s.local_steps} {s.ist_deployment}",
-    }.get(s.method, "")
-    return f"{text} method={s.method}{extra}"
+    extra = method_settings(s)
+    return f"{text} method={s.method}{' ' + extra if extra else ''}"
 
 
 def plan_report(model: ModelSpec, cluster: ClusterSpec, p: Prediction) -> str:
@@ -135,6 +140,7 @@ def crossover_report(
     cross: dict[str, float],
     penalties: dict[str, float],
     cluster: ClusterSpec,
+    variants: dict[str, StrategySpec],
 ) -> str:
     """Step times per link speed and where each method stops beating DP."""
     head = ["link", "dp s"] + [f"{m} s (x)" for m in methods]
@@ -155,7 +161,8 @@ def crossover_report(
             if w == 0
             else f"below {rate(w)}"
         )
-        lines.append(f"{m} (penalty {penalties.get(m, 1.0):g}x steps) beats dp {where}")
+        knobs = method_settings(variants[m])
+        lines.append(f"{m} ({knobs}, penalty {penalties.get(m, 1.0):g}x steps) beats dp {where}")
     return text + "\n\n" + "\n".join(lines) + "\n"
 
 

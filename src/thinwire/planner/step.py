@@ -137,27 +137,14 @@ class Prediction:
 
 
 def _sync(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    s: StrategySpec,
-    psi: float,
-    sub: float,
-    bandwidth: float | None,
+    cluster: ClusterSpec, s: StrategySpec, psi: float, sub: float, bandwidth: float | None
 ) -> SyncCost:
+    """Synchronisation of ``psi`` parameters per replica (``sub`` per IST worker)."""
     pb = param_bytes(s, cluster)
     local, nodes = dp_layout(cluster, s)
     codec_rate = cluster.memory_bandwidth * cluster.memory_efficiency
-    x = SyncInputs(
-        psi,
-        sub,
-        pb.grad,
-        pb.weight,
-        local,
-        nodes,
-        intra_link(cluster),
-        inter_link(cluster, bandwidth),
-        codec_rate,
-    )
+    links = (intra_link(cluster), inter_link(cluster, bandwidth))
+    x = SyncInputs(psi, sub, pb.grad, pb.weight, local, nodes, *links, codec_rate)
     return sync_cost(x, s)
 
 
@@ -202,7 +189,7 @@ def _transformer(
         gather = ring_all_gather(act, t, intra_link(cluster)) if (crossing and t > 1) else 0.0
         boundary = 2 * v * (p2p(act / t, link) + gather)
     mean = (model.layers * lc.total + lg.total) / p + boundary
-    sync = _sync(model, cluster, s, psi, psi, bandwidth)
+    sync = _sync(cluster, s, psi, psi, bandwidth)
     opt, off = _optimizer(cluster, s, psi)
     bd = StepBreakdown(
         compute=m * (per_stage * lc.compute + lg.compute),
@@ -246,7 +233,7 @@ def _dense(
     per_mb /= cluster.compute_efficiency
     psi = float(model.params)
     sub = subnet_params(model, s.dp) if s.method == "ist" else psi
-    sync = _sync(model, cluster, s, psi, sub, bandwidth)
+    sync = _sync(cluster, s, psi, sub, bandwidth)
     opt, off = _optimizer(cluster, s, sub)
     bd = StepBreakdown(
         compute=s.micro_batches * per_mb,
@@ -273,8 +260,7 @@ def predict(
         bd, traffic, sync = _dense(model, cluster, s, inter_bandwidth)
         useful = model.flops_per_sample * s.global_batch()
     if s.method == "ist":  # a subnet does a fraction of the full model's work
-        psi = float(model.params)
-        useful *= subnet_params(model, s.dp) / psi
+        useful *= subnet_params(model, s.dp) / model.params
     peak = cluster.peak(s.resolved_dtype(cluster)) * s.devices
     return Prediction(
         s,
