@@ -23,7 +23,7 @@ from thinwire.planner.search import search
 from thinwire.planner.specs import DTYPE_BYTES, METHODS, RECOMPUTE, ClusterSpec, ModelSpec
 from thinwire.planner.step import predict
 from thinwire.planner.strategy import StrategySpec
-from thinwire.planner.validation import render_validation, step_time_table
+from thinwire.planner.validation import render_validation, step_time_records
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
@@ -149,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
     """Dispatch ``thinwire plan``; returns the exit code."""
     if args.validate:
         if args.json:
-            rows, summary = step_time_table(load_cluster("a100-80gb"))
-            print(json.dumps({"summary": summary, "rows": rows}, indent=2))
+            records, summary = step_time_records(load_cluster("a100-80gb"))
+            runs = [dataclasses.asdict(r) for r in records]
+            print(json.dumps({"summary": summary, "runs": runs}, indent=2))
         else:
             print(render_validation(), end="")
         return 0
