@@ -15,7 +15,15 @@ from thinwire.compression import (
     TopK,
     build_compressor,
 )
-from thinwire.compression.base import from_bytes, pack_bits, to_bytes, unpack_bits
+from thinwire.compression.base import (
+    from_bytes,
+    pack_bits,
+    pack_bits_torch,
+    to_bytes,
+    unpack_bits,
+    unpack_bits_torch,
+)
+from thinwire.compression.sparse import topk_indices
 from thinwire.config import load
 
 NAMES = sorted(REGISTRY)
@@ -63,6 +71,23 @@ def test_topk_keeps_k_largest_magnitudes_exactly() -> None:
     mask[top] = True
     assert torch.equal(out[mask], x[mask])  # the 50 largest, bit for bit
     assert torch.count_nonzero(out[~mask]) == 0  # and nothing else
+
+
+@pytest.mark.parametrize("d, k", [(1 << 19, 5243), (1 << 19, 1), (1 << 19, 100_000)])
+def test_topk_sampled_threshold_path_is_exact(d: int, k: int) -> None:
+    a = torch.randn(d, generator=torch.Generator().manual_seed(k)).abs()
+    got = topk_indices(a, k)
+    assert got.numel() == k and torch.unique(got).numel() == k
+    assert torch.equal(a[got].sort().values, torch.topk(a, k).values.sort().values)
+
+
+def test_topk_sampled_threshold_falls_back_on_a_misleading_sample() -> None:
+    # the strided sample (every 8th entry) sees only large values, so its threshold passes
+    # ~1250 entries < k: the candidates cannot hold the top k and the full topk must run
+    a = torch.rand(1 << 19, generator=torch.Generator().manual_seed(0))
+    a[::8] += 2
+    got = topk_indices(a, 5000)
+    assert torch.equal(a[got].sort().values, torch.topk(a, 5000).values.sort().values)
 
 
 def test_randk_shared_indices_and_unbiased() -> None:
@@ -118,6 +143,9 @@ def test_bit_packing_round_trip_and_size(d: int) -> None:
     packed = pack_bits(bits)
     assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(d / 8)
     assert torch.equal(unpack_bits(packed, d), bits)
+    # the torch path (other devices) has the same layout as numpy's
+    assert torch.equal(pack_bits_torch(bits), packed)
+    assert torch.equal(unpack_bits_torch(packed, d), bits)
 
 
 def test_bit_packing_layout_is_msb_first() -> None:

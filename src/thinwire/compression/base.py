@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 Payload = tuple[torch.Tensor, ...]
@@ -65,7 +66,16 @@ def generator(*parts: int) -> torch.Generator:
 
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Booleans -> uint8, 8 to a byte, most significant bit first: exactly ceil(d / 8) bytes."""
+    """Booleans -> uint8, 8 to a byte, most significant bit first: exactly ceil(d / 8) bytes.
+
+    On CPU through ``numpy.packbits`` (same layout, ~20x faster than the torch expression)."""
+    if bits.device.type == "cpu":
+        return torch.from_numpy(np.packbits(bits.reshape(-1).bool().numpy()))
+    return pack_bits_torch(bits)
+
+
+def pack_bits_torch(bits: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_bits` in torch operations (any device)."""
     flat = bits.reshape(-1).to(torch.uint8)
     pad = (-flat.numel()) % 8
     if pad:
@@ -76,6 +86,13 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: the first ``numel`` booleans."""
+    if packed.device.type == "cpu":
+        return torch.from_numpy(np.unpackbits(packed.numpy(), count=numel)).bool()
+    return unpack_bits_torch(packed, numel)
+
+
+def unpack_bits_torch(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    """:func:`unpack_bits` in torch operations (any device)."""
     shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
     bits = (packed.reshape(-1, 1) >> shifts) & 1
     return bits.reshape(-1)[:numel].bool()

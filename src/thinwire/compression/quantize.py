@@ -64,13 +64,13 @@ class QSGD(Compressor):
         # 1. the norm
         norm = flat.norm()
         n = float(norm)
-        # 2. stochastic rounding of s |x_i| / ||x|| to a neighbouring level
-        r = flat.abs() * (s / n if n > 0 else 0.0)
-        low = r.floor()
-        u = torch.rand(flat.numel(), generator=self.private_generator(step, key))
-        level = (low + (u < r - low).float()).clamp_(max=s)
+        # 2. stochastic rounding: floor(r + u), u ~ U[0, 1), is r's upper neighbour with
+        #    probability r - floor(r)
+        r = flat.abs().mul_(s / n if n > 0 else 0.0)
+        r.add_(torch.rand(flat.numel(), generator=self.private_generator(step, key)))
+        level = r.floor_().clamp_(max=s)
         # 3. sign and level in one signed integer
-        q = (level * torch.sign(flat)).to(level_dtype(s))
+        q = torch.copysign(level, flat).to(level_dtype(s))
         return (norm.reshape(1), q)
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:

@@ -21,6 +21,7 @@ mean_i theta_i, the average local SGD takes, equal up to one rounding per elemen
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -89,6 +90,5 @@ class DiLoCo(LocalSGD):
         """Inner state as local SGD's; theta_g and the outer momentum count as optimizer state."""
         inner = super().memory()
         extra = sum(p.numel() * p.element_size() for p in self.global_params)
-        return MemoryReport(params=inner.params, grads=inner.grads,
-                            optimizer=inner.optimizer + extra + optimizer_bytes(self.outer_opt),
-                            param_count=inner.param_count)
+        return dataclasses.replace(
+            inner, optimizer=inner.optimizer + extra + optimizer_bytes(self.outer_opt))

@@ -1,0 +1,108 @@
+"""Encode + decode throughput of every compressor, against memcpy, on this machine.
+
+For each compressor (the codec alone: no error feedback, no communication) and each size d of
+fp32 input, time ``decode(encode(x))`` and report GB/s of fp32 input (4 d bytes / seconds, best
+of the repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)``
+into a preallocated buffer, and ``x.clone()``), so a codec's cost reads as a multiple of memcpy.
+Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 5 / 3 / 1 repeats (well under 3 minutes
+on 2 cores), on one torch thread (a DDP worker's share of a small host, and immune to the
+stalls a 2-thread pool shows on a shared machine); ``--sizes 1M`` for a quick run.
+
+    python benchmarks/compress_throughput.py [--sizes 1M,16M,64M] [--repeats N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from collections.abc import Callable
+
+import torch
+
+from thinwire.compression import (
+    QSGD,
+    Cast,
+    Compressor,
+    Int8,
+    PowerSGD,
+    RandK,
+    ScaledSign,
+    TopK,
+)
+
+MI = 2**20
+
+
+def codecs() -> dict[str, Compressor]:
+    """Each compressor with the config's defaults (ratio 0.01, 16 levels, rank 2). The identity
+    is left out: its encode and decode are views of the input (no bytes move)."""
+    return {
+        "fp16": Cast(torch.float16), "bf16": Cast(torch.bfloat16),
+        "topk": TopK(0.01), "randk": RandK(0.01), "qsgd": QSGD(16), "int8": Int8(),
+        "sign": ScaledSign(), "powersgd": PowerSGD(2),
+    }
+
+
+def best_seconds(fn: Callable[[int], object], repeats: int) -> float:
+    best = float("inf")
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn(i)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def default_repeats(numel: int) -> int:
+    return 5 if numel <= MI else 3 if numel <= 16 * MI else 1
+
+
+def parse_sizes(text: str) -> list[int]:
+    return [int(float(s.strip().upper().rstrip("M")) * MI) for s in text.split(",") if s.strip()]
+
+
+def measure(numel: int, repeats: int) -> dict[str, float]:
+    """GB/s of fp32 input for memcpy and each codec at one size."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    y = torch.empty_like(x)
+    y.copy_(x)
+    gb = 4 * numel / 1e9
+    out = {"memcpy (copy_)": gb / best_seconds(lambda i: y.copy_(x), 10),
+           "memcpy (clone)": gb / best_seconds(lambda i: x.clone(), 10)}
+    for name, comp in codecs().items():
+        out[name] = gb / best_seconds(lambda i, c=comp: c.decode(c.encode(x, i), numel, i), repeats)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1M,16M,64M", help="input sizes in M = 2^20 floats")
+    ap.add_argument("--repeats", type=int, default=0, help="repeats per cell (0: 5/3/1 by size)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: as one worker of a loaded host; copy uses the same)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sizes = parse_sizes(args.sizes)
+    for comp in codecs().values():  # warm-up: first calls allocate and load kernels
+        comp.decode(comp.encode(torch.randn(4096), 0), 4096, 0)
+    ratios = {name: comp.nominal_ratio(sizes[0]) for name, comp in codecs().items()}
+    rows: dict[str, list[float]] = {}
+    for numel in sizes:
+        for name, speed in measure(numel, args.repeats or default_repeats(numel)).items():
+            rows.setdefault(name, []).append(speed)
+    copy = rows["memcpy (copy_)"]
+    labels = [f"{n / MI:g}M" for n in sizes]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}; GB/s of fp32 input "
+          f"(encode + decode, best of {args.repeats or '5/3/1'}); ratio at {labels[0]}; in brackets: fraction of copy_")
+    print()
+    print("| compressor | ratio | " + " | ".join(labels) + " |")
+    print("|---|---:|" + "---:|" * len(sizes))
+    for name, speeds in rows.items():
+        ratio = f"{ratios[name]:.1f}x" if name in ratios else ""
+        cells = [f"{s:.2f} ({s / c:.0%})" for s, c in zip(speeds, copy)]
+        print(f"| {name} | {ratio} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

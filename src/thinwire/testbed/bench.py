@@ -1,0 +1,61 @@
+"""The bench loop: every method on every link, measured on the testbed or modelled.
+
+Measured: before the first run, leftovers of killed runs are removed
+(:func:`~thinwire.testbed.netns.cleanup_stale`); each run gets fresh namespaces, so counters
+start from zero traffic and nothing carries over between methods. Modelled: each method runs once
+over loopback and is modelled on every link (:mod:`thinwire.testbed.modelled`).
+"""
+
+from __future__ import annotations
+
+from thinwire.commands.common import prepare_run_dir
+from thinwire.config import Config
+from thinwire.report.tables import fmt_bytes, load_run
+from thinwire.testbed.measure import compare, read_ledgers
+from thinwire.testbed.modelled import model_run
+from thinwire.testbed.netns import cleanup_stale
+from thinwire.testbed.rates import Link
+from thinwire.testbed.report import BenchResult
+from thinwire.testbed.run import run_in_testbed, run_on_loopback
+
+
+def run_measured(cfgs: dict[str, list[Config]], links: list[Link],
+                 deadline: float) -> list[BenchResult]:
+    stale = cleanup_stale()
+    if stale:
+        print(f"removed leftovers of killed runs: {', '.join(stale)}", flush=True)
+    results = []
+    for link in links:
+        for cfg in cfgs[link.label]:
+            n = cfg.runtime.workers
+            print(f"== {link.label} {cfg.run_name}: {n} workers in namespaces, "
+                  f"{cfg.train.steps} steps", flush=True)
+            run_dir = prepare_run_dir(cfg)
+            wire = run_in_testbed(run_dir, n, link, cfg.runtime.threads, deadline)
+            cmp = compare(wire.tx_bytes, wire.rx_bytes, read_ledgers(run_dir, n))
+            run = load_run(run_dir)
+            curve = [(int(r["step"]), float(r["accuracy"]), float(r["wall_s"])) for r in run.evals]
+            print(f"   done in {wire.elapsed_s:.0f} s; wire tx {fmt_bytes(cmp.measured_total)} "
+                  f"measured vs {fmt_bytes(cmp.estimated_total)} estimated "
+                  f"({(cmp.ratio - 1) * 100:+.1f}%)", flush=True)
+            results.append(BenchResult(link, run, "measured", curve,
+                                       float(run.summary["wall_s"]), cmp))
+    return results
+
+
+def run_modelled(cfgs: list[Config], links: list[Link], deadline: float) -> list[BenchResult]:
+    loaded = []
+    for cfg in cfgs:
+        n = cfg.runtime.workers
+        print(f"== {cfg.run_name}: {n} workers over loopback (for the model), "
+              f"{cfg.train.steps} steps", flush=True)
+        run_dir = prepare_run_dir(cfg)
+        elapsed = run_on_loopback(run_dir, n, cfg.runtime.threads, deadline)
+        print(f"   done in {elapsed:.0f} s", flush=True)
+        loaded.append((load_run(run_dir), read_ledgers(run_dir, n)))
+    results = []
+    for link in links:
+        for run, ledgers in loaded:
+            m = model_run(run.summary, run.records, ledgers, link)
+            results.append(BenchResult(link, run, "modelled", m.curve, m.wall_s))
+    return results
