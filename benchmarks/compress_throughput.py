@@ -4,7 +4,7 @@ For each compressor (the codec alone: no error feedback, no communication) and e
 fp32 input, time ``decode(encode(x))`` and report GB/s of fp32 input (4 d bytes / seconds, best
 of the repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)``
 into a preallocated buffer, and ``x.clone()``), so a codec's cost reads as a multiple of memcpy.
-Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 5 / 3 / 1 repeats (well under 3 minutes
+Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 10 / 3 / 2 repeats (well under 3 minutes
 on 2 cores), on one torch thread (a DDP worker's share of a small host, and immune to the
 stalls a 2-thread pool shows on a shared machine); ``--sizes 1M`` for a quick run.
 
@@ -14,6 +14,7 @@ stalls a 2-thread pool shows on a shared machine); ``--sizes 1M`` for a quick ru
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -54,7 +55,7 @@ def best_seconds(fn: Callable[[int], object], repeats: int) -> float:
 
 
 def default_repeats(numel: int) -> int:
-    return 5 if numel <= MI else 3 if numel <= 16 * MI else 1
+    return 10 if numel <= MI else 3 if numel <= 16 * MI else 2
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -77,7 +78,7 @@ def measure(numel: int, repeats: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1M,16M,64M", help="input sizes in M = 2^20 floats")
-    ap.add_argument("--repeats", type=int, default=0, help="repeats per cell (0: 5/3/1 by size)")
+    ap.add_argument("--repeats", type=int, default=0, help="repeats per cell (0: 10/3/2 by size)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: as one worker of a loaded host; copy uses the same)")
     args = ap.parse_args(argv)
@@ -92,9 +93,10 @@ def main(argv: list[str] | None = None) -> None:
             rows.setdefault(name, []).append(speed)
     copy = rows["memcpy (copy_)"]
     labels = [f"{n / MI:g}M" for n in sizes]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}; GB/s of fp32 input "
-          f"(encode + decode, best of {args.repeats or '5/3/1'}); ratio at {labels[0]}; in brackets: fraction of copy_")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} cores, "
+          f"{platform.machine()}, load average {os.getloadavg()[0]:.1f}; GB/s of fp32 input "
+          f"(encode + decode, best of {args.repeats or '10/3/2'} by size); ratio at {labels[0]}; "
+          f"in brackets: fraction of copy_")
     print()
     print("| compressor | ratio | " + " | ".join(labels) + " |")
     print("|---|---:|" + "---:|" * len(sizes))

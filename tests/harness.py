@@ -67,7 +67,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
         for _ in range(world_size):
             try:
                 rank, status, value = queue.get(timeout=timeout)
-            except Exception:  # queue.Empty
+            except queue_mod.Empty:
                 missing = sorted(set(range(world_size)) - set(results))
                 raise AssertionError(f"ranks {missing} did not finish within {timeout} s") from None
             if status == "ok":

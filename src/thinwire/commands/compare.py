@@ -5,7 +5,8 @@ prints: test accuracy and NLL, bytes sent per worker, parameters held per worker
 steps, seconds and bytes to a target accuracy; plots go to ``OUT/report``. A method is a name
 from ``method.name`` (dp, localsgd, diloco, ist) or a compressor for compressed data parallelism
 (topk, randk, qsgd, int8, fp16, bf16, sign, powersgd), optionally with options after a colon:
-``ist:local_steps=20,switch_at=400``.
+``ist:local_steps=20,switch_at=400``; options of other sections take their dotted name:
+``ist:train.schedule=cosine``.
 """
 
 from __future__ import annotations
@@ -35,15 +36,18 @@ def method_overrides(spec: str) -> dict[str, Any]:
     known = {f.name for f in dataclasses.fields(MethodConfig)}
     for item in filter(None, opts.split(",")):
         key, eq, value = item.partition("=")
+        if eq and "." in key:  # any other option of this run, e.g. train.schedule=cosine
+            out[key] = value
+            continue
         if not eq or key not in known:
             raise UsageError(f"method option {item!r} in {spec!r}: use KEY=VALUE with KEY one of "
-                             f"{', '.join(sorted(known))}")
+                             f"{', '.join(sorted(known))}, or SECTION.OPTION=VALUE")
         out[f"method.{key}"] = value
     return out
 
 
 def run_name(spec: str) -> str:
-    return spec.replace(":", "_").replace(",", "_").replace("=", "")
+    return spec.replace(":", "_").replace(",", "_").replace("=", "").replace(".", "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

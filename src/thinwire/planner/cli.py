@@ -5,6 +5,7 @@
   thinwire plan --validate
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 8 --crossover
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 64 --scaling --out runs/plan
+  thinwire plan --calibrate --model mlp-784-512-512-10 --workers 4 --steps 100 --out runs/calibrate
 Bad input raises UsageError (the top-level command prints it and exits 2).
 """
 
@@ -16,7 +17,7 @@ import json
 import re
 
 from thinwire.errors import UsageError
-from thinwire.planner.modes import crossover_mode, scaling_mode
+from thinwire.planner.modes import calibrate_mode, crossover_mode, scaling_mode
 from thinwire.planner.presets import list_presets, load_cluster, load_model
 from thinwire.planner.report import plan_report, prediction_json, search_report
 from thinwire.planner.search import search
@@ -98,7 +99,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a.add_argument("--max-workers", type=int, default=256)
     a.add_argument("--weak", action="store_true", help="scaling with a fixed per-worker batch")
-    a.add_argument("--out", help="directory for --scaling's scaling.png")
+    a.add_argument("--out", help="directory for --scaling's scaling.png, --calibrate's tables")
+    a.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this machine, run dp / localsgd / ist / dp+topk here and print predicted "
+        "against measured (--model mlp-..., --workers, --steps, --micro-batch-size per worker)",
+    )
+    a.add_argument("--workers", type=int, help="--calibrate: local worker processes (4)")
+    a.add_argument("--steps", type=int, help="--calibrate: steps per run, a multiple of 10 (100)")
     a.add_argument("--list", action="store_true", help="list the presets")
     a.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -154,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"summary": summary, "runs": runs}, indent=2))
         else:
             print(render_validation(), end="")
+        return 0
+    if args.calibrate:
+        out = calibrate_mode(args)
+        print(json.dumps(out, indent=2, default=str) if isinstance(out, dict) else out, end="")
         return 0
     if args.list:
         print("models:   " + ", ".join(list_presets("model")) + ", mlp-W0-W1-...-WL")

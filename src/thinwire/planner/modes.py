@@ -1,14 +1,20 @@
-"""The ``--crossover`` and ``--scaling`` modes of ``thinwire plan``: compute, then format.
+"""The ``--crossover``, ``--scaling`` and ``--calibrate`` modes of ``thinwire plan``.
 
-Crossover and knee definitions are in insight.py; this module turns the command-line arguments
-into calls and their results into text or JSON-ready dicts.
+Crossover and knee definitions are in insight.py, calibration in calibrate.py; this module turns
+the command-line arguments into calls and their results into text or JSON-ready dicts.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +28,10 @@ from thinwire.planner.insight import (
     scaling,
     step_at,
 )
+from thinwire.planner.presets import load_model
 from thinwire.planner.render import rate, table
 from thinwire.planner.report import crossover_report
-from thinwire.planner.specs import METHODS, ClusterSpec, ModelSpec
+from thinwire.planner.specs import METHODS, ClusterSpec, MLPSpec, ModelSpec
 from thinwire.planner.strategy import StrategySpec
 
 
@@ -113,3 +120,107 @@ def scaling_mode(
         else "DP keeps >= 50% efficiency over this range"
     )
     return f"{text}\n\n{verdict}\nwrote {path}\n"
+
+
+CALIBRATE_MODEL = "mlp-784-512-512-10"
+
+
+def _md(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table, numbers right-aligned."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["--:"] * (len(headers) - 1)) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
+    """``--calibrate``: per run of the suite, calibrate, run, calibrate again; predicted
+    against measured (bytes exactly, step time) as markdown, written to ``--out``."""
+    from thinwire.commands.common import run_config
+    from thinwire.planner import calibrate as cb
+
+    model = load_model(args.model or CALIBRATE_MODEL)
+    if not isinstance(model, MLPSpec):
+        raise UsageError("--calibrate trains an MLP: give --model mlp-784-H-...-10")
+    widths, n = model.widths, args.workers or 4
+    steps, batch = args.steps or 100, args.micro_batch_size or 128
+    out = Path(args.out or "runs/calibrate")
+    configs = cb.suite(widths, n, steps, batch, str(out / "runs"))
+    start = time.perf_counter()
+    results = []
+    for cfg in configs:
+        probe = cb.probe_for([cfg], widths)
+        print(f"thinwire plan --calibrate: {cfg.run_name}: calibrate, run, calibrate",
+              file=sys.stderr)
+        before = cb.calibrate(probe, n)
+        summary = run_config(cfg)
+        after = cb.calibrate(probe, n)
+        cal = cb.combine([before, after])
+        results.append({
+            "run": cfg.run_name, "predicted": cb.predict(cfg, widths, cal),
+            "measured": cb.measured(summary, str(cfg.run_dir)),
+            "drift": after.compute_flops_per_s / before.compute_flops_per_s - 1,
+            "calibration": cb.calibration_json(cal),
+        })
+    data = {
+        "command": "thinwire plan " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["plan"] else "thinwire plan --calibrate",
+        "model": model.name, "workers": n, "steps": steps, "batch_size": batch,
+        "cores": os.cpu_count(), "seconds": time.perf_counter() - start, "runs": results,
+    }
+    text = calibration_report(data)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.md").write_text(text)
+    (out / "calibration.json").write_text(json.dumps(data, indent=2, default=str))
+    return data if args.json else text + f"\nwrote {out / 'calibration.md'}\n"
+
+
+def calibration_report(data: dict[str, Any]) -> str:
+    """The predicted-against-measured table and the constants behind each prediction."""
+    rows, consts = [], []
+    for r in data["runs"]:
+        p, m, c = r["predicted"], r["measured"], r["calibration"]
+        same = all(p[k] == m[k] for k in ("sent_per_worker_mean", "sent_per_worker_max",
+                                          "payload_per_worker_mean"))
+        err = p["step_time_s"] / m["step_time_s"] - 1
+        rows.append([
+            r["run"], f"{p['sent_per_worker_mean']:,.0f}", f"{m['sent_per_worker_mean']:,.0f}",
+            f"{p['sent_per_worker_max']:,.0f}", f"{m['sent_per_worker_max']:,.0f}",
+            "exact" if same else "DIFFERENT", f"{1e3 * p['step_time_s']:.1f}",
+            f"{1e3 * m['step_time_s']:.1f}", f"{100 * err:+.1f}%",
+            f"{1e3 * p['compute_time_s']:.1f} / {1e3 * p['comm_time_s']:.1f} / "
+            f"{1e3 * p['codec_time_s']:.1f}",
+            f"{100 * m['spread']:.0f}%", f"{100 * r['drift']:+.0f}%",
+        ])
+        link = ", ".join(
+            f"{k} {1e6 * f['alpha_s']:.0f} us + {f['bytes_per_s'] / 1e6:,.0f} MB/s"
+            for k, f in c["links"].items()
+        )
+        extra = c["codec_bytes_per_s"] or c["copy_bytes_per_s"]
+        consts.append([
+            r["run"], f"{c['compute_flops_per_s'] / 1e9:.2f}", f"{1e3 * c['step_overhead_s']:.2f}",
+            link, f"{extra / 1e6:,.0f}" if extra else "-", f"{100 * c['spread']:.0f}%",
+            f"{c['load_average']:.1f}",
+        ])
+    errors = [abs(r["predicted"]["step_time_s"] / r["measured"]["step_time_s"] - 1)
+              for r in data["runs"]]
+    head = (
+        f"Predicted against measured: {data['model']}, {data['workers']} workers on "
+        f"{data['cores']} cores, batch {data['batch_size']} per worker, {data['steps']} steps"
+    )
+    table_1 = _md(
+        ["run", "sent B/worker pred", "measured", "rank 0 sent pred", "measured", "bytes",
+         "step ms pred", "measured", "error", "pred compute / comm / codec ms",
+         "run spread", "cal. drift"],
+        rows,
+    )
+    table_2 = _md(
+        ["run", "compute GFLOP/s", "t0 ms", "links: alpha + bandwidth", "codec/copy MB/s",
+         "timing spread", "load avg"],
+        consts,
+    )
+    return (
+        f"{head}\n\n{table_1}\n\nstep-time error: mean {100 * sum(errors) / len(errors):.1f}%, "
+        f"max {100 * max(errors):.1f}%; {data['seconds']:.0f} s in all\n\n"
+        f"Calibration behind each prediction (mean of the probes before and after its run)\n\n"
+        f"{table_2}\n"
+    )

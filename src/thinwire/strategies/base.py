@@ -107,6 +107,7 @@ class Strategy(ABC):
         self.cfg = ctx.cfg
         self.comm = ctx.comm
         self.loss_fn = nn.CrossEntropyLoss()
+        self._full_params = sum(p.numel() for p in model.parameters())
 
     @abstractmethod
     def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
@@ -132,5 +133,5 @@ class Strategy(ABC):
         """Parameters of the full model."""
         return self._full_params
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release process-group-bound objects before the group is destroyed."""

@@ -48,7 +48,6 @@ class DataParallel(Strategy):
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
         self.model = model.to(ctx.device)
-        self._full_params = sum(p.numel() for p in model.parameters())
         self.ddp: nn.Module
         if self.comm.distributed:
             self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])

@@ -36,7 +36,6 @@ class LocalSGD(Strategy):
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
         self.model = model.to(ctx.device)
-        self._full_params = sum(p.numel() for p in model.parameters())
         self.period = self.cfg.method.period
         self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
 

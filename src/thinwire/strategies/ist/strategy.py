@@ -65,7 +65,6 @@ class IST(Strategy):
         self.n, self.rank = self.comm.world_size, self.comm.rank
         self.K = m.local_steps
         self.specs = mlp_specs(model)
-        self._full_params = sum(p.numel() for p in model.parameters())
         self.partitioner = Partitioner(model.hidden, self.n, seed=t.seed)
         widths = model.hidden
         self.own = (ex.Ownership.central(widths, self.n) if m.deployment == "central"

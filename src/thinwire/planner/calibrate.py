@@ -1,0 +1,468 @@
+"""``thinwire plan --calibrate``: measure this machine, then predict thinwire's own runs.
+
+Calibration runs ``workers`` local processes at once (forked, one gloo group on loopback, torch
+threads = max(1, cores // workers), exactly what ``runtime.threads = 0`` gives a run), so every
+figure already contains the contention of the run it will predict: with 4 workers on 2 cores
+each process gets about half a core while all compute, and gloo's copies compete with the same
+cores. Measuring one process and dividing by an assumed contention factor would need that factor
+(it is not workers / cores once the other tenants of the machine are counted); measuring under
+the real process count gets it for free. Per quantity, the median of repeated timings:
+
+1. compute: forward + backward + SGD step of the run's MLP, and of IST's subnet (hidden widths
+   h_i / n), at the run's batch b on every rank at once. Fit t = t0 + F / R with
+   F = 6 b sum_i w_i w_{i+1}: R is the compute rate the workers see, t0 the fixed per-step cost
+   (Python, autograd, optimizer launches). With the two models measured, the line passes through
+   both.
+2. links, through thinwire's :class:`~thinwire.runtime.comm.Comm` (so the same code path):
+   all-reduce of sizes S, t = 2(n-1) alpha + 2(n-1)/n S beta; all-gather, t = (n-1) alpha +
+   (n-1) S beta; rank 0's point-to-point fan-out and fan-in of S to / from each other rank (IST
+   central), t = (n-1) alpha + (n-1) S beta. alpha and beta per op by least squares on relative
+   residuals (every size weighs alike), alpha >= 0 (:func:`fit_alpha_beta`).
+3. codecs: Top-k with error feedback, encode + (n decodes, sum) per DDP bucket, in bytes of
+   gradient per second; IST central, rank 0's extract + write-back of all n subnets per round,
+   in bytes copied per second (measured on rank 0 alone, as in a run).
+Noise: each timing's relative spread (interquartile range / median); the median spread over all
+timings is reported beside the machine's load average, because other tenants make these numbers
+move by tens of percent from minute to minute. Calibrate and run back to back for that reason.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from statistics import median
+from typing import Any
+
+import numpy as np
+
+from thinwire.config import Config
+from thinwire.planner.thinwire_runs import (
+    ddp_buckets,
+    mlp_params,
+    predict_thinwire_run,
+    subnet_sizes,
+)
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """t = hops x alpha + wire bytes / bytes_per_s; ``rms``: relative residual of the fit."""
+
+    alpha_s: float
+    bytes_per_s: float
+    rms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate` measured (module docstring); inputs of predict_thinwire_run."""
+
+    workers: int
+    threads: int
+    compute_flops_per_s: float
+    step_overhead_s: float
+    links: dict[str, LinkFit]
+    codec_bytes_per_s: float = 0.0
+    copy_bytes_per_s: float = 0.0
+    spread: float = 0.0
+    load_average: float = 0.0
+    seconds: float = 0.0
+    samples: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
+    """(x1, x2, mean seconds) per measurement: (F, 0) compute, (hops, wire bytes) links,
+    (bytes, 0) codecs."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the calibration processes measure (sizes in bytes, models as full widths)."""
+
+    models: tuple[tuple[int, ...], ...]
+    batch: int
+    norm: str
+    threads: int
+    all_reduce: tuple[int, ...]
+    all_gather: tuple[int, ...]
+    p2p: tuple[int, ...]
+    topk: tuple[tuple[int, ...], float] | None = None  # (bucket elements, kept fraction)
+    ist_widths: tuple[int, ...] | None = None
+    reps: int = 5
+
+
+def fit_alpha_beta(
+    hops: Sequence[float], wire: Sequence[float], seconds: Sequence[float]
+) -> LinkFit:
+    """Least squares of t = h alpha + w beta on relative residuals, alpha >= 0, beta > 0."""
+    h, w, t = (np.asarray(v, dtype=float) for v in (hops, wire, seconds))
+    a = np.stack([h / t, w / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    if alpha < 0:
+        alpha, beta = 0.0, float(np.sum(w / t) / np.sum((w / t) ** 2))
+    beta = max(float(beta), 1e-15)
+    rms = float(np.sqrt(np.mean(((h * alpha + w * beta) / t - 1) ** 2)))
+    return LinkFit(float(alpha), 1.0 / beta, rms)
+
+
+def fit_compute(flops: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+    """(rate R, overhead t0) of t = t0 + F / R; t0 >= 0 (through the origin otherwise)."""
+    f, t = np.asarray(flops, dtype=float), np.asarray(seconds, dtype=float)
+    if len(set(f.tolist())) > 1:
+        slope, t0 = np.polyfit(f, t, 1)
+        if slope > 0 and t0 >= 0:
+            return 1.0 / float(slope), float(t0)
+    return float(np.sum(f * f) / np.sum(f * t)), 0.0
+
+
+def _spread(xs: Sequence[float]) -> float:
+    q1, q2, q3 = np.percentile(np.asarray(xs), [25, 50, 75])
+    return float((q3 - q1) / q2) if q2 > 0 else 0.0
+
+
+def _timed(fn: Callable[..., object], reps: int, *args: Any, warm: int = 1) -> list[float]:
+    for _ in range(warm):
+        fn(*args)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _weights(widths: Sequence[int]) -> int:
+    return sum(a * b for a, b in zip(widths[:-1], widths[1:]))
+
+
+def _train_step(model: Any, opt: Any, loss_fn: Any, x: Any, y: Any) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    float(loss.detach())
+
+
+def _fan(comm: Any, out: list[Any], back: list[Any]) -> None:
+    """Rank 0 scatters to every other rank, then gathers from them (IST central's pattern)."""
+    comm.exchange(out, [])
+    comm.exchange([], back)
+
+
+def _topk_codec(comp: Any, g: Any, spec: Any, n: int) -> None:
+    """The local work of the Top-k hook for one bucket: encode (EF), decode n rows, average."""
+    from thinwire.compression.base import from_bytes, to_bytes
+
+    wire = to_bytes(comp.encode(g, 0, key=g.numel()))
+    total = comp.decode(from_bytes(wire.clone(), spec), g.numel(), 0)
+    for _ in range(n - 1):
+        total = total + comp.decode(from_bytes(wire.clone(), spec), g.numel(), 0)
+    total.div_(n)
+
+
+Rows = dict[str, list[tuple[float, float, list[float]]]]
+
+
+def _probe(comm: Any, p: Probe) -> Rows:
+    """One calibration process: (x1, x2, timings) per measurement, keyed by kind."""
+    import torch
+
+    from thinwire.compression import build_compressor
+    from thinwire.config import MethodConfig
+    from thinwire.models import build_mlp
+
+    torch.set_num_threads(p.threads)
+    n, rank = comm.world_size, comm.rank
+    out: Rows = {}
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for widths in p.models:  # 1. compute, all ranks at once
+        model = build_mlp(widths[0], widths[1:-1], widths[-1], norm=p.norm)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(p.batch, widths[0]), torch.randint(0, widths[-1], (p.batch,))
+        comm.barrier()
+        ts = _timed(_train_step, 3 * p.reps, model, opt, loss_fn, x, y, warm=2)
+        out.setdefault("compute", []).append((6.0 * _weights(widths) * p.batch, 0.0, ts))
+    for size in p.all_reduce:  # 2. links
+        comm.barrier()
+        ts = _timed(comm.all_reduce, p.reps, torch.zeros(size // 4))
+        out.setdefault("all_reduce", []).append((2 * (n - 1), round(2 * (n - 1) / n * size), ts))
+    for size in p.all_gather:
+        comm.barrier()
+        ts = _timed(lambda b: comm.all_gather_async(b).wait(), p.reps, torch.zeros(size // 4))
+        out.setdefault("all_gather", []).append((n - 1, (n - 1) * size, ts))
+    for size in p.p2p:
+        spokes = [(j, torch.zeros(size // 4)) for j in range(1, n)] if rank == 0 else []
+        hub = [] if rank == 0 else [(0, torch.zeros(size // 4))]
+        comm.barrier()  # rank 0: scatter then gather; the others: receive then send
+        ts = _timed(_fan, p.reps, comm, spokes, spokes) if rank == 0 else _timed(
+            lambda h: (comm.exchange([], h), comm.exchange(h, [])), p.reps, hub)
+        out.setdefault("p2p", []).append((n - 1, (n - 1) * size, [t / 2 for t in ts]))
+    if p.topk is not None:  # 3. codecs
+        buckets, keep = p.topk
+        comp = build_compressor(MethodConfig(compressor="topk", ratio=keep))
+        for numel in buckets:
+            comm.barrier()
+            ts = _timed(_topk_codec, p.reps, comp, torch.randn(numel), comp.spec(numel), n)
+            out.setdefault("codec", []).append((4.0 * numel, 0.0, ts))
+    if p.ist_widths is not None:
+        comm.barrier()
+        if rank == 0:
+            out["copy"] = [_ist_copies(p.ist_widths, p.norm, n, p.reps)]
+        comm.barrier()
+    return out
+
+
+def _ist_copies(widths: Sequence[int], norm: str, n: int, reps: int) -> tuple[float, float, list[float]]:
+    """Rank 0's per-round subnet copies of central IST: extract all n, write all n back."""
+    from thinwire.models import build_mlp
+    from thinwire.strategies.ist import exchange as ex
+    from thinwire.strategies.ist.mlp import mlp_specs
+    from thinwire.strategies.ist.partition import Partitioner
+
+    model = build_mlp(widths[0], widths[1:-1], widths[-1], norm=norm)
+    specs, own = mlp_specs(model), ex.Ownership.central(model.hidden, n)
+    store = [[prm.detach().clone()] for prm in model.parameters()]
+    groups = [Partitioner(model.hidden, n)(0).of(j) for j in range(n)]
+
+    def copies() -> None:
+        pieces = [ex.extract(specs, store, own, 0, g) for g in groups]
+        for g, piece in zip(groups, pieces):
+            ex.write_back(specs, store, own, 0, g, piece)
+
+    moved = 2.0 * 4 * sum(subnet_sizes(widths, norm, n, 0))
+    return moved, 0.0, _timed(copies, reps)
+
+
+def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any,
+           args: tuple[Any, ...]) -> None:
+    import torch.distributed as dist
+
+    from thinwire.runtime.comm import Comm
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=120))
+        result = fn(Comm(), *args)
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+        queue.put((rank, pickle.dumps(result), ""))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, b"", traceback.format_exc()))
+    finally:
+        queue.close()
+        queue.join_thread()
+        os._exit(0)
+
+
+def run_group(fn: Callable[..., Any], workers: int, *args: Any, timeout: float = 300) -> list[Any]:
+    """``fn(comm, *args)`` on ``workers`` forked gloo ranks on loopback; per-rank results."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    procs = [ctx.Process(target=_entry, args=(fn, r, workers, port, queue, args))
+             for r in range(workers)]
+    for proc in procs:
+        proc.start()
+    results: dict[int, Any] = {}
+    try:
+        for _ in range(workers):
+            rank, blob, error = queue.get(timeout=timeout)
+            if error:
+                raise RuntimeError(f"calibration rank {rank} failed:\n{error}")
+            results[rank] = pickle.loads(blob)
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return [results[r] for r in range(workers)]
+
+
+def probe_for(configs: Sequence[Config], widths: Sequence[int], reps: int = 5) -> Probe:
+    """The measurements the runs of ``configs`` (all of one MLP ``widths``) need."""
+    cfg = configs[0]
+    n, norm = cfg.runtime.workers, cfg.model.norm
+    threads = cfg.runtime.threads or max(1, (os.cpu_count() or 1) // n)
+    buckets = tuple(ddp_buckets(widths, norm))
+    full = 4 * mlp_params(widths, norm)
+    models: list[tuple[int, ...]] = [tuple(widths)]
+    ist = [c for c in configs if c.method.name == "ist"]
+    if ist:
+        sub = tuple(max(1, h // n) for h in widths[1:-1])
+        models.append((widths[0], *sub, widths[-1]))
+    else:
+        models.append((widths[0], *(max(1, h // 2) for h in widths[1:-1]), widths[-1]))
+    topk = [c for c in configs if c.method.compressor == "topk"]
+    keep = topk[0].method.ratio if topk else 0.0
+    gathers = tuple(sorted({1 << 12, 1 << 16, *(8 * max(1, round(keep * b)) for b in buckets)}))
+    subnet = 4 * max(subnet_sizes(widths, norm, n, 0)) if ist else 1 << 20
+    return Probe(
+        models=tuple(models), batch=cfg.train.batch_size, norm=norm, threads=threads,
+        all_reduce=tuple(sorted({1 << 12, 1 << 16, 1 << 20, *(4 * b for b in buckets), full})),
+        all_gather=gathers if topk else (),
+        p2p=tuple(sorted({1 << 12, 1 << 16, subnet, 2 * subnet})) if ist else (),
+        topk=(buckets, keep) if topk else None,
+        ist_widths=tuple(widths) if ist and ist[0].method.deployment == "central" else None,
+        reps=reps,
+    )
+
+
+Samples = dict[str, list[tuple[float, float, float]]]
+
+
+def calibrate(probe: Probe, workers: int) -> Calibration:
+    """Measure (module docstring) with ``workers`` processes; fit the constants.
+
+    Each measurement keeps the *mean* of its timings (the runs are compared by wall_s / steps,
+    a mean); compute timings are pooled over all ranks."""
+    t_start = time.perf_counter()
+    load = os.getloadavg()[0]
+    ranks = run_group(_probe, workers, probe)
+    spreads: list[float] = []
+    samples: Samples = {}
+    for kind, rows in ranks[0].items():
+        for i, (x1, x2, ts) in enumerate(rows):
+            pooled = [t for r in ranks for t in r[kind][i][2]] if kind == "compute" else ts
+            spreads.append(_spread(pooled))
+            samples.setdefault(kind, []).append((x1, x2, float(np.mean(pooled))))
+    return fit(samples, workers, probe.threads, spread=median(spreads), load_average=load,
+               seconds=time.perf_counter() - t_start)
+
+
+def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibration:
+    """The constants of :class:`Calibration` from (x1, x2, seconds) samples per kind."""
+    flops, secs = zip(*[(x1, t) for x1, _, t in samples["compute"]])
+    rate, t0 = fit_compute(flops, secs)
+    links = {
+        kind: fit_alpha_beta(*zip(*samples[kind]))
+        for kind in ("all_reduce", "all_gather", "p2p")
+        if samples.get(kind)
+    }
+
+    def bytes_rate(kind: str) -> float:
+        rows = samples.get(kind, [])
+        return sum(r[0] for r in rows) / sum(r[2] for r in rows) if rows else 0.0
+
+    return Calibration(
+        workers=workers, threads=threads, compute_flops_per_s=rate, step_overhead_s=t0,
+        links=links, codec_bytes_per_s=bytes_rate("codec"), copy_bytes_per_s=bytes_rate("copy"),
+        samples=samples, **info,
+    )
+
+
+def combine(cals: Sequence[Calibration]) -> Calibration:
+    """One calibration from several of the same probe (before and after a run): every
+    measurement's mean time averaged, then refit; spreads and loads averaged, seconds summed."""
+    first = cals[0]
+    samples = {
+        kind: [(x1, x2, float(np.mean([c.samples[kind][i][2] for c in cals])))
+               for i, (x1, x2, _) in enumerate(rows)]
+        for kind, rows in first.samples.items()
+    }
+    return fit(samples, first.workers, first.threads,
+               spread=float(np.mean([c.spread for c in cals])),
+               load_average=float(np.mean([c.load_average for c in cals])),
+               seconds=sum(c.seconds for c in cals))
+
+
+def method_of(cfg: Config) -> str:
+    """predict_thinwire_run's method name for a run config."""
+    m = cfg.method
+    if m.name == "dp":
+        if m.compressor not in ("none", "topk"):
+            raise ValueError(f"exact bytes are modelled for topk only, not {m.compressor!r}")
+        return "dp" if m.compressor == "none" else "compressed"
+    if m.name in ("localsgd", "ist"):
+        return m.name
+    raise ValueError(f"method {m.name!r} is not modelled (dp, localsgd, ist, dp+topk)")
+
+
+def predict(cfg: Config, widths: Sequence[int], cal: Calibration | None = None
+            ) -> dict[str, float | str]:
+    """predict_thinwire_run for a run config (exact bytes; times from ``cal`` when given)."""
+    from thinwire.strategies.ist.strategy import state_names
+
+    m, t = cfg.method, cfg.train
+    states = state_names(t.optimizer, t.momentum) if m.optimizer_state == "reindex" else ()
+    kw: dict[str, Any] = {}
+    if cal is not None:
+        kw = {
+            "compute_flops_per_s": cal.compute_flops_per_s,
+            "step_overhead_s": cal.step_overhead_s,
+            "links": {k: (f.alpha_s, f.bytes_per_s) for k, f in cal.links.items()},
+            "codec_bytes_per_s": cal.codec_bytes_per_s,
+            "copy_bytes_per_s": cal.copy_bytes_per_s,
+        }
+    return predict_thinwire_run(
+        method_of(cfg), widths, t.batch_size, cfg.runtime.workers,
+        local_steps=m.local_steps if m.name == "ist" else 1,
+        period=m.period if m.name == "localsgd" else None,
+        deployment=m.deployment, steps=t.steps, norm=cfg.model.norm, seed=t.seed,
+        topk_keep=m.ratio if m.compressor == "topk" else None, state_copies=len(states), **kw,
+    )
+
+
+def calibration_json(cal: Calibration) -> dict[str, Any]:
+    """The calibration as plain data (for calibration.json)."""
+    return asdict(cal)
+
+
+SUITE: tuple[tuple[str, dict[str, str]], ...] = (
+    ("dp", {"method.name": "dp"}),
+    ("localsgd", {"method.name": "localsgd", "method.period": "10"}),
+    ("ist", {"method.name": "ist", "method.local_steps": "10", "method.deployment": "central"}),
+    ("dp-topk", {"method.name": "dp", "method.compressor": "topk", "method.ratio": "0.01"}),
+)
+"""The runs ``--calibrate`` predicts: DP, local SGD (H = 10), IST (K = 10, central), DP + Top-k
+(1%, error feedback)."""
+DATA = {784: "fashion-mnist", 64: "digits"}
+
+
+def suite(widths: Sequence[int], workers: int, steps: int, batch: int, out: str,
+          extra: dict[str, str] | None = None) -> list[Config]:
+    """The run configs of :data:`SUITE` for one MLP (input 784: Fashion-MNIST, 64: digits)."""
+    from thinwire import config as config_mod
+    from thinwire.errors import UsageError
+
+    if widths[0] not in DATA or widths[-1] != 10:
+        raise UsageError(f"--calibrate trains mlp-784-...-10 (Fashion-MNIST) or mlp-64-...-10 "
+                         f"(digits), not mlp-{'-'.join(map(str, widths))}")
+    if steps < 10 or steps % 10:
+        raise UsageError(f"--steps {steps}: use a multiple of 10 (local SGD's H and IST's K)")
+    base = {
+        "data.name": DATA[widths[0]], "model.hidden": ",".join(map(str, widths[1:-1])),
+        "train.batch_size": str(batch), "train.steps": str(steps), "train.eval_every": "0",
+        "train.log_every": "1", "runtime.workers": str(workers), "run.out": out,
+        "run.progress": "false", **(extra or {}),
+    }
+    return [config_mod.load(None, {**base, **over, "run.name": name}) for name, over in SUITE]
+
+
+def measured(summary: dict[str, Any], run_dir: str) -> dict[str, float]:
+    """What a run measured: step time = wall_s / steps (rank 0, training steps only), the
+    summary's bytes, and the spread (IQR / median) of its per-step times in metrics.jsonl."""
+    import json
+    from pathlib import Path
+
+    steps = [
+        rec["step_s"]
+        for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        if (rec := json.loads(line)).get("kind") == "train"
+    ]
+    b = summary["bytes"]
+    return {
+        "step_time_s": summary["wall_s"] / summary["steps"],
+        "sent_per_worker_mean": b["sent_per_worker_mean"],
+        "sent_per_worker_max": b["sent_per_worker_max"],
+        "payload_per_worker_mean": b["payload_per_worker_mean"],
+        "spread": _spread(steps) if steps else 0.0,
+    }

@@ -1,0 +1,157 @@
+"""Namespace tests: the rate limit holds, measured bytes match the ledger, nothing is left behind.
+
+Skipped, with the reason, only where namespaces cannot be created (not root, no iproute2).
+Every load is small and bounded: ~1 MB at 4 Mbit/s, ~10 s per test at most.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from thinwire import config as config_mod
+from thinwire.commands.common import prepare_run_dir
+from thinwire.testbed.measure import compare, read_ledgers
+from thinwire.testbed.netns import Testbed, cleanup_stale, list_namespaces, sh, unavailable_reason
+from thinwire.testbed.rates import Link
+from thinwire.testbed.run import BenchTimeout, run_in_testbed, run_processes, worker_env
+
+REASON = unavailable_reason()
+if REASON:
+    pytest.skip(f"network namespaces unavailable: {REASON}", allow_module_level=True)
+
+pytestmark = pytest.mark.netns
+RATE = 4e6  # bit/s
+BURST = 32 * 1024  # the shaper's burst at this rate (see shaping_commands)
+MINE = f"tw-{os.getpid()}-"
+
+SERVER = textwrap.dedent("""
+    import socket, sys
+    n = int(sys.argv[2]); s = socket.socket(); s.settimeout(20)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((sys.argv[1], 29555))
+    s.listen(1); c, _ = s.accept(); got = 0
+    while got < n:
+        b = c.recv(1 << 16)
+        if not b: break
+        got += len(b)
+    c.sendall(b"k"); print(got)
+""")
+CLIENT = textwrap.dedent("""
+    import socket, sys, time
+    addr, n = sys.argv[1], int(sys.argv[2])
+    for _ in range(100):
+        try: c = socket.create_connection((addr, 29555), timeout=20); break
+        except OSError: time.sleep(0.05)
+    t0 = time.perf_counter(); c.sendall(b"x" * n); c.recv(1)
+    print(time.perf_counter() - t0)
+""")
+
+
+def leftovers() -> tuple[list[str], list[str]]:
+    """Our namespaces still listed, and any tw- interface in the host's namespace."""
+    host = [ln for ln in sh(["ip", "-o", "link", "show"]).splitlines() if ": tw-" in ln]
+    return [ns for ns in list_namespaces() if ns.startswith(MINE)], host
+
+
+def test_rate_limit_slows_a_known_transfer() -> None:
+    n = 1_000_000
+    with Testbed(2, Link(RATE)) as tb:
+        before = tb.counters()
+        server = subprocess.Popen(tb.exec_argv(1, [sys.executable, "-c", SERVER, tb.addr(1),
+                                                   str(n)]), stdout=subprocess.PIPE, text=True)
+        client = subprocess.run(tb.exec_argv(0, [sys.executable, "-c", CLIENT, tb.addr(1),
+                                                 str(n)]), capture_output=True, text=True,
+                                timeout=30, check=True)
+        assert int(server.communicate(timeout=30)[0]) == n
+        after = tb.counters()
+    seconds = float(client.stdout)
+    floor = (n - BURST) / (RATE / 8)  # the wire cannot carry more than rate x time + burst
+    assert seconds >= floor, f"{n} bytes in {seconds:.2f} s: faster than {RATE:g} bit/s"
+    assert seconds <= 1.5 * n / (RATE / 8) + 0.5, f"{seconds:.2f} s: the rate was not reached"
+    tx0 = after[0][0] - before[0][0]
+    rx1 = after[1][1] - before[1][1]
+    assert n <= tx0 <= 1.10 * n and n <= rx1 <= 1.10 * n  # payload plus headers
+    assert leftovers() == ([], [])
+
+
+def test_training_bytes_match_the_ledger(tmp_path: Path) -> None:
+    cfg = config_mod.load(None, {
+        "data.name": "teacher", "model.hidden": "64,64", "method.name": "localsgd",
+        "method.period": 1, "train.steps": 40, "train.eval_every": 20, "runtime.workers": 2,
+        "runtime.threads": 1, "run.out": str(tmp_path), "run.progress": False})
+    run_dir = prepare_run_dir(cfg)
+    wire = run_in_testbed(run_dir, 2, Link(RATE), 1, time.monotonic() + 60)
+    ledgers = read_ledgers(run_dir, 2)
+    cmp = compare(wire.tx_bytes, wire.rx_bytes, ledgers)
+    assert cmp.estimated_total > 1_500_000  # the training traffic dominates the fixed set-up
+    assert cmp.within(0.10), f"measured / estimated = {cmp.ratio:.3f}"
+    assert cmp.ratio >= 1.0  # headers and set-up traffic only ever add bytes
+    for r in range(2):
+        assert abs(wire.rx_bytes[r] / ledgers[r].recv - 1) <= 0.10
+    train_s = float(json.loads((run_dir / "summary.json").read_text())["wall_s"])
+    floor = (ledgers[0].sent - BURST) / (RATE / 8)
+    assert train_s >= floor, f"rank 0 sent {ledgers[0].sent} B in {train_s:.2f} s: too fast"
+    assert leftovers() == ([], [])
+
+
+def test_timeout_kills_workers_and_errors_tear_down(tmp_path: Path) -> None:
+    with pytest.raises(BenchTimeout), Testbed(1, Link(RATE)) as tb:
+        ns = tb.namespace(0)
+        t0 = time.monotonic()
+        try:
+            run_processes([(tb.exec_argv(0, ["sleep", "60"]),
+                            worker_env(0, 1, tb.addr(0), 29500, tb.ifname(0), 1))],
+                          tmp_path, time.monotonic() + 1.0)
+        finally:
+            assert time.monotonic() - t0 < 10
+            assert sh(["ip", "netns", "pids", ns]).split() == []  # the sleeper is gone
+    assert leftovers() == ([], [])
+
+
+def test_stale_namespaces_of_dead_owners_are_removed() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"tw-{dead.pid}-0-w0"
+    sh(["ip", "netns", "add", stale])
+    live = f"{MINE}99-w0"  # owner alive (this process): must be kept
+    sh(["ip", "netns", "add", live])
+    try:
+        removed = cleanup_stale()
+        assert stale in removed and live not in removed
+        names = list_namespaces()
+        assert stale not in names and live in names
+    finally:
+        sh(["ip", "netns", "del", live], check=False)
+        sh(["ip", "netns", "del", stale], check=False)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_bench_tears_down(tmp_path: Path, sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "thinwire", "bench", "--link", "4mbit", "--workers", "2",
+         "--methods", "localsgd", "--steps", "100000", "--data.name", "teacher",
+         "--model.hidden", "8,8", "--train.eval_every", "0", "--timeout", "60",
+         "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    prefix = f"tw-{proc.pid}-"
+    try:
+        end = time.monotonic() + 30
+        while not any(ns.startswith(prefix) and ns.endswith("-w1") for ns in list_namespaces()):
+            assert proc.poll() is None and time.monotonic() < end, "bench never built a testbed"
+            time.sleep(0.05)
+        time.sleep(0.5)  # workers starting inside the namespaces
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=20)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert not [ns for ns in list_namespaces() if ns.startswith(prefix)]
