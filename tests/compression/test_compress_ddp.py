@@ -99,10 +99,11 @@ def _strategy_runs(comm: Comm, names: list[str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("world, names", [
     (2, sorted(REGISTRY)),  # "none" through the strategy is data_parallel's allreduce_hook
-    (4, ["topk", "randk", "qsgd", "sign", "powersgd"]),
+    (4, ["topk", "randk", "powersgd"]),  # one of each exchange: all-gather, all-reduce, P then Q
 ])
 def test_every_compressor_agrees_across_ranks_and_ledger_counts_payload(world: int, names: list[str]) -> None:
-    results = run_workers(_strategy_runs, world, names)
+    # generous timeout: on a shared 2-core host 4 ranks can wait long for a core
+    results = run_workers(_strategy_runs, world, names, timeout=240)
     start = _flat(build_mlp(IN, HIDDEN, OUT, norm="none", seed=0))
     exact = results[0]["reference"] - start  # the uncompressed update over the same steps
     for name in names:

@@ -54,7 +54,7 @@ def _runs(comm: Comm) -> dict[str, Any]:
 
 
 def test_diloco_reduces_to_local_sgd_and_ranks_agree() -> None:
-    out = run_workers(_runs, 2)
+    out = run_workers(_runs, 2, timeout=240)
     d = out[0]["localsgd"]["params"].numel()
     local = out[0]["localsgd"]["params"]
     # theta_g - 1 x (theta_g - mean theta_i) rounds once per element per sync (|theta| < 2:

@@ -75,7 +75,7 @@ def test_rate_limit_slows_a_known_transfer() -> None:
     seconds = float(client.stdout)
     floor = (n - BURST) / (RATE / 8)  # the wire cannot carry more than rate x time + burst
     assert seconds >= floor, f"{n} bytes in {seconds:.2f} s: faster than {RATE:g} bit/s"
-    assert seconds <= 1.5 * n / (RATE / 8) + 0.5, f"{seconds:.2f} s: the rate was not reached"
+    assert seconds <= 2.0 * n / (RATE / 8) + 1.0, f"{seconds:.2f} s: the rate was not reached"
     tx0 = after[0][0] - before[0][0]
     rx1 = after[1][1] - before[1][1]
     assert n <= tx0 <= 1.10 * n and n <= rx1 <= 1.10 * n  # payload plus headers
@@ -142,7 +142,7 @@ def test_interrupted_bench_tears_down(tmp_path: Path, sig: signal.Signals) -> No
          "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     prefix = f"tw-{proc.pid}-"
     try:
-        end = time.monotonic() + 30
+        end = time.monotonic() + 90
         while not any(ns.startswith(prefix) and ns.endswith("-w1") for ns in list_namespaces()):
             assert proc.poll() is None and time.monotonic() < end, "bench never built a testbed"
             time.sleep(0.05)

@@ -162,8 +162,8 @@ def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
             "calibration": cb.calibration_json(cal),
         })
     data = {
-        "command": "thinwire plan " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-        if sys.argv[1:2] == ["plan"] else "thinwire plan --calibrate",
+        "command": f"thinwire plan --calibrate --model {model.name} --workers {n} "
+        f"--steps {steps} --micro-batch-size {batch} --out {shlex.quote(str(out))}",
         "model": model.name, "workers": n, "steps": steps, "batch_size": batch,
         "cores": os.cpu_count(), "seconds": time.perf_counter() - start, "runs": results,
     }
@@ -219,7 +219,7 @@ def calibration_report(data: dict[str, Any]) -> str:
         consts,
     )
     return (
-        f"{head}\n\n{table_1}\n\nstep-time error: mean {100 * sum(errors) / len(errors):.1f}%, "
+        f"{head}\n(`{data['command']}`)\n\n{table_1}\n\nstep-time error: mean {100 * sum(errors) / len(errors):.1f}%, "
         f"max {100 * max(errors):.1f}%; {data['seconds']:.0f} s in all\n\n"
         f"Calibration behind each prediction (mean of the probes before and after its run)\n\n"
         f"{table_2}\n"

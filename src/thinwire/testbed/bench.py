@@ -8,6 +8,8 @@ over loopback and is modelled on every link (:mod:`thinwire.testbed.modelled`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from thinwire.commands.common import prepare_run_dir
 from thinwire.config import Config
 from thinwire.report.tables import fmt_bytes, load_run
@@ -19,12 +21,12 @@ from thinwire.testbed.report import BenchResult
 from thinwire.testbed.run import run_in_testbed, run_on_loopback
 
 
-def run_measured(cfgs: dict[str, list[Config]], links: list[Link],
-                 deadline: float) -> list[BenchResult]:
+def iter_measured(cfgs: dict[str, list[Config]], links: list[Link],
+                  deadline: float) -> Iterator[BenchResult]:
+    """Each config of ``cfgs[link.label]`` on a fresh testbed with ``link``, one result a run."""
     stale = cleanup_stale()
     if stale:
         print(f"removed leftovers of killed runs: {', '.join(stale)}", flush=True)
-    results = []
     for link in links:
         for cfg in cfgs[link.label]:
             n = cfg.runtime.workers
@@ -38,12 +40,11 @@ def run_measured(cfgs: dict[str, list[Config]], links: list[Link],
             print(f"   done in {wire.elapsed_s:.0f} s; wire tx {fmt_bytes(cmp.measured_total)} "
                   f"measured vs {fmt_bytes(cmp.estimated_total)} estimated "
                   f"({(cmp.ratio - 1) * 100:+.1f}%)", flush=True)
-            results.append(BenchResult(link, run, "measured", curve,
-                                       float(run.summary["wall_s"]), cmp))
-    return results
+            yield BenchResult(link, run, "measured", curve, float(run.summary["wall_s"]), cmp)
 
 
-def run_modelled(cfgs: list[Config], links: list[Link], deadline: float) -> list[BenchResult]:
+def iter_modelled(cfgs: list[Config], links: list[Link], deadline: float) -> Iterator[BenchResult]:
+    """Each config once over loopback, then modelled on every link (results after all runs)."""
     loaded = []
     for cfg in cfgs:
         n = cfg.runtime.workers
@@ -53,9 +54,7 @@ def run_modelled(cfgs: list[Config], links: list[Link], deadline: float) -> list
         elapsed = run_on_loopback(run_dir, n, cfg.runtime.threads, deadline)
         print(f"   done in {elapsed:.0f} s", flush=True)
         loaded.append((load_run(run_dir), read_ledgers(run_dir, n)))
-    results = []
     for link in links:
         for run, ledgers in loaded:
             m = model_run(run.summary, run.records, ledgers, link)
-            results.append(BenchResult(link, run, "modelled", m.curve, m.wall_s))
-    return results
+            yield BenchResult(link, run, "modelled", m.curve, m.wall_s)

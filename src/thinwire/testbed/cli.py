@@ -15,11 +15,13 @@ the reason is printed, and every modelled figure says so. ``--timeout`` bounds t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import FrameType
@@ -100,20 +102,34 @@ def run(args: argparse.Namespace) -> int:
     from thinwire.commands.common import preflight
 
     preflight(next(iter(cfgs.values()))[0])
+    from thinwire.testbed import bench
+    from thinwire.testbed.run import BenchFailed
+
+    deadline = time.monotonic() + args.timeout
+    results: list[Any] = []
+    with interrupts_raise():
+        try:
+            for res in (bench.iter_modelled(cfgs["modelled"], links, deadline) if modelled
+                        else bench.iter_measured(cfgs, links, deadline)):
+                results.append(res)
+        except BenchFailed as exc:
+            if results:
+                print(f"partial results ({len(results)} runs finished):")
+                _write(results, args, Path(args.out))
+            raise SystemExit(f"thinwire bench: {exc}") from None
+    _write(results, args, Path(args.out))
+    return 0
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (like Ctrl-C), so every finally tears down."""
     old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        from thinwire.testbed import bench
-
-        deadline = time.monotonic() + args.timeout
-        if modelled:
-            results = bench.run_modelled(cfgs["modelled"], links, deadline)
-        else:
-            results = bench.run_measured(cfgs, links, deadline)
+        yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    _write(results, args, Path(args.out))
-    return 0
 
 
 def _write(results: list[Any], args: argparse.Namespace, out: Path) -> None:

@@ -2,7 +2,8 @@
 
   thinwire theory --list                    the experiments and what each shows
   thinwire theory NAME... [--out DIR]       run some experiments
-  thinwire theory --all [--out DIR]         run every experiment
+  thinwire theory --all [--out DIR]         run every experiment except the explicit-only ones
+  thinwire theory bridge [--out DIR]        an explicit-only one: torch IST on worker processes
 
 Steps of ``run``:
   1. validate the seed and the experiment names (bad input: ``UsageError``, exit code 2);
@@ -23,9 +24,19 @@ from thinwire.theory.registry import ExperimentResult, Registry, default_registr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("names", nargs="*", metavar="NAME", help="experiments to run (see --list)")
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="experiments to run (see --list); explicit-only ones such as bridge (torch IST on "
+        "local worker processes, ~2 min) run only when named",
+    )
     parser.add_argument("--list", action="store_true", help="list the experiments and exit")
-    parser.add_argument("--all", action="store_true", help="run every experiment")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="run every experiment except the explicit-only ones (marked in --list)",
+    )
     parser.add_argument(
         "--out",
         default="runs/theory",
@@ -50,9 +61,9 @@ def parse_seed(text: str) -> int:
 
 
 def selected(registry: Registry, names: list[str], run_all: bool) -> list[str]:
-    """Step 1: the experiments to run, in the order given (all of them with --all)."""
+    """Step 1: the experiments to run, in the order given (with --all: all but explicit-only)."""
     if run_all:
-        return registry.names()
+        return registry.default_names()
     if not names:
         raise UsageError("name at least one experiment or pass --all; see `thinwire theory --list`")
     for name in names:
@@ -72,7 +83,8 @@ def output_dir(text: str) -> Path:
 def print_listing(registry: Registry) -> None:
     width = max(len(name) for name in registry.names())
     for experiment in registry:
-        print(f"{experiment.name:<{width}}  {experiment.help}")
+        mark = "  [explicit only: not in --all]" if experiment.explicit_only else ""
+        print(f"{experiment.name:<{width}}  {experiment.help}{mark}")
 
 
 def write_index(out: Path, results: list[ExperimentResult]) -> Path:

@@ -6,8 +6,9 @@ numbers it measured). Steps of ``default_registry``:
   1. build an empty ``Registry`` (no module-level state: each call gets its own);
   2. register the built-in experiments of ``thinwire.theory.experiments``;
   3. import every module named in ``extensions`` and call its ``register(registry)``, so an
-     experiment living elsewhere (e.g. a torch "bridge to practice" run) joins by adding its
-     module name to ``EXTENSION_MODULES`` or by passing ``extensions``.
+     experiment living elsewhere (e.g. the torch "bridge to practice" run of
+     ``thinwire.theory.exp_bridge``) joins by adding its module name to ``EXTENSION_MODULES``
+     or by passing ``extensions``. A slow one sets ``explicit_only`` and stays out of ``--all``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from thinwire.errors import UsageError
 
 # Modules exposing ``register(registry: Registry) -> None``; an immutable list, not state.
-EXTENSION_MODULES: tuple[str, ...] = ()
+EXTENSION_MODULES: tuple[str, ...] = ("thinwire.theory.exp_bridge",)
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,16 @@ ExperimentFn = Callable[[Path, int], ExperimentResult]
 
 @dataclass(frozen=True)
 class Experiment:
-    """A named experiment: ``run(out_dir, seed) -> ExperimentResult``."""
+    """A named experiment: ``run(out_dir, seed) -> ExperimentResult``.
+
+    ``explicit_only``: too slow for ``--all`` (e.g. it launches worker processes); it runs only
+    when named.
+    """
 
     name: str
     help: str
     run: ExperimentFn
+    explicit_only: bool = False
 
 
 class Registry:
@@ -81,6 +87,10 @@ class Registry:
 
     def names(self) -> list[str]:
         return list(self._experiments)
+
+    def default_names(self) -> list[str]:
+        """The experiments ``--all`` runs: every one not marked ``explicit_only``."""
+        return [name for name, e in self._experiments.items() if not e.explicit_only]
 
     def get(self, name: str) -> Experiment:
         try:

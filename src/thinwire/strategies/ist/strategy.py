@@ -37,7 +37,6 @@ from thinwire.strategies.base import (
     Strategy,
     lr_at,
     make_optimizer,
-    optimizer_bytes,
     set_lr,
 )
 from thinwire.strategies.ist import exchange as ex
@@ -281,11 +280,10 @@ class IST(Strategy):
         sub_count = sum(int(np.prod(s.subnet_shape(sizes))) for s in self.specs)
         stored = sum(t.numel() for ts in self.store for t in ts[:1])
         state_stored = sum(t.numel() for ts in self.store for t in ts[1:])
-        opt_bytes = optimizer_bytes(self.opt) if self.opt is not None else 0
-        if not opt_bytes and self.cfg.train.optimizer == "adamw":
-            opt_bytes = 2 * sub_count * 4
-        elif not opt_bytes and self.cfg.train.momentum > 0:
-            opt_bytes = sub_count * 4
+        # the local optimizer keeps one buffer per parameter per state tensor (momentum; Adam's
+        # two moments), whether or not that state travels between rounds
+        buffers = len(state_names(self.cfg.train.optimizer, self.cfg.train.momentum))
+        opt_bytes = 4 * buffers * sub_count
         return MemoryReport(params=4 * (sub_count + stored), grads=4 * sub_count,
                             optimizer=opt_bytes + 4 * state_stored, param_count=sub_count,
                             stored_count=stored)
