@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from thinwire import checkpoint
-from thinwire.config import Config, to_dict
+from thinwire.config import Config, ModelConfig, TrainConfig, to_dict
 from thinwire.data import BatchStream, Dataset, load_dataset, shard_indices
 from thinwire.metrics import JsonlWriter, evaluate
 from thinwire.models import build_mlp
@@ -191,12 +191,21 @@ class Trainer:
 
 
 def label(cfg: Config) -> str:
-    """A short human name of the method and its main parameter."""
-    m = cfg.method
+    """A short human name: the method, its main parameter, and options that differ from the
+    defaults and change what is trained (learning rate, schedule, norm, IST's scaling)."""
+    m, t = cfg.method, cfg.train
     if m.name == "dp":
-        return "dp" if m.compressor == "none" else f"dp+{m.compressor}"
-    if m.name in ("localsgd", "diloco"):
+        name = "dp" if m.compressor == "none" else f"dp+{m.compressor}"
+    elif m.name in ("localsgd", "diloco"):
         extra = f"+{m.compressor}" if m.name == "diloco" and m.compressor != "none" else ""
-        return f"{m.name}(H={m.period}){extra}"
-    hybrid = f"->localsgd@{m.switch_at}" if m.switch_at else ""
-    return f"ist(K={m.local_steps},{m.deployment}){hybrid}"
+        name = f"{m.name}(H={m.period}){extra}"
+    else:
+        hybrid = f"->localsgd@{m.switch_at}" if m.switch_at else ""
+        scale = ",dropout-scale" if m.scale == "dropout" else ""
+        name = f"ist(K={m.local_steps},{m.deployment}{scale}){hybrid}"
+    defaults = TrainConfig()
+    extras = [f"lr={t.lr:g}" if t.lr != defaults.lr else "",
+              t.schedule if t.schedule != defaults.schedule else "",
+              f"norm={cfg.model.norm}" if cfg.model.norm != ModelConfig().norm else ""]
+    extras = [e for e in extras if e]
+    return name + (f" [{', '.join(extras)}]" if extras else "")

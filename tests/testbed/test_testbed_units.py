@@ -155,4 +155,9 @@ def test_wire_comparison() -> None:
     c = compare([1100, 3100], [1000, 200], ledgers)
     assert c.measured_total == 4200 and c.estimated_total == 4000
     assert c.ratio == pytest.approx(1.05) and c.within(0.10) and not c.within(0.01)
+    assert c.control_sent is None and c.compared_total == 4000  # files without control totals
     assert math.isnan(compare([5], [5], [RankLedger(0, 0, 0, 0, {})]).ratio)
+    with_control = [RankLedger(1000, 900, 800, 3, {}, 200), RankLedger(3000, 100, 800, 3, {}, 0)]
+    c = compare([1100, 3100], [1000, 200], with_control)
+    assert c.compared_total == 4200 and c.ratio == pytest.approx(1.0)
+    assert compare([1], [1], [with_control[0], ledgers[1]]).control_sent is None  # partial

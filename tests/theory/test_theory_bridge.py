@@ -54,6 +54,13 @@ def test_spec_steps_are_multiples_of_the_period_and_keep_lr_times_steps():
     assert cfg.train.weight_decay == spec.weight_decay and cfg.method.deployment == "central"
 
 
+def test_fit_floor_recovers_a_floor_and_a_slope():
+    lrs = [0.4, 0.2, 0.1]
+    assert exp_bridge.fit_floor(lrs, [0.1 + 0.3 * x for x in lrs]) == pytest.approx((0.1, 0.3))
+    a, b = exp_bridge.fit_floor(lrs, [0.5 * x for x in lrs])  # proportional to lr: no floor
+    assert a == pytest.approx(0.0, abs=1e-12) and b == pytest.approx(0.5)
+
+
 def test_checkpoint_reassembly_matches_the_full_model(tmp_path):
     """An IST store written by hand comes back as the same full model (and local SGD's too)."""
     from thinwire import config
@@ -86,8 +93,10 @@ def test_tiny_bridge_end_to_end(tmp_path):
     assert nums[f"{key}/plateau"] == pytest.approx(
         nums[f"{key}/final_ce"] + nums[f"{key}/final_penalty"]
     )  # the second half of 2 checkpoints is the last one
-    # 20 noisy steps cannot beat the converged full-batch reference of the same objective
+    # 20 noisy steps cannot beat the converged full-batch reference of the same objective, nor
+    # can 20 full-batch gradient steps
     assert nums["f_ref"] < nums[f"{key}/plateau"] < 5.0
+    assert nums["f_ref"] < nums["f_gd"] and nums["gd_residue"] == nums["f_gd"] - nums["f_ref"]
     assert nums[f"{key}/gap"] == pytest.approx(nums[f"{key}/plateau"] - nums["f_ref"])
     md = (tmp_path / "bridge-tiny.md").read_text()
     assert "| skew=1 | IST | 0.4 | 20 |" in md

@@ -72,6 +72,10 @@ class Calibration:
     links: dict[str, LinkFit]
     codec_bytes_per_s: float = 0.0
     copy_bytes_per_s: float = 0.0
+    first_optimizer_s: float = 0.0
+    """The first ``torch.optim`` optimizer a process builds imports torch's compiler stack;
+    the slowest of ``workers`` processes doing it at once. IST builds its first optimizer inside
+    the first training step, so its rank 0 waits this long once."""
     spread: float = 0.0
     load_average: float = 0.0
     seconds: float = 0.0
@@ -182,7 +186,9 @@ def _probe(comm: Any, p: Probe) -> Rows:
     loss_fn = torch.nn.CrossEntropyLoss()
     for widths in p.models:  # 1. compute, all ranks at once
         model = build_mlp(widths[0], widths[1:-1], widths[-1], norm=p.norm)
+        t0 = time.perf_counter()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        out.setdefault("first_optimizer", [(0.0, 0.0, [time.perf_counter() - t0])])
         x, y = torch.randn(p.batch, widths[0]), torch.randint(0, widths[-1], (p.batch,))
         comm.barrier()
         ts = _timed(_train_step, 3 * p.reps, model, opt, loss_fn, x, y, warm=2)
@@ -244,6 +250,7 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any,
 
     from thinwire.runtime.comm import Comm
 
+    os.setsid()  # its own session, as the launcher's workers: see run_group
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=120))
@@ -261,7 +268,12 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any,
 
 
 def run_group(fn: Callable[..., Any], workers: int, *args: Any, timeout: float = 300) -> list[Any]:
-    """``fn(comm, *args)`` on ``workers`` forked gloo ranks on loopback; per-rank results."""
+    """``fn(comm, *args)`` on ``workers`` forked gloo ranks on loopback; per-rank results.
+
+    Each rank leads its own session, as torch's elastic launcher starts a run's workers: with
+    Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) the CPU is shared
+    between sessions first, so ranks left in the caller's session would share one session's
+    slice and measure a several times slower machine than the runs see."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with socket.socket() as s:
@@ -332,6 +344,8 @@ def calibrate(probe: Probe, workers: int) -> Calibration:
     for kind, rows in ranks[0].items():
         for i, (x1, x2, ts) in enumerate(rows):
             pooled = [t for r in ranks for t in r[kind][i][2]] if kind == "compute" else ts
+            if kind == "first_optimizer":  # the slowest rank holds everyone up
+                pooled = [max(r[kind][i][2][0] for r in ranks)]
             spreads.append(_spread(pooled))
             samples.setdefault(kind, []).append((x1, x2, float(np.mean(pooled))))
     return fit(samples, workers, probe.threads, spread=median(spreads), load_average=load,
@@ -352,10 +366,11 @@ def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibrat
         rows = samples.get(kind, [])
         return sum(r[0] for r in rows) / sum(r[2] for r in rows) if rows else 0.0
 
+    first = samples.get("first_optimizer", [(0.0, 0.0, 0.0)])[0][2]
     return Calibration(
         workers=workers, threads=threads, compute_flops_per_s=rate, step_overhead_s=t0,
         links=links, codec_bytes_per_s=bytes_rate("codec"), copy_bytes_per_s=bytes_rate("copy"),
-        samples=samples, **info,
+        first_optimizer_s=first, samples=samples, **info,
     )
 
 
@@ -372,6 +387,16 @@ def combine(cals: Sequence[Calibration]) -> Calibration:
                spread=float(np.mean([c.spread for c in cals])),
                load_average=float(np.mean([c.load_average for c in cals])),
                seconds=sum(c.seconds for c in cals))
+
+
+def preimport() -> None:
+    """Import what the first optimizer imports, once, in the calling process: calibrations
+    forked after this skip that import (about 10 s of their time on a busy 2-core machine) and
+    measure ``first_optimizer_s`` as about 0."""
+    import torch
+    import torch._dynamo  # noqa: F401 - the import is the point
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def method_of(cfg: Config) -> str:
@@ -401,6 +426,7 @@ def predict(cfg: Config, widths: Sequence[int], cal: Calibration | None = None
             "links": {k: (f.alpha_s, f.bytes_per_s) for k, f in cal.links.items()},
             "codec_bytes_per_s": cal.codec_bytes_per_s,
             "copy_bytes_per_s": cal.copy_bytes_per_s,
+            "first_step_s": cal.first_optimizer_s if m.name == "ist" else 0.0,
         }
     return predict_thinwire_run(
         method_of(cfg), widths, t.batch_size, cfg.runtime.workers,
@@ -417,13 +443,15 @@ def calibration_json(cal: Calibration) -> dict[str, Any]:
 
 
 SUITE: tuple[tuple[str, dict[str, str]], ...] = (
+    ("ist", {"method.name": "ist", "method.local_steps": "10", "method.deployment": "central"}),
     ("dp", {"method.name": "dp"}),
     ("localsgd", {"method.name": "localsgd", "method.period": "10"}),
-    ("ist", {"method.name": "ist", "method.local_steps": "10", "method.deployment": "central"}),
     ("dp-topk", {"method.name": "dp", "method.compressor": "topk", "method.ratio": "0.01"}),
 )
-"""The runs ``--calibrate`` predicts: DP, local SGD (H = 10), IST (K = 10, central), DP + Top-k
-(1%, error feedback)."""
+"""The runs ``--calibrate`` predicts: IST (K = 10, central), DP, local SGD (H = 10), DP + Top-k
+(1%, error feedback). IST first: only its prediction needs the first-optimizer cost, which the
+calibrations can measure only until the calling process imports torch's compiler stack
+(:func:`preimport`)."""
 DATA = {784: "fashion-mnist", 64: "digits"}
 
 

@@ -291,6 +291,7 @@ def predict_thinwire_run(
     state_copies: int = 0,
     step_overhead_s: float = 0.0,
     copy_bytes_per_s: float = 0.0,
+    first_step_s: float = 0.0,
     links: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, float | str]:
     """Bytes and seconds per step of one thinwire run (module docstring for the formulas).
@@ -303,7 +304,9 @@ def predict_thinwire_run(
     summary.json) and the time of rank 0's actual calls under ``links``
     (``{"all_reduce" | "all_gather" | "p2p": (alpha_s, bytes_per_s)}``). ``copy_bytes_per_s``
     prices IST's per-round subnet copies on rank 0 (extract and write back 2 x 4 x sum_j S_j
-    bytes, central); ``step_overhead_s`` is added to every step's compute.
+    bytes, central); ``step_overhead_s`` is added to every step's compute; ``first_step_s``
+    is a one-off cost of the run (IST's first optimizer, built inside step 0), spread over
+    ``steps`` as ``one_off_time_s``.
     """
     if method not in ("dp", "localsgd", "ist", "compressed"):
         raise UsageError(f"method={method!r}; use dp, localsgd, ist or compressed")
@@ -321,7 +324,7 @@ def predict_thinwire_run(
             links=links or {}, default_link=(latency_s, link_bytes_per_s),
             deployment=deployment, norm=norm, seed=seed, topk_keep=topk_keep,
             state_copies=state_copies, e=bytes_per_element, codec_bytes_per_s=codec_bytes_per_s,
-            copy_bytes_per_s=copy_bytes_per_s,
+            copy_bytes_per_s=copy_bytes_per_s, first_step_s=first_step_s,
         )
     model = MLPSpec(name="thinwire-run", widths=tuple(widths), bias=bias)
     n, e = workers, float(bytes_per_element)
@@ -399,6 +402,7 @@ def _predict_exact(
     e: int,
     codec_bytes_per_s: float,
     copy_bytes_per_s: float,
+    first_step_s: float,
 ) -> dict[str, float | str]:
     """:func:`predict_thinwire_run` with ``steps``: exact bytes, rank 0's calls timed."""
     if steps < 1 or steps % k:
@@ -426,7 +430,7 @@ def _predict_exact(
         if method == "compressed" and codec_bytes_per_s > 0 and n > 1:
             codec = full * e / codec_bytes_per_s
     compute = 6.0 * weights * batch_size / compute_flops_per_s + step_overhead_s
-    step = compute + comm + codec
+    step = compute + comm + codec + first_step_s / steps
     return {
         "method": method,
         "workers": float(n),
@@ -441,6 +445,7 @@ def _predict_exact(
         "compute_time_s": compute,
         "comm_time_s": comm,
         "codec_time_s": codec,
+        "one_off_time_s": first_step_s / steps,
         "step_time_s": step,
         "samples_per_s": batch_size * n / step,
         "param_bytes_per_worker": sub * e,

@@ -27,6 +27,12 @@ class Run:
 
     @property
     def label(self) -> str:
+        """The method's label, recomputed from the run's config when it is recorded."""
+        if "config" in self.summary:
+            from thinwire.config import build
+            from thinwire.trainer import label
+
+            return label(build(self.summary["config"]))
         return str(self.summary.get("label", self.path.name))
 
 

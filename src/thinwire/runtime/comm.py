@@ -195,7 +195,7 @@ class Comm:
             return fut
         out = torch.empty(self.world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
         t0 = time.perf_counter()
-        work = dist.all_gather_into_tensor(out, flat, group=self.group, async_op=True)
+        work = _GATHER_INTO(out, flat, group=self.group, async_op=True)
         payload = nbytes(flat)
 
         def done(_f: torch.futures.Future) -> torch.Tensor:
@@ -259,4 +259,6 @@ class Comm:
         return [x.tolist() for x in self.all_gather(t, tag=tag)]
 
 
+# torch >= 2.12 renames all_gather_into_tensor (deprecated alias kept) to all_gather_single
+_GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

@@ -38,7 +38,7 @@ def iter_measured(cfgs: dict[str, list[Config]], links: list[Link],
             run = load_run(run_dir)
             curve = [(int(r["step"]), float(r["accuracy"]), float(r["wall_s"])) for r in run.evals]
             print(f"   done in {wire.elapsed_s:.0f} s; wire tx {fmt_bytes(cmp.measured_total)} "
-                  f"measured vs {fmt_bytes(cmp.estimated_total)} estimated "
+                  f"measured vs {fmt_bytes(cmp.compared_total)} estimated "
                   f"({(cmp.ratio - 1) * 100:+.1f}%)", flush=True)
             yield BenchResult(link, run, "measured", curve, float(run.summary["wall_s"]), cmp)
 

@@ -31,6 +31,13 @@ class BenchResult:
     def method(self) -> str:
         return self.run.label
 
+    @property
+    def is_dp(self) -> bool:
+        """Plain data parallelism (no compressor): the reference of the "vs dp" column."""
+        m = self.run.summary.get("config", {}).get("method", {})
+        return bool(m.get("name") == "dp" and m.get("compressor", "none") == "none"
+                    or (not m and self.method == "dp"))
+
     def to_target(self, target: float) -> tuple[int, float, float] | None:
         """(step, wall s, ledger bytes sent per worker) at the first evaluation >= target."""
         sent = {int(r["step"]): float(r["sent_bytes"]) for r in self.run.evals}
@@ -50,7 +57,8 @@ def bench_table(results: list[BenchResult], target: float) -> str:
     head = (f"| link | method | final acc | train wall s ({kind}) | s to {target:.3f} ({kind}) "
             f"| vs dp | steps to {target:.3f} | sent/worker to {target:.3f} (ledger) ")
     if kind == "measured":
-        head += "| wire tx, all workers (measured) | wire sent (ledger estimate) | payload (ledger) "
+        head += ("| wire tx, all workers (measured) | wire sent incl. control (ledger estimate) "
+                 "| payload (ledger) ")
         head += "| measured / estimated |"
         sep = "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     else:
@@ -59,7 +67,7 @@ def bench_table(results: list[BenchResult], target: float) -> str:
     lines = [head, sep]
     for res in results:
         hit = res.to_target(target)
-        dp = next((r for r in results if r.link == res.link and r.method == "dp"), None)
+        dp = next((r for r in results if r.link == res.link and r.is_dp), None)
         dp_hit = dp.to_target(target) if dp else None
         speed = (f"{dp_hit[1] / hit[1]:.2f}x" if hit and dp_hit and hit[1] > 0 else "-")
         ttt = (f"{hit[1]:.1f} | {speed} | {hit[0]} | {fmt_bytes(hit[2])}" if hit
@@ -71,7 +79,8 @@ def bench_table(results: list[BenchResult], target: float) -> str:
         payload = ledgers["payload_per_worker_mean"] * len(ledgers["per_rank_sent"])
         if res.wire is not None:
             w = res.wire
-            row += (f"| {fmt_bytes(w.measured_total)} | {fmt_bytes(w.estimated_total)} "
+            scope = "" if w.control_sent is not None else " (training only*)"
+            row += (f"| {fmt_bytes(w.measured_total)} | {fmt_bytes(w.compared_total)}{scope} "
                     f"| {fmt_bytes(sum(w.payload))} | {w.ratio:.3f} ({(w.ratio - 1) * 100:+.1f}%) |")
         else:
             row += f"| {fmt_bytes(est)} | {fmt_bytes(payload)} |"
@@ -84,14 +93,16 @@ def notes(kind: str) -> str:
         return ("Measured: wall times on the testbed's rate-limited links (rank 0's training time, "
                 "evaluation excluded) and wire bytes from the kernel counters of each worker's "
                 "veth (headers, ACKs, rendezvous, set-up and control traffic included). Ledger: "
-                "payload exact; wire bytes estimated for collectives (ring), exact for "
-                "point-to-point; control traffic excluded. vs dp: dp's time to target / this "
+                "payload exact (a point-to-point message counts at both ends); wire bytes "
+                "estimated for collectives (ring), exact for point-to-point, control traffic "
+                "(evaluation) included where the ledger files carry it (*: they did not, so the "
+                "estimate covers training traffic only). vs dp: dp's time to target / this "
                 "method's.")
     return ("Modelled (no thin wire was used): wall = compute time measured over loopback + "
             "per ledger call latency x hops + bytes / (rate x 1448/1538); see "
-            "thinwire.testbed.modelled. Ledger: payload exact; wire bytes estimated for "
-            "collectives (ring), exact for point-to-point. vs dp: dp's time to target / this "
-            "method's.")
+            "thinwire.testbed.modelled. Ledger: payload exact (a point-to-point message counts "
+            "at both ends); wire bytes estimated for collectives (ring), exact for "
+            "point-to-point, training traffic only. vs dp: dp's time to target / this method's.")
 
 
 def plot_bench(results: list[BenchResult], target: float, path: Path) -> Path:
