@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from thinwire.cli import main as cli_main
 from thinwire.errors import UsageError
 from thinwire.report.tables import Run
+from thinwire.testbed.cli import interrupts_raise
 from thinwire.testbed.measure import RankLedger, compare
 from thinwire.testbed.modelled import (
     FRAME_EFFICIENCY,
@@ -66,6 +70,13 @@ def test_bad_link_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "link rate '100mbps'" in err[0]
     assert cli_main(["bench", "--timeout", "0"]) == 2
+
+
+def test_sigterm_raises_keyboard_interrupt() -> None:
+    with pytest.raises(KeyboardInterrupt), interrupts_raise():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this at once
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
 
 
 def test_shaping_commands() -> None:

@@ -205,8 +205,11 @@ def _probe(comm: Any, p: Probe) -> Rows:
         spokes = [(j, torch.zeros(size // 4)) for j in range(1, n)] if rank == 0 else []
         hub = [] if rank == 0 else [(0, torch.zeros(size // 4))]
         comm.barrier()  # rank 0: scatter then gather; the others: receive then send
-        ts = _timed(_fan, p.reps, comm, spokes, spokes) if rank == 0 else _timed(
-            lambda h: (comm.exchange([], h), comm.exchange(h, [])), p.reps, hub)
+        ts = (
+            _timed(_fan, p.reps, comm, spokes, spokes)
+            if rank == 0
+            else _timed(lambda h: (comm.exchange([], h), comm.exchange(h, [])), p.reps, hub)
+        )
         out.setdefault("p2p", []).append((n - 1, (n - 1) * size, [t / 2 for t in ts]))
     if p.topk is not None:  # 3. codecs
         buckets, keep = p.topk
@@ -223,7 +226,9 @@ def _probe(comm: Any, p: Probe) -> Rows:
     return out
 
 
-def _ist_copies(widths: Sequence[int], norm: str, n: int, reps: int) -> tuple[float, float, list[float]]:
+def _ist_copies(
+    widths: Sequence[int], norm: str, n: int, reps: int
+) -> tuple[float, float, list[float]]:
     """Rank 0's per-round subnet copies of central IST: extract all n, write all n back."""
     from thinwire.models import build_mlp
     from thinwire.strategies.ist import exchange as ex
@@ -244,16 +249,22 @@ def _ist_copies(widths: Sequence[int], norm: str, n: int, reps: int) -> tuple[fl
     return moved, 0.0, _timed(copies, reps)
 
 
-def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any,
-           args: tuple[Any, ...]) -> None:
+def _entry(
+    fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any, args: tuple[Any, ...]
+) -> None:
     import torch.distributed as dist
 
     from thinwire.runtime.comm import Comm
 
     os.setsid()  # its own session, as the launcher's workers: see run_group
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=120))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=120),
+        )
         result = fn(Comm(), *args)
         gc.collect()
         dist.barrier()
@@ -279,8 +290,9 @@ def run_group(fn: Callable[..., Any], workers: int, *args: Any, timeout: float =
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    procs = [ctx.Process(target=_entry, args=(fn, r, workers, port, queue, args))
-             for r in range(workers)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, workers, port, queue, args)) for r in range(workers)
+    ]
     for proc in procs:
         proc.start()
     results: dict[int, Any] = {}
@@ -318,7 +330,10 @@ def probe_for(configs: Sequence[Config], widths: Sequence[int], reps: int = 5) -
     gathers = tuple(sorted({1 << 12, 1 << 16, *(8 * max(1, round(keep * b)) for b in buckets)}))
     subnet = 4 * max(subnet_sizes(widths, norm, n, 0)) if ist else 1 << 20
     return Probe(
-        models=tuple(models), batch=cfg.train.batch_size, norm=norm, threads=threads,
+        models=tuple(models),
+        batch=cfg.train.batch_size,
+        norm=norm,
+        threads=threads,
         all_reduce=tuple(sorted({1 << 12, 1 << 16, 1 << 20, *(4 * b for b in buckets), full})),
         all_gather=gathers if topk else (),
         p2p=tuple(sorted({1 << 12, 1 << 16, subnet, 2 * subnet})) if ist else (),
@@ -348,8 +363,14 @@ def calibrate(probe: Probe, workers: int) -> Calibration:
                 pooled = [max(r[kind][i][2][0] for r in ranks)]
             spreads.append(_spread(pooled))
             samples.setdefault(kind, []).append((x1, x2, float(np.mean(pooled))))
-    return fit(samples, workers, probe.threads, spread=median(spreads), load_average=load,
-               seconds=time.perf_counter() - t_start)
+    return fit(
+        samples,
+        workers,
+        probe.threads,
+        spread=median(spreads),
+        load_average=load,
+        seconds=time.perf_counter() - t_start,
+    )
 
 
 def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibration:
@@ -368,9 +389,16 @@ def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibrat
 
     first = samples.get("first_optimizer", [(0.0, 0.0, 0.0)])[0][2]
     return Calibration(
-        workers=workers, threads=threads, compute_flops_per_s=rate, step_overhead_s=t0,
-        links=links, codec_bytes_per_s=bytes_rate("codec"), copy_bytes_per_s=bytes_rate("copy"),
-        first_optimizer_s=first, samples=samples, **info,
+        workers=workers,
+        threads=threads,
+        compute_flops_per_s=rate,
+        step_overhead_s=t0,
+        links=links,
+        codec_bytes_per_s=bytes_rate("codec"),
+        copy_bytes_per_s=bytes_rate("copy"),
+        first_optimizer_s=first,
+        samples=samples,
+        **info,
     )
 
 
@@ -379,14 +407,20 @@ def combine(cals: Sequence[Calibration]) -> Calibration:
     measurement's mean time averaged, then refit; spreads and loads averaged, seconds summed."""
     first = cals[0]
     samples = {
-        kind: [(x1, x2, float(np.mean([c.samples[kind][i][2] for c in cals])))
-               for i, (x1, x2, _) in enumerate(rows)]
+        kind: [
+            (x1, x2, float(np.mean([c.samples[kind][i][2] for c in cals])))
+            for i, (x1, x2, _) in enumerate(rows)
+        ]
         for kind, rows in first.samples.items()
     }
-    return fit(samples, first.workers, first.threads,
-               spread=float(np.mean([c.spread for c in cals])),
-               load_average=float(np.mean([c.load_average for c in cals])),
-               seconds=sum(c.seconds for c in cals))
+    return fit(
+        samples,
+        first.workers,
+        first.threads,
+        spread=float(np.mean([c.spread for c in cals])),
+        load_average=float(np.mean([c.load_average for c in cals])),
+        seconds=sum(c.seconds for c in cals),
+    )
 
 
 def preimport() -> None:
@@ -411,8 +445,9 @@ def method_of(cfg: Config) -> str:
     raise ValueError(f"method {m.name!r} is not modelled (dp, localsgd, ist, dp+topk)")
 
 
-def predict(cfg: Config, widths: Sequence[int], cal: Calibration | None = None
-            ) -> dict[str, float | str]:
+def predict(
+    cfg: Config, widths: Sequence[int], cal: Calibration | None = None
+) -> dict[str, float | str]:
     """predict_thinwire_run for a run config (exact bytes; times from ``cal`` when given)."""
     from thinwire.strategies.ist.strategy import state_names
 
@@ -429,11 +464,19 @@ def predict(cfg: Config, widths: Sequence[int], cal: Calibration | None = None
             "first_step_s": cal.first_optimizer_s if m.name == "ist" else 0.0,
         }
     return predict_thinwire_run(
-        method_of(cfg), widths, t.batch_size, cfg.runtime.workers,
+        method_of(cfg),
+        widths,
+        t.batch_size,
+        cfg.runtime.workers,
         local_steps=m.local_steps if m.name == "ist" else 1,
         period=m.period if m.name == "localsgd" else None,
-        deployment=m.deployment, steps=t.steps, norm=cfg.model.norm, seed=t.seed,
-        topk_keep=m.ratio if m.compressor == "topk" else None, state_copies=len(states), **kw,
+        deployment=m.deployment,
+        steps=t.steps,
+        norm=cfg.model.norm,
+        seed=t.seed,
+        topk_keep=m.ratio if m.compressor == "topk" else None,
+        state_copies=len(states),
+        **kw,
     )
 
 
@@ -455,22 +498,36 @@ calibrations can measure only until the calling process imports torch's compiler
 DATA = {784: "fashion-mnist", 64: "digits"}
 
 
-def suite(widths: Sequence[int], workers: int, steps: int, batch: int, out: str,
-          extra: dict[str, str] | None = None) -> list[Config]:
+def suite(
+    widths: Sequence[int],
+    workers: int,
+    steps: int,
+    batch: int,
+    out: str,
+    extra: dict[str, str] | None = None,
+) -> list[Config]:
     """The run configs of :data:`SUITE` for one MLP (input 784: Fashion-MNIST, 64: digits)."""
     from thinwire import config as config_mod
     from thinwire.errors import UsageError
 
     if widths[0] not in DATA or widths[-1] != 10:
-        raise UsageError(f"--calibrate trains mlp-784-...-10 (Fashion-MNIST) or mlp-64-...-10 "
-                         f"(digits), not mlp-{'-'.join(map(str, widths))}")
+        raise UsageError(
+            f"--calibrate trains mlp-784-...-10 (Fashion-MNIST) or mlp-64-...-10 "
+            f"(digits), not mlp-{'-'.join(map(str, widths))}"
+        )
     if steps < 10 or steps % 10:
         raise UsageError(f"--steps {steps}: use a multiple of 10 (local SGD's H and IST's K)")
     base = {
-        "data.name": DATA[widths[0]], "model.hidden": ",".join(map(str, widths[1:-1])),
-        "train.batch_size": str(batch), "train.steps": str(steps), "train.eval_every": "0",
-        "train.log_every": "1", "runtime.workers": str(workers), "run.out": out,
-        "run.progress": "false", **(extra or {}),
+        "data.name": DATA[widths[0]],
+        "model.hidden": ",".join(map(str, widths[1:-1])),
+        "train.batch_size": str(batch),
+        "train.steps": str(steps),
+        "train.eval_every": "0",
+        "train.log_every": "1",
+        "runtime.workers": str(workers),
+        "run.out": out,
+        "run.progress": "false",
+        **(extra or {}),
     }
     return [config_mod.load(None, {**base, **over, "run.name": name}) for name, over in SUITE]
 

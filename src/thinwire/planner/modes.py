@@ -127,7 +127,10 @@ CALIBRATE_MODEL = "mlp-784-512-512-10"
 
 def _md(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown table, numbers right-aligned."""
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["--:"] * (len(headers) - 1)) + "|"]
+    out = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join(["---"] + ["--:"] * (len(headers) - 1)) + "|",
+    ]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
 
@@ -151,25 +154,34 @@ def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
     cals = [cb.calibrate(probe, n)]
     results = []
     for cfg in configs:  # run, calibrate again: each run lies between two calibrations
-        print(f"thinwire plan --calibrate: running {cfg.run_name}, then calibrating",
-              file=sys.stderr)
+        print(
+            f"thinwire plan --calibrate: running {cfg.run_name}, then calibrating", file=sys.stderr
+        )
         summary = run_config(cfg)
         cals.append(cb.calibrate(probe, n))
         before, after = cals[-2:]
         cal = cb.combine([before, after])
         if cfg.method.name == "ist":  # its one-off is measured: the later ones skip it
             cb.preimport()
-        results.append({
-            "run": cfg.run_name, "predicted": cb.predict(cfg, widths, cal),
-            "measured": cb.measured(summary, str(cfg.run_dir)),
-            "drift": after.compute_flops_per_s / before.compute_flops_per_s - 1,
-            "calibration": cb.calibration_json(cal),
-        })
+        results.append(
+            {
+                "run": cfg.run_name,
+                "predicted": cb.predict(cfg, widths, cal),
+                "measured": cb.measured(summary, str(cfg.run_dir)),
+                "drift": after.compute_flops_per_s / before.compute_flops_per_s - 1,
+                "calibration": cb.calibration_json(cal),
+            }
+        )
     data = {
         "command": f"thinwire plan --calibrate --model {model.name} --workers {n} "
         f"--steps {steps} --micro-batch-size {batch} --out {shlex.quote(str(out))}",
-        "model": model.name, "workers": n, "steps": steps, "batch_size": batch,
-        "cores": os.cpu_count(), "seconds": time.perf_counter() - start, "runs": results,
+        "model": model.name,
+        "workers": n,
+        "steps": steps,
+        "batch_size": batch,
+        "cores": os.cpu_count(),
+        "seconds": time.perf_counter() - start,
+        "runs": results,
     }
     text = calibration_report(data)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,45 +195,82 @@ def calibration_report(data: dict[str, Any]) -> str:
     rows, consts = [], []
     for r in data["runs"]:
         p, m, c = r["predicted"], r["measured"], r["calibration"]
-        same = all(p[k] == m[k] for k in ("sent_per_worker_mean", "sent_per_worker_max",
-                                          "payload_per_worker_mean"))
+        same = all(
+            p[k] == m[k]
+            for k in ("sent_per_worker_mean", "sent_per_worker_max", "payload_per_worker_mean")
+        )
         err = p["step_time_s"] / m["step_time_s"] - 1
-        rows.append([
-            r["run"], f"{p['sent_per_worker_mean']:,.0f}", f"{m['sent_per_worker_mean']:,.0f}",
-            f"{p['sent_per_worker_max']:,.0f}", f"{m['sent_per_worker_max']:,.0f}",
-            "exact" if same else "DIFFERENT", f"{1e3 * p['step_time_s']:.1f}",
-            f"{1e3 * m['step_time_s']:.1f}", f"{100 * err:+.1f}%",
-            " / ".join(f"{1e3 * p[k]:.1f}" for k in ("compute_time_s", "comm_time_s",
-                                                    "codec_time_s", "one_off_time_s")),
-            f"{100 * m['spread']:.0f}%", f"{100 * r['drift']:+.0f}%",
-        ])
+        rows.append(
+            [
+                r["run"],
+                f"{p['sent_per_worker_mean']:,.0f}",
+                f"{m['sent_per_worker_mean']:,.0f}",
+                f"{p['sent_per_worker_max']:,.0f}",
+                f"{m['sent_per_worker_max']:,.0f}",
+                "exact" if same else "DIFFERENT",
+                f"{1e3 * p['step_time_s']:.1f}",
+                f"{1e3 * m['step_time_s']:.1f}",
+                f"{100 * err:+.1f}%",
+                " / ".join(
+                    f"{1e3 * p[k]:.1f}"
+                    for k in ("compute_time_s", "comm_time_s", "codec_time_s", "one_off_time_s")
+                ),
+                f"{100 * m['spread']:.0f}%",
+                f"{100 * r['drift']:+.0f}%",
+            ]
+        )
         link = ", ".join(
             f"{k} {1e6 * f['alpha_s']:.0f} us + {f['bytes_per_s'] / 1e6:,.0f} MB/s"
             for k, f in c["links"].items()
         )
         extra = c["codec_bytes_per_s"] or c["copy_bytes_per_s"]
-        consts.append([
-            r["run"], f"{c['compute_flops_per_s'] / 1e9:.2f}", f"{1e3 * c['step_overhead_s']:.2f}",
-            link, f"{extra / 1e6:,.0f}" if extra else "-",
-            f"{c['first_optimizer_s']:.2f}" if r["predicted"]["one_off_time_s"] else "-",
-            f"{100 * c['spread']:.0f}%",
-            f"{c['load_average']:.1f}",
-        ])
-    errors = [abs(r["predicted"]["step_time_s"] / r["measured"]["step_time_s"] - 1)
-              for r in data["runs"]]
+        consts.append(
+            [
+                r["run"],
+                f"{c['compute_flops_per_s'] / 1e9:.2f}",
+                f"{1e3 * c['step_overhead_s']:.2f}",
+                link,
+                f"{extra / 1e6:,.0f}" if extra else "-",
+                f"{c['first_optimizer_s']:.2f}" if r["predicted"]["one_off_time_s"] else "-",
+                f"{100 * c['spread']:.0f}%",
+                f"{c['load_average']:.1f}",
+            ]
+        )
+    errors = [
+        abs(r["predicted"]["step_time_s"] / r["measured"]["step_time_s"] - 1) for r in data["runs"]
+    ]
     head = (
         f"Predicted against measured: {data['model']}, {data['workers']} workers on "
         f"{data['cores']} cores, batch {data['batch_size']} per worker, {data['steps']} steps"
     )
     table_1 = _md(
-        ["run", "sent B/worker pred", "measured", "rank 0 sent pred", "measured", "bytes",
-         "step ms pred", "measured", "error", "pred compute / comm / codec / one-off ms",
-         "run spread", "cal. drift"],
+        [
+            "run",
+            "sent B/worker pred",
+            "measured",
+            "rank 0 sent pred",
+            "measured",
+            "bytes",
+            "step ms pred",
+            "measured",
+            "error",
+            "pred compute / comm / codec / one-off ms",
+            "run spread",
+            "cal. drift",
+        ],
         rows,
     )
     table_2 = _md(
-        ["run", "compute GFLOP/s", "t0 ms", "links: alpha + bandwidth", "codec/copy MB/s",
-         "first optimizer s", "timing spread", "load avg"],
+        [
+            "run",
+            "compute GFLOP/s",
+            "t0 ms",
+            "links: alpha + bandwidth",
+            "codec/copy MB/s",
+            "first optimizer s",
+            "timing spread",
+            "load avg",
+        ],
         consts,
     )
     return (

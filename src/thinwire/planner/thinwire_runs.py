@@ -226,23 +226,31 @@ def ledger_bytes(
         syncs = steps // period
         pay = e * mlp_params(widths, norm)
         wire = round(2 * (n - 1) / n * pay)
-        return LedgerBytes((syncs * wire,) * n, (syncs * pay,) * n,
-                           {"all_reduce": (syncs, syncs * wire)})
+        return LedgerBytes(
+            (syncs * wire,) * n, (syncs * pay,) * n, {"all_reduce": (syncs, syncs * wire)}
+        )
     if method != "ist":
         raise UsageError(f"method={method!r}; use dp, localsgd, ist or compressed")
     sent = np.zeros(n, dtype=np.int64)
     recv = np.zeros(n, dtype=np.int64)
     rank0_wire = rank0_calls = 0
     for r in range(steps // local_steps):
-        p = ist_pieces(widths, norm, n, r, deployment=deployment, seed=seed,
-                       copies=1 + state_copies) * e
+        p = (
+            ist_pieces(
+                widths, norm, n, r, deployment=deployment, seed=seed, copies=1 + state_copies
+            )
+            * e
+        )
         out, into = p.sum(axis=1), p.sum(axis=0)  # what each rank sends / receives at the start
         sent += out + into  # the end of the round sends the pieces back
         recv += into + out
         rank0_wire += int(max(out[0], into[0]) + max(into[0], out[0]))
         rank0_calls += 2
-    return LedgerBytes(tuple(int(x) for x in sent), tuple(int(x) for x in sent + recv),
-                       {"p2p": (rank0_calls, rank0_wire)})
+    return LedgerBytes(
+        tuple(int(x) for x in sent),
+        tuple(int(x) for x in sent + recv),
+        {"p2p": (rank0_calls, rank0_wire)},
+    )
 
 
 def _count_k(ratio: float, numel: int) -> int:
@@ -318,13 +326,25 @@ def predict_thinwire_run(
         raise UsageError("compute_flops_per_s and link_bytes_per_s must be > 0, latency_s >= 0")
     if steps is not None:
         return _predict_exact(
-            method, widths, batch_size, workers, steps,
+            method,
+            widths,
+            batch_size,
+            workers,
+            steps,
             k=(period or local_steps) if method == "localsgd" else local_steps,
-            compute_flops_per_s=compute_flops_per_s, step_overhead_s=step_overhead_s,
-            links=links or {}, default_link=(latency_s, link_bytes_per_s),
-            deployment=deployment, norm=norm, seed=seed, topk_keep=topk_keep,
-            state_copies=state_copies, e=bytes_per_element, codec_bytes_per_s=codec_bytes_per_s,
-            copy_bytes_per_s=copy_bytes_per_s, first_step_s=first_step_s,
+            compute_flops_per_s=compute_flops_per_s,
+            step_overhead_s=step_overhead_s,
+            links=links or {},
+            default_link=(latency_s, link_bytes_per_s),
+            deployment=deployment,
+            norm=norm,
+            seed=seed,
+            topk_keep=topk_keep,
+            state_copies=state_copies,
+            e=bytes_per_element,
+            codec_bytes_per_s=codec_bytes_per_s,
+            copy_bytes_per_s=copy_bytes_per_s,
+            first_step_s=first_step_s,
         )
     model = MLPSpec(name="thinwire-run", widths=tuple(widths), bias=bias)
     n, e = workers, float(bytes_per_element)
@@ -408,9 +428,20 @@ def _predict_exact(
     if steps < 1 or steps % k:
         raise UsageError(f"steps={steps} must be a positive multiple of K or H = {k}")
     full = float(mlp_params(widths, norm))
-    lb = ledger_bytes(method, widths, n, steps, norm=norm, period=k, local_steps=k,
-                      deployment=deployment, seed=seed, topk_keep=topk_keep,
-                      state_copies=state_copies, bytes_per_element=e)
+    lb = ledger_bytes(
+        method,
+        widths,
+        n,
+        steps,
+        norm=norm,
+        period=k,
+        local_steps=k,
+        deployment=deployment,
+        seed=seed,
+        topk_keep=topk_keep,
+        state_copies=state_copies,
+        bytes_per_element=e,
+    )
     comm = 0.0
     for op, (calls, wire) in lb.rank0_calls.items():
         alpha, rate = links.get(op, default_link)

@@ -72,7 +72,7 @@ def fmt_count(n: float) -> str:
 
 def summary_table(summaries: list[dict[str, Any]]) -> str:
     """A short table straight from summary.json files (no target column)."""
-    head = "| method | test acc | test NLL | sent/worker (max) | params held/worker | wall s |"
+    head = "| method | test acc | test NLL | sent/worker (max) | params trained/worker | wall s |"
     lines = [head, "|---|---:|---:|---:|---:|---:|"]
     for s in summaries:
         f = s.get("final", {})
@@ -87,7 +87,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
 def compare_table(runs: list[Run], target: float | None = None) -> str:
     """The comparison table: accuracy, NLL, bytes, parameters held, wall time, time to target."""
     tgt = common_target(runs) if target is None else target
-    head = ("| method | test acc | test NLL | sent/worker mean | sent/worker max | params held/worker "
+    head = ("| method | test acc | test NLL | sent/worker mean | sent/worker max | params trained/worker "
             f"| wall s | steps to {tgt:.3f} | s to {tgt:.3f} | sent/worker to {tgt:.3f} |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:

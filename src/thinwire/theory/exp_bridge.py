@@ -334,12 +334,12 @@ def _figure(path: Path, spec: BridgeSpec, runs: Sequence[RunCurve], f_ref: float
     for j, (shard, method, rs) in enumerate(_by_pair(spec, runs)):
         lrs = np.array([r.lr for r in rs])
         gaps = np.array([r.plateau() - f_ref for r in rs])
-        lowest = min(lowest, *(g for g in gaps if g > 0))
+        lowest = min([lowest, *(float(g) for g in gaps if g > 0)])
         color = f"C{j + 3}"
         ax.plot(lrs, np.maximum(gaps, 1e-9), styles.get(method, "-"),
                 marker="o" if shard == "skew" else "s", color=color,
                 label=f"{METHOD_LABELS.get(method, method)}, {SHARD_LABELS.get(shard, shard)}")
-        a, b = fit_floor(lrs, gaps)
+        a, b = fit_floor(lrs.tolist(), gaps.tolist())
         grid = np.geomspace(lrs[0] / 4, lrs[-1], 50)
         ax.plot(grid, np.maximum(a + b * grid, 1e-9), ":", color=color, lw=1.0,
                 label=f"  fit {a:.3g} + {b:.3g} lr")
@@ -461,7 +461,7 @@ def run_bridge(out_dir: Path, seed: int, spec: BridgeSpec = DEFAULT) -> Experime
     fig = _figure(out_dir / f"{spec.name}.png", spec, runs, f_ref, f_gd)
     table = markdown_table(
         ["shards", "method", "lr", "steps", "plateau f (mean, 2nd half)", "plateau - f_ref",
-         "final train CE", "final lambda/2 \\|\\|theta\\|\\|^2", "test NLL", "test accuracy"],
+         "final train CE", "final lambda/2 ||theta||^2", "test NLL", "test accuracy"],
         rows,
     )
     if floor_rows:
