@@ -79,9 +79,16 @@ class Calibration:
     spread: float = 0.0
     load_average: float = 0.0
     seconds: float = 0.0
+    started_at: float = 0.0
+    """Epoch seconds when the measurements began (``time.time()``)."""
     samples: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     """(x1, x2, mean seconds) per measurement: (F, 0) compute, (hops, wire bytes) links,
     (bytes, 0) codecs."""
+
+    @property
+    def midpoint(self) -> float:
+        """Epoch seconds halfway through the measurements."""
+        return self.started_at + self.seconds / 2
 
 
 @dataclass(frozen=True)
@@ -351,7 +358,7 @@ def calibrate(probe: Probe, workers: int) -> Calibration:
 
     Each measurement keeps the *mean* of its timings (the runs are compared by wall_s / steps,
     a mean); compute timings are pooled over all ranks."""
-    t_start = time.perf_counter()
+    t_start, started_at = time.perf_counter(), time.time()
     load = os.getloadavg()[0]
     ranks = run_group(_probe, workers, probe)
     spreads: list[float] = []
@@ -370,6 +377,7 @@ def calibrate(probe: Probe, workers: int) -> Calibration:
         spread=median(spreads),
         load_average=load,
         seconds=time.perf_counter() - t_start,
+        started_at=started_at,
     )
 
 
@@ -402,13 +410,19 @@ def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibrat
     )
 
 
-def combine(cals: Sequence[Calibration]) -> Calibration:
-    """One calibration from several of the same probe (before and after a run): every
-    measurement's mean time averaged, then refit; spreads and loads averaged, seconds summed."""
+def combine(cals: Sequence[Calibration], weights: Sequence[float] | None = None) -> Calibration:
+    """One calibration from several of the same probe: every measurement's mean time averaged
+    with ``weights`` (default equal), then refit; spreads and loads averaged alike."""
     first = cals[0]
+    w = np.asarray(weights if weights is not None else [1.0] * len(cals), dtype=float)
+    w = w / w.sum()
+
+    def avg(values: Sequence[float]) -> float:
+        return float(np.dot(w, np.asarray(values, dtype=float)))
+
     samples = {
         kind: [
-            (x1, x2, float(np.mean([c.samples[kind][i][2] for c in cals])))
+            (x1, x2, avg([c.samples[kind][i][2] for c in cals]))
             for i, (x1, x2, _) in enumerate(rows)
         ]
         for kind, rows in first.samples.items()
@@ -417,10 +431,20 @@ def combine(cals: Sequence[Calibration]) -> Calibration:
         samples,
         first.workers,
         first.threads,
-        spread=float(np.mean([c.spread for c in cals])),
-        load_average=float(np.mean([c.load_average for c in cals])),
+        spread=avg([c.spread for c in cals]),
+        load_average=avg([c.load_average for c in cals]),
         seconds=sum(c.seconds for c in cals),
+        started_at=first.started_at,
     )
+
+
+def bracket(before: Calibration, after: Calibration, t_mid: float) -> Calibration:
+    """The calibrations before and after a run, interpolated linearly in time to ``t_mid``
+    (epoch seconds, the middle of the run's training steps): the machine's other tenants come
+    and go, and the run's start-up lies between the first calibration and its first step."""
+    a, b = before.midpoint, after.midpoint
+    w = min(1.0, max(0.0, (t_mid - a) / (b - a))) if b > a else 0.5
+    return combine([before, after], [1.0 - w, w])
 
 
 def preimport() -> None:

@@ -160,7 +160,8 @@ def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
         summary = run_config(cfg)
         cals.append(cb.calibrate(probe, n))
         before, after = cals[-2:]
-        cal = cb.combine([before, after])
+        t_end = (cfg.run_dir / "summary.json").stat().st_mtime  # written after the last step
+        cal = cb.bracket(before, after, t_end - summary["wall_s"] / 2)
         if cfg.method.name == "ist":  # its one-off is measured: the later ones skip it
             cb.preimport()
         results.append(
@@ -276,7 +277,7 @@ def calibration_report(data: dict[str, Any]) -> str:
     return (
         f"{head}\n(`{data['command']}`)\n\n{table_1}\n\nstep-time error: mean {100 * sum(errors) / len(errors):.1f}%, "
         f"max {100 * max(errors):.1f}%; {data['seconds']:.0f} s in all\n\n"
-        f"Calibration behind each prediction (the means of the calibrations just before and "
-        f"just after its run)\n\n"
+        f"Calibration behind each prediction (the calibrations just before and just after its "
+        f"run, interpolated in time to the middle of its training steps)\n\n"
         f"{table_2}\n"
     )
