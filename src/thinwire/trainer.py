@@ -82,6 +82,7 @@ class Trainer:
         steps = cfg.train.steps
         eval_every = cfg.train.eval_every or steps
         bar = self._progress()
+        comm.barrier()  # every rank ready: the clocks start together
         wall = self.carry["wall_s"]
         acc_compute = acc_comm = 0.0
         last_eval: dict[str, float] = {}
@@ -184,9 +185,10 @@ class Trainer:
         }
         if self.comm.rank == 0:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        (self.run_dir / f"ledger.rank{self.comm.rank}.json").write_text(
-            json.dumps({"by_op": self.comm.ledger.by_op(), "totals": self.comm.ledger.totals()},
-                       indent=1))
+        ledger = self.comm.ledger
+        (self.run_dir / f"ledger.rank{self.comm.rank}.json").write_text(json.dumps(
+            {"by_op": ledger.by_op(), "totals": ledger.totals(),
+             "totals_with_control": ledger.totals(include_control=True)}, indent=1))
         return summary
 
 

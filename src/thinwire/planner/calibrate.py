@@ -81,6 +81,11 @@ class Calibration:
     seconds: float = 0.0
     started_at: float = 0.0
     """Epoch seconds when the measurements began (``time.time()``)."""
+    models: list[list[int]] = field(default_factory=list)
+    """Widths of the models timed for ``compute`` samples, in order."""
+    stragglers: dict[str, float] = field(default_factory=dict)
+    """``"<widths>/<k>"`` -> how much longer k steps of that model take on rank 0 when every k
+    steps all ranks wait for each other, than k free-running steps (>= 1)."""
     samples: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     """(x1, x2, mean seconds) per measurement: (F, 0) compute, (hops, wire bytes) links,
     (bytes, 0) codecs."""
@@ -104,6 +109,7 @@ class Probe:
     p2p: tuple[int, ...]
     topk: tuple[tuple[int, ...], float] | None = None  # (bucket elements, kept fraction)
     ist_widths: tuple[int, ...] | None = None
+    syncs: tuple[tuple[int, int], ...] = ()  # (index into models, k): synchronised every k steps
     reps: int = 5
 
 
@@ -159,6 +165,12 @@ def _train_step(model: Any, opt: Any, loss_fn: Any, x: Any, y: Any) -> None:
     float(loss.detach())
 
 
+def _synced(comm: Any, k: int, *step: Any) -> None:
+    for _ in range(k):
+        _train_step(*step)
+    comm.barrier()
+
+
 def _fan(comm: Any, out: list[Any], back: list[Any]) -> None:
     """Rank 0 scatters to every other rank, then gathers from them (IST central's pattern)."""
     comm.exchange(out, [])
@@ -200,6 +212,13 @@ def _probe(comm: Any, p: Probe) -> Rows:
         comm.barrier()
         ts = _timed(_train_step, 3 * p.reps, model, opt, loss_fn, x, y, warm=2)
         out.setdefault("compute", []).append((6.0 * _weights(widths) * p.batch, 0.0, ts))
+        for index, k in p.syncs:  # 1b. the same steps, all ranks waiting for all every k
+            if p.models[index] == widths:
+                rounds = max(3, 3 * p.reps // k)
+                ts = _timed(_synced, rounds, comm, k, model, opt, loss_fn, x, y)
+                out.setdefault("sync", []).append((index, k, [t / k for t in ts]))
+    comm.barrier()
+    out["barrier"] = [(0.0, 0.0, _timed(comm.barrier, p.reps))]
     for size in p.all_reduce:  # 2. links
         comm.barrier()
         ts = _timed(comm.all_reduce, p.reps, torch.zeros(size // 4))
@@ -336,6 +355,14 @@ def probe_for(configs: Sequence[Config], widths: Sequence[int], reps: int = 5) -
     keep = topk[0].method.ratio if topk else 0.0
     gathers = tuple(sorted({1 << 12, 1 << 16, *(8 * max(1, round(keep * b)) for b in buckets)}))
     subnet = 4 * max(subnet_sizes(widths, norm, n, 0)) if ist else 1 << 20
+    syncs = sorted(
+        {
+            (1, c.method.local_steps)
+            if c.method.name == "ist"
+            else (0, c.method.period if c.method.name == "localsgd" else 1)
+            for c in configs
+        }
+    )
     return Probe(
         models=tuple(models),
         batch=cfg.train.batch_size,
@@ -346,6 +373,7 @@ def probe_for(configs: Sequence[Config], widths: Sequence[int], reps: int = 5) -
         p2p=tuple(sorted({1 << 12, 1 << 16, subnet, 2 * subnet})) if ist else (),
         topk=(buckets, keep) if topk else None,
         ist_widths=tuple(widths) if ist and ist[0].method.deployment == "central" else None,
+        syncs=tuple(syncs),
         reps=reps,
     )
 
@@ -374,6 +402,7 @@ def calibrate(probe: Probe, workers: int) -> Calibration:
         samples,
         workers,
         probe.threads,
+        models=probe.models,
         spread=median(spreads),
         load_average=load,
         seconds=time.perf_counter() - t_start,
@@ -381,8 +410,19 @@ def calibrate(probe: Probe, workers: int) -> Calibration:
     )
 
 
-def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibration:
-    """The constants of :class:`Calibration` from (x1, x2, seconds) samples per kind."""
+def _key(widths: Sequence[int]) -> str:
+    return "-".join(str(w) for w in widths)
+
+
+def fit(
+    samples: Samples,
+    workers: int,
+    threads: int,
+    models: Sequence[Sequence[int]] = (),
+    **info: float,
+) -> Calibration:
+    """The constants of :class:`Calibration` from (x1, x2, seconds) samples per kind;
+    ``models``: the widths of the compute samples, in order (for the straggler factors)."""
     flops, secs = zip(*[(x1, t) for x1, _, t in samples["compute"]])
     rate, t0 = fit_compute(flops, secs)
     links = {
@@ -396,6 +436,13 @@ def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibrat
         return sum(r[0] for r in rows) / sum(r[2] for r in rows) if rows else 0.0
 
     first = samples.get("first_optimizer", [(0.0, 0.0, 0.0)])[0][2]
+    barrier = samples.get("barrier", [(0.0, 0.0, 0.0)])[0][2]
+    stragglers = {
+        f"{_key(models[int(i)])}/{int(k)}": max(
+            1.0, (t - barrier / k) / samples["compute"][int(i)][2]
+        )
+        for i, k, t in samples.get("sync", [])
+    }
     return Calibration(
         workers=workers,
         threads=threads,
@@ -406,6 +453,8 @@ def fit(samples: Samples, workers: int, threads: int, **info: float) -> Calibrat
         copy_bytes_per_s=bytes_rate("copy"),
         first_optimizer_s=first,
         samples=samples,
+        stragglers=stragglers,
+        models=[list(m) for m in models],
         **info,
     )
 
@@ -435,6 +484,7 @@ def combine(cals: Sequence[Calibration], weights: Sequence[float] | None = None)
         load_average=avg([c.load_average for c in cals]),
         seconds=sum(c.seconds for c in cals),
         started_at=first.started_at,
+        models=first.models,
     )
 
 
@@ -477,6 +527,10 @@ def predict(
 
     m, t = cfg.method, cfg.train
     states = state_names(t.optimizer, t.momentum) if m.optimizer_state == "reindex" else ()
+    n = cfg.runtime.workers
+    sync = m.local_steps if m.name == "ist" else m.period if m.name == "localsgd" else 1
+    hidden = [max(1, h // n) for h in widths[1:-1]] if m.name == "ist" else widths[1:-1]
+    trained = (widths[0], *hidden, widths[-1])
     kw: dict[str, Any] = {}
     if cal is not None:
         kw = {
@@ -486,6 +540,7 @@ def predict(
             "codec_bytes_per_s": cal.codec_bytes_per_s,
             "copy_bytes_per_s": cal.copy_bytes_per_s,
             "first_step_s": cal.first_optimizer_s if m.name == "ist" else 0.0,
+            "straggler": cal.stragglers.get(f"{_key(trained)}/{sync}", 1.0),
         }
     return predict_thinwire_run(
         method_of(cfg),

@@ -233,6 +233,7 @@ def calibration_report(data: dict[str, Any]) -> str:
                 link,
                 f"{extra / 1e6:,.0f}" if extra else "-",
                 f"{c['first_optimizer_s']:.2f}" if r["predicted"]["one_off_time_s"] else "-",
+                f"{r['predicted']['straggler']:.2f}",
                 f"{100 * c['spread']:.0f}%",
                 f"{c['load_average']:.1f}",
             ]
@@ -269,6 +270,7 @@ def calibration_report(data: dict[str, Any]) -> str:
             "links: alpha + bandwidth",
             "codec/copy MB/s",
             "first optimizer s",
+            "straggler x",
             "timing spread",
             "load avg",
         ],

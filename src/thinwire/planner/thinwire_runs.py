@@ -300,6 +300,7 @@ def predict_thinwire_run(
     step_overhead_s: float = 0.0,
     copy_bytes_per_s: float = 0.0,
     first_step_s: float = 0.0,
+    straggler: float = 1.0,
     links: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, float | str]:
     """Bytes and seconds per step of one thinwire run (module docstring for the formulas).
@@ -314,7 +315,9 @@ def predict_thinwire_run(
     prices IST's per-round subnet copies on rank 0 (extract and write back 2 x 4 x sum_j S_j
     bytes, central); ``step_overhead_s`` is added to every step's compute; ``first_step_s``
     is a one-off cost of the run (IST's first optimizer, built inside step 0), spread over
-    ``steps`` as ``one_off_time_s``.
+    ``steps`` as ``one_off_time_s``; ``straggler`` (>= 1) multiplies the work each worker does
+    between two synchronisations (compute, and the codec of compressed DP): a synchronous step
+    waits for the slowest of the n workers, not for the mean one.
     """
     if method not in ("dp", "localsgd", "ist", "compressed"):
         raise UsageError(f"method={method!r}; use dp, localsgd, ist or compressed")
@@ -345,6 +348,7 @@ def predict_thinwire_run(
             codec_bytes_per_s=codec_bytes_per_s,
             copy_bytes_per_s=copy_bytes_per_s,
             first_step_s=first_step_s,
+            straggler=straggler,
         )
     model = MLPSpec(name="thinwire-run", widths=tuple(widths), bias=bias)
     n, e = workers, float(bytes_per_element)
@@ -423,6 +427,7 @@ def _predict_exact(
     codec_bytes_per_s: float,
     copy_bytes_per_s: float,
     first_step_s: float,
+    straggler: float,
 ) -> dict[str, float | str]:
     """:func:`predict_thinwire_run` with ``steps``: exact bytes, rank 0's calls timed."""
     if steps < 1 or steps % k:
@@ -459,8 +464,8 @@ def _predict_exact(
         weights = _subnet_weights(widths, 1)
         sub = full
         if method == "compressed" and codec_bytes_per_s > 0 and n > 1:
-            codec = full * e / codec_bytes_per_s
-    compute = 6.0 * weights * batch_size / compute_flops_per_s + step_overhead_s
+            codec = full * e / codec_bytes_per_s * straggler
+    compute = (6.0 * weights * batch_size / compute_flops_per_s + step_overhead_s) * straggler
     step = compute + comm + codec + first_step_s / steps
     return {
         "method": method,
@@ -477,6 +482,7 @@ def _predict_exact(
         "comm_time_s": comm,
         "codec_time_s": codec,
         "one_off_time_s": first_step_s / steps,
+        "straggler": straggler,
         "step_time_s": step,
         "samples_per_s": batch_size * n / step,
         "param_bytes_per_worker": sub * e,

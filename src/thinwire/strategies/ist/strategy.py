@@ -76,6 +76,10 @@ class IST(Strategy):
         self.sub: MLP | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.local: LocalSGD | None = None
+        # The first optimizer a process builds imports torch's compiler stack (seconds); build
+        # one now so that one-time cost lands at set-up, as it does for dp and localsgd, and not
+        # in the first training step.
+        make_optimizer([nn.Parameter(torch.zeros(1, device=self.device))], self.cfg.train)
 
     # --- storage -------------------------------------------------------------------------------
     def _slice_store(self, model: nn.Module) -> list[list[torch.Tensor]]:
