@@ -81,6 +81,10 @@ class Calibration:
     seconds: float = 0.0
     started_at: float = 0.0
     """Epoch seconds when the measurements began (``time.time()``)."""
+    ddp_bucket_s: float = 0.0
+    """DDP's cost per bucket and step beyond compute and the all-reduce itself: the reducer's
+    copies and autograd hooks, and the hook's all-reduce on gloo's thread interleaved with the
+    rest of the backward pass inside the process's share of the CPU."""
     models: list[list[int]] = field(default_factory=list)
     """Widths of the models timed for ``compute`` samples, in order."""
     stragglers: dict[str, float] = field(default_factory=dict)
@@ -110,6 +114,7 @@ class Probe:
     topk: tuple[tuple[int, ...], float] | None = None  # (bucket elements, kept fraction)
     ist_widths: tuple[int, ...] | None = None
     syncs: tuple[tuple[int, int], ...] = ()  # (index into models, k): synchronised every k steps
+    ddp: tuple[int, ...] = ()  # DDP's bucket elements of models[0] (from step 1 on)
     reps: int = 5
 
 
@@ -171,6 +176,40 @@ def _synced(comm: Any, k: int, *step: Any) -> None:
     comm.barrier()
 
 
+def _ddp_overhead(comm: Any, p: Probe, loss_fn: Any) -> Rows:
+    """The full model's step under DDP with thinwire's all-reduce hook, and the same step
+    followed by one blocking all-reduce per DDP bucket, alternately."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from thinwire.models import build_mlp
+    from thinwire.strategies.data_parallel import allreduce_hook
+
+    widths = p.models[0]
+    plain = build_mlp(widths[0], widths[1:-1], widths[-1], norm=p.norm)
+    ddp = DistributedDataParallel(build_mlp(widths[0], widths[1:-1], widths[-1], norm=p.norm))
+    ddp.register_comm_hook(None, allreduce_hook(comm))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in (plain, ddp)]
+    x, y = torch.randn(p.batch, widths[0]), torch.randint(0, widths[-1], (p.batch,))
+    buckets = [torch.zeros(b) for b in p.ddp]
+
+    def reduce_after() -> None:
+        _train_step(plain, opts[0], loss_fn, x, y)
+        for b in buckets:
+            comm.all_reduce(b)
+
+    t_ddp: list[float] = []
+    t_plain: list[float] = []
+    _timed(_train_step, 0, ddp, opts[1], loss_fn, x, y, warm=2)  # DDP rebuilds its buckets
+    for _ in range(3):
+        comm.barrier()
+        t_ddp += _timed(_train_step, p.reps, ddp, opts[1], loss_fn, x, y)
+        comm.barrier()
+        t_plain += _timed(reduce_after, p.reps)
+    del ddp
+    return {"ddp": [(len(buckets), 0.0, t_ddp)], "ddp_plain": [(len(buckets), 0.0, t_plain)]}
+
+
 def _fan(comm: Any, out: list[Any], back: list[Any]) -> None:
     """Rank 0 scatters to every other rank, then gathers from them (IST central's pattern)."""
     comm.exchange(out, [])
@@ -219,6 +258,8 @@ def _probe(comm: Any, p: Probe) -> Rows:
                 out.setdefault("sync", []).append((index, k, [t / k for t in ts]))
     comm.barrier()
     out["barrier"] = [(0.0, 0.0, _timed(comm.barrier, p.reps))]
+    if p.ddp:  # 1c. DDP's reducer: the DP step against step + blocking all-reduces
+        out.update(_ddp_overhead(comm, p, loss_fn))
     for size in p.all_reduce:  # 2. links
         comm.barrier()
         ts = _timed(comm.all_reduce, p.reps, torch.zeros(size // 4))
@@ -374,6 +415,7 @@ def probe_for(configs: Sequence[Config], widths: Sequence[int], reps: int = 5) -
         topk=(buckets, keep) if topk else None,
         ist_widths=tuple(widths) if ist and ist[0].method.deployment == "central" else None,
         syncs=tuple(syncs),
+        ddp=buckets if any(c.method.name == "dp" for c in configs) else (),
         reps=reps,
     )
 
@@ -437,6 +479,10 @@ def fit(
 
     first = samples.get("first_optimizer", [(0.0, 0.0, 0.0)])[0][2]
     barrier = samples.get("barrier", [(0.0, 0.0, 0.0)])[0][2]
+    ddp = 0.0
+    if samples.get("ddp") and samples.get("ddp_plain"):
+        (buckets, _, t_ddp), (_, _, t_plain) = samples["ddp"][0], samples["ddp_plain"][0]
+        ddp = max(0.0, t_ddp - t_plain) / buckets
     stragglers = {
         f"{_key(models[int(i)])}/{int(k)}": max(
             1.0, (t - barrier / k) / samples["compute"][int(i)][2]
@@ -452,6 +498,7 @@ def fit(
         codec_bytes_per_s=bytes_rate("codec"),
         copy_bytes_per_s=bytes_rate("copy"),
         first_optimizer_s=first,
+        ddp_bucket_s=ddp,
         samples=samples,
         stragglers=stragglers,
         models=[list(m) for m in models],
@@ -540,6 +587,7 @@ def predict(
             "codec_bytes_per_s": cal.codec_bytes_per_s,
             "copy_bytes_per_s": cal.copy_bytes_per_s,
             "first_step_s": cal.first_optimizer_s if m.name == "ist" else 0.0,
+            "bucket_overhead_s": cal.ddp_bucket_s,
             "straggler": cal.stragglers.get(f"{_key(trained)}/{sync}", 1.0),
         }
     return predict_thinwire_run(

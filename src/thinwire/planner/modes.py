@@ -234,6 +234,7 @@ def calibration_report(data: dict[str, Any]) -> str:
                 f"{extra / 1e6:,.0f}" if extra else "-",
                 f"{c['first_optimizer_s']:.2f}" if r["predicted"]["one_off_time_s"] else "-",
                 f"{r['predicted']['straggler']:.2f}",
+                f"{1e3 * c['ddp_bucket_s']:.1f}" if c["ddp_bucket_s"] else "-",
                 f"{100 * c['spread']:.0f}%",
                 f"{c['load_average']:.1f}",
             ]
@@ -271,6 +272,7 @@ def calibration_report(data: dict[str, Any]) -> str:
             "codec/copy MB/s",
             "first optimizer s",
             "straggler x",
+            "DDP ms/bucket",
             "timing spread",
             "load avg",
         ],

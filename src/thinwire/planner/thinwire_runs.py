@@ -301,6 +301,7 @@ def predict_thinwire_run(
     copy_bytes_per_s: float = 0.0,
     first_step_s: float = 0.0,
     straggler: float = 1.0,
+    bucket_overhead_s: float = 0.0,
     links: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, float | str]:
     """Bytes and seconds per step of one thinwire run (module docstring for the formulas).
@@ -317,7 +318,9 @@ def predict_thinwire_run(
     is a one-off cost of the run (IST's first optimizer, built inside step 0), spread over
     ``steps`` as ``one_off_time_s``; ``straggler`` (>= 1) multiplies the work each worker does
     between two synchronisations (compute, and the codec of compressed DP): a synchronous step
-    waits for the slowest of the n workers, not for the mean one.
+    waits for the slowest of the n workers, not for the mean one; ``bucket_overhead_s`` is
+    DDP's cost per bucket and step (dp, compressed) beyond the collective, counted as
+    communication.
     """
     if method not in ("dp", "localsgd", "ist", "compressed"):
         raise UsageError(f"method={method!r}; use dp, localsgd, ist or compressed")
@@ -349,6 +352,7 @@ def predict_thinwire_run(
             copy_bytes_per_s=copy_bytes_per_s,
             first_step_s=first_step_s,
             straggler=straggler,
+            bucket_overhead_s=bucket_overhead_s,
         )
     model = MLPSpec(name="thinwire-run", widths=tuple(widths), bias=bias)
     n, e = workers, float(bytes_per_element)
@@ -428,6 +432,7 @@ def _predict_exact(
     copy_bytes_per_s: float,
     first_step_s: float,
     straggler: float,
+    bucket_overhead_s: float,
 ) -> dict[str, float | str]:
     """:func:`predict_thinwire_run` with ``steps``: exact bytes, rank 0's calls timed."""
     if steps < 1 or steps % k:
@@ -451,6 +456,8 @@ def _predict_exact(
     for op, (calls, wire) in lb.rank0_calls.items():
         alpha, rate = links.get(op, default_link)
         comm += calls * HOPS[op](n) * alpha + wire / rate
+        if method in ("dp", "compressed"):
+            comm += calls * bucket_overhead_s
     comm /= steps
     codec = 0.0
     if method == "ist" and n > 1:

@@ -135,3 +135,39 @@ class Strategy(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release process-group-bound objects before the group is destroyed."""
+
+
+class ReplicatedStrategy(Strategy):
+    """A strategy where every worker trains the whole model (dp, localsgd, diloco).
+
+    Holds the model and its local optimizer; rank 0's copy is the one evaluated, which callers
+    only ask for at synchronisation points, where every replica is the same.
+    """
+
+    def __init__(self, ctx: Context, model: nn.Module) -> None:
+        super().__init__(ctx, model)
+        self.model = model.to(ctx.device)
+        self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
+
+    def local_step(self, forward: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+        """One optimizer step of ``forward`` (the model or a wrapper of it) on (x, y)."""
+        set_lr(self.opt, lr_at(self.cfg.train, step))
+        forward.train()
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(forward(x), y)
+        loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+    def eval_model(self) -> nn.Module | None:
+        return self.model if self.comm.rank == 0 else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+
+    def memory(self) -> MemoryReport:
+        return memory_of(self.model.parameters(), self.opt)

@@ -20,15 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from thinwire.runtime.comm import Comm
-from thinwire.strategies.base import (
-    Context,
-    MemoryReport,
-    Strategy,
-    lr_at,
-    make_optimizer,
-    memory_of,
-    set_lr,
-)
+from thinwire.strategies.base import Context, ReplicatedStrategy
 
 
 def allreduce_hook(comm: Comm) -> Any:
@@ -42,12 +34,11 @@ def allreduce_hook(comm: Comm) -> Any:
     return hook
 
 
-class DataParallel(Strategy):
+class DataParallel(ReplicatedStrategy):
     name = "dp"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
-        self.model = model.to(ctx.device)
         self.ddp: nn.Module
         if self.comm.distributed:
             self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])
@@ -55,7 +46,6 @@ class DataParallel(Strategy):
             self.ddp.register_comm_hook(state, hook)
         else:
             self.ddp = self.model
-        self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
 
     def _hook(self) -> tuple[Any, Any]:
         if self.cfg.method.compressor == "none":
@@ -65,26 +55,7 @@ class DataParallel(Strategy):
         return ddp_hook(self.cfg.method, self.comm, seed=self.cfg.train.seed)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
-        set_lr(self.opt, lr_at(self.cfg.train, step))
-        self.ddp.train()
-        self.opt.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.ddp(x), y)
-        loss.backward()
-        self.opt.step()
-        return float(loss.detach())
-
-    def eval_model(self) -> nn.Module | None:
-        return self.model if self.comm.rank == 0 else None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["opt"])
-
-    def memory(self) -> MemoryReport:
-        return memory_of(self.model.parameters(), self.opt)
+        return self.local_step(self.ddp, x, y, step)
 
     def close(self) -> None:
         # DDP can abort a gloo rank at interpreter exit; drop it before the group goes.
