@@ -10,6 +10,7 @@ per-bucket k, IST with widths not divisible by n (uneven groups that rotate with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -153,27 +154,24 @@ def test_alpha_beta_fit_recovers_known_constants(noise: float) -> None:
     assert rate_c == pytest.approx(1e11) and t0 == pytest.approx(0.002)
 
 
-def test_a_small_calibration_end_to_end() -> None:
-    probe = cb.Probe(
-        models=((64, 32, 10), (64, 16, 10)),
-        batch=8,
-        norm="batch",
-        threads=1,
-        all_reduce=(4096, 65536),
-        all_gather=(4096, 16384),
-        p2p=(4096, 65536),
-        topk=((4096,), 0.01),
-        ist_widths=(64, 32, 10),
-        reps=2,
-    )
+def test_a_small_calibration_end_to_end(tmp_path: Path) -> None:
+    widths = (64, 32, 32, 10)
+    configs = cb.suite(widths, 2, 10, 8, str(tmp_path))
+    probe = dataclasses.replace(cb.probe_for(configs, widths), reps=2)
+    assert probe.syncs == ((0, 1), (0, 10), (1, 10)) and probe.ddp == (3520,)
     cal = cb.calibrate(probe, 2)
     assert cal.compute_flops_per_s > 0 and cal.step_overhead_s >= 0
     assert set(cal.links) == {"all_reduce", "all_gather", "p2p"}
     assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in cal.links.values())
-    assert cal.codec_bytes_per_s > 0 and cal.copy_bytes_per_s > 0
-    both = cb.combine([cal, cal])
-    assert both.compute_flops_per_s == pytest.approx(cal.compute_flops_per_s)
-    json.dumps(cb.calibration_json(both))
+    assert cal.codec_bytes_per_s > 0 and cal.ist_round_s > 0 and cal.ddp_bucket_s >= 0
+    assert set(cal.stragglers) == {"64-32-32-10/1", "64-32-32-10/10", "64-16-16-10/10"}
+    assert min(cal.stragglers.values()) >= 1
+    later = dataclasses.replace(cal, started_at=cal.started_at + 100)
+    mid = cb.bracket(cal, later, later.midpoint)  # at the second calibration: all its weight
+    assert mid.compute_flops_per_s == pytest.approx(later.compute_flops_per_s)
+    for cfg in configs:
+        assert cb.predict(cfg, widths, mid)["step_time_s"] > 0
+    json.dumps(cb.calibration_json(mid))
 
 
 @pytest.mark.parametrize(

@@ -1,29 +1,39 @@
 """``thinwire plan --calibrate``: measure this machine, then predict thinwire's own runs.
 
 Calibration runs ``workers`` local processes at once (forked, one gloo group on loopback, torch
-threads = max(1, cores // workers), exactly what ``runtime.threads = 0`` gives a run), so every
-figure already contains the contention of the run it will predict: with 4 workers on 2 cores
-each process gets about half a core while all compute, and gloo's copies compete with the same
-cores. Measuring one process and dividing by an assumed contention factor would need that factor
-(it is not workers / cores once the other tenants of the machine are counted); measuring under
-the real process count gets it for free. Per quantity, the median of repeated timings:
+threads = max(1, cores // workers), what ``runtime.threads = 0`` gives a run, each process
+leading its own session as the launcher's workers do, :func:`run_group`), so every figure
+already holds the contention of the run it predicts: 4 workers on 2 cores get about half a
+core each while all compute, and gloo's copies compete for the same cores. Measuring one process
+and scaling by workers / cores would miss the machine's other tenants; measuring under the
+run's own process layout gets both. Per quantity, the mean of repeated timings (runs are
+compared by wall_s / steps, a mean):
 
-1. compute: forward + backward + SGD step of the run's MLP, and of IST's subnet (hidden widths
-   h_i / n), at the run's batch b on every rank at once. Fit t = t0 + F / R with
-   F = 6 b sum_i w_i w_{i+1}: R is the compute rate the workers see, t0 the fixed per-step cost
-   (Python, autograd, optimizer launches). With the two models measured, the line passes through
-   both.
-2. links, through thinwire's :class:`~thinwire.runtime.comm.Comm` (so the same code path):
-   all-reduce of sizes S, t = 2(n-1) alpha + 2(n-1)/n S beta; all-gather, t = (n-1) alpha +
-   (n-1) S beta; rank 0's point-to-point fan-out and fan-in of S to / from each other rank (IST
+1. compute: forward + backward + SGD step of the run's MLP and of IST's subnet (hidden widths
+   h_i / n) at the run's batch b, on every rank at once; t = t0 + F / R with
+   F = 6 b sum_i w_i w_{i+1} through both points: R the compute rate the workers see, t0 the
+   fixed per-step cost (Python, autograd, optimizer launches).
+   Synchronisation: the same steps with all ranks meeting at a barrier every k steps (k = 1
+   for dp, H for local SGD, K for IST); the ratio to free-running steps is what a synchronous
+   method pays to meet: the wait for the slowest worker, and the wake-up of processes that
+   blocked on a socket while others held the cores (the ``straggler`` factor).
+   DDP: the dp step under DDP with thinwire's all-reduce hook against the same step followed by
+   one blocking all-reduce per bucket; the difference per bucket is DDP's own cost (reducer
+   copies, autograd hooks, the all-reduce on gloo's thread interleaved with the backward pass).
+2. links, through thinwire's :class:`~thinwire.runtime.comm.Comm` (the runs' code path):
+   all-reduce of S bytes, t = 2(n-1) alpha + 2(n-1)/n S beta; all-gather, t = (n-1) alpha +
+   (n-1) S beta; rank 0's point-to-point fan-out and fan-in of S to / from every other rank (IST
    central), t = (n-1) alpha + (n-1) S beta. alpha and beta per op by least squares on relative
    residuals (every size weighs alike), alpha >= 0 (:func:`fit_alpha_beta`).
 3. codecs: Top-k with error feedback, encode + (n decodes, sum) per DDP bucket, in bytes of
-   gradient per second; IST central, rank 0's extract + write-back of all n subnets per round,
-   in bytes copied per second (measured on rank 0 alone, as in a run).
-Noise: each timing's relative spread (interquartile range / median); the median spread over all
-timings is reported beside the machine's load average, because other tenants make these numbers
-move by tens of percent from minute to minute. Calibrate and run back to back for that reason.
+   gradient per second; IST central, rank 0's bookkeeping in a round besides its exchanges
+   (partition, gather and scatter of all n subnets, its subnet module and optimizer), rank 0
+   alone while the others wait, as in a run.
+Noise: other tenants move these figures by tens of percent from minute to minute, so the
+command calibrates before the first run and after every run, and predicts each run from the
+two calibrations around it interpolated in time to the middle of its steps (:func:`bracket`).
+Reported: each timing's spread (interquartile range / median), the load average, and the change
+of the compute rate across each run.
 """
 
 from __future__ import annotations
@@ -71,12 +81,10 @@ class Calibration:
     step_overhead_s: float
     links: dict[str, LinkFit]
     codec_bytes_per_s: float = 0.0
-    copy_bytes_per_s: float = 0.0
-    first_optimizer_s: float = 0.0
-    """The first ``torch.optim`` optimizer a process builds imports torch's compiler stack;
-    the slowest of ``workers`` processes doing it at once. IST builds its first optimizer inside
-    the first training step, so its rank 0 waits this long once."""
+    ist_round_s: float = 0.0
+    """Central IST: rank 0's bookkeeping per round besides the exchanges (:func:`_ist_round`)."""
     spread: float = 0.0
+    """Median over the measurements of (interquartile range / median) of their timings."""
     load_average: float = 0.0
     seconds: float = 0.0
     started_at: float = 0.0
@@ -88,8 +96,8 @@ class Calibration:
     models: list[list[int]] = field(default_factory=list)
     """Widths of the models timed for ``compute`` samples, in order."""
     stragglers: dict[str, float] = field(default_factory=dict)
-    """``"<widths>/<k>"`` -> how much longer k steps of that model take on rank 0 when every k
-    steps all ranks wait for each other, than k free-running steps (>= 1)."""
+    """``"<widths>/<k>"`` -> how much longer k steps of that model take on rank 0 when all
+    ranks meet at a barrier every k steps, than k free-running steps (>= 1)."""
     samples: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     """(x1, x2, mean seconds) per measurement: (F, 0) compute, (hops, wire bytes) links,
     (bytes, 0) codecs."""
@@ -116,6 +124,8 @@ class Probe:
     syncs: tuple[tuple[int, int], ...] = ()  # (index into models, k): synchronised every k steps
     ddp: tuple[int, ...] = ()  # DDP's bucket elements of models[0] (from step 1 on)
     reps: int = 5
+    data: tuple[Any, Any] | None = field(default=None, repr=False, compare=False)
+    """The run's training inputs and labels (forked ranks share them); None: random data."""
 
 
 def fit_alpha_beta(
@@ -162,7 +172,30 @@ def _weights(widths: Sequence[int]) -> int:
     return sum(a * b for a, b in zip(widths[:-1], widths[1:]))
 
 
-def _train_step(model: Any, opt: Any, loss_fn: Any, x: Any, y: Any) -> None:
+class _Batches:
+    """A few batches of the run's data (or random ones), handed out in turn."""
+
+    def __init__(self, p: Probe, widths: Sequence[int], count: int = 8) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        if p.data is None:
+            self.xs = [torch.randn(p.batch, widths[0], generator=g) for _ in range(count)]
+            self.ys = [torch.randint(0, widths[-1], (p.batch,), generator=g) for _ in range(count)]
+        else:
+            x, y = p.data
+            idx = [torch.randint(0, len(y), (p.batch,), generator=g) for _ in range(count)]
+            self.xs = [x[i].reshape(p.batch, -1).contiguous() for i in idx]
+            self.ys = [y[i] for i in idx]
+        self.i = 0
+
+    def next(self) -> tuple[Any, Any]:
+        self.i = (self.i + 1) % len(self.xs)
+        return self.xs[self.i], self.ys[self.i]
+
+
+def _train_step(model: Any, opt: Any, loss_fn: Any, batches: _Batches) -> None:
+    x, y = batches.next()
     opt.zero_grad(set_to_none=True)
     loss = loss_fn(model(x), y)
     loss.backward()
@@ -190,20 +223,20 @@ def _ddp_overhead(comm: Any, p: Probe, loss_fn: Any) -> Rows:
     ddp = DistributedDataParallel(build_mlp(widths[0], widths[1:-1], widths[-1], norm=p.norm))
     ddp.register_comm_hook(None, allreduce_hook(comm))
     opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in (plain, ddp)]
-    x, y = torch.randn(p.batch, widths[0]), torch.randint(0, widths[-1], (p.batch,))
+    batches = _Batches(p, widths)
     buckets = [torch.zeros(b) for b in p.ddp]
 
     def reduce_after() -> None:
-        _train_step(plain, opts[0], loss_fn, x, y)
+        _train_step(plain, opts[0], loss_fn, batches)
         for b in buckets:
             comm.all_reduce(b)
 
     t_ddp: list[float] = []
     t_plain: list[float] = []
-    _timed(_train_step, 0, ddp, opts[1], loss_fn, x, y, warm=2)  # DDP rebuilds its buckets
-    for _ in range(3):
+    _timed(_train_step, 0, ddp, opts[1], loss_fn, batches, warm=2)  # DDP rebuilds its buckets
+    for _ in range(5):  # alternate: the difference of two noisy means
         comm.barrier()
-        t_ddp += _timed(_train_step, p.reps, ddp, opts[1], loss_fn, x, y)
+        t_ddp += _timed(_train_step, p.reps, ddp, opts[1], loss_fn, batches)
         comm.barrier()
         t_plain += _timed(reduce_after, p.reps)
     del ddp
@@ -244,20 +277,17 @@ def _probe(comm: Any, p: Probe) -> Rows:
     loss_fn = torch.nn.CrossEntropyLoss()
     for widths in p.models:  # 1. compute, all ranks at once
         model = build_mlp(widths[0], widths[1:-1], widths[-1], norm=p.norm)
-        t0 = time.perf_counter()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        out.setdefault("first_optimizer", [(0.0, 0.0, [time.perf_counter() - t0])])
-        x, y = torch.randn(p.batch, widths[0]), torch.randint(0, widths[-1], (p.batch,))
+        batches = _Batches(p, widths)
         comm.barrier()
-        ts = _timed(_train_step, 3 * p.reps, model, opt, loss_fn, x, y, warm=2)
+        ts = _timed(_train_step, 3 * p.reps, model, opt, loss_fn, batches, warm=2)
         out.setdefault("compute", []).append((6.0 * _weights(widths) * p.batch, 0.0, ts))
         for index, k in p.syncs:  # 1b. the same steps, all ranks waiting for all every k
             if p.models[index] == widths:
                 rounds = max(3, 3 * p.reps // k)
-                ts = _timed(_synced, rounds, comm, k, model, opt, loss_fn, x, y)
+                ts = _timed(_synced, rounds, comm, k, model, opt, loss_fn, batches)
                 out.setdefault("sync", []).append((index, k, [t / k for t in ts]))
     comm.barrier()
-    out["barrier"] = [(0.0, 0.0, _timed(comm.barrier, p.reps))]
     if p.ddp:  # 1c. DDP's reducer: the DP step against step + blocking all-reduces
         out.update(_ddp_overhead(comm, p, loss_fn))
     for size in p.all_reduce:  # 2. links
@@ -288,16 +318,20 @@ def _probe(comm: Any, p: Probe) -> Rows:
     if p.ist_widths is not None:
         comm.barrier()
         if rank == 0:
-            out["copy"] = [_ist_copies(p.ist_widths, p.norm, n, p.reps)]
+            out["ist_round"] = [_ist_round(p.ist_widths, p.norm, n, p.reps)]
         comm.barrier()
     return out
 
 
-def _ist_copies(
+def _ist_round(
     widths: Sequence[int], norm: str, n: int, reps: int
 ) -> tuple[float, float, list[float]]:
-    """Rank 0's per-round subnet copies of central IST: extract all n, write all n back."""
-    from thinwire.models import build_mlp
+    """Rank 0's bookkeeping in one round of central IST, the strategy's own steps without the
+    exchanges: partition, extract all n subnets, build its subnet module and optimizer, load
+    its piece, take it back, write all n back."""
+    import torch
+
+    from thinwire.models import MLP, build_mlp
     from thinwire.strategies.ist import exchange as ex
     from thinwire.strategies.ist.mlp import mlp_specs
     from thinwire.strategies.ist.partition import Partitioner
@@ -305,15 +339,22 @@ def _ist_copies(
     model = build_mlp(widths[0], widths[1:-1], widths[-1], norm=norm)
     specs, own = mlp_specs(model), ex.Ownership.central(model.hidden, n)
     store = [[prm.detach().clone()] for prm in model.parameters()]
-    groups = [Partitioner(model.hidden, n)(0).of(j) for j in range(n)]
+    partitioner = Partitioner(model.hidden, n)
+    rounds = iter(range(10**9))
 
-    def copies() -> None:
+    def one_round() -> None:
+        groups = [partitioner(next(rounds)).of(j) for j in range(n)]
         pieces = [ex.extract(specs, store, own, 0, g) for g in groups]
+        sizes = tuple(len(g) for g in groups[0])
+        sub = MLP(model.input_dim, sizes, model.num_classes, norm=norm)
+        torch.optim.SGD(sub.parameters(), lr=0.01)
+        tensors = [[q.data] for q in sub.parameters()]
+        ex.load_piece(specs, tensors, own, 0, groups[0], pieces[0])
+        pieces[0] = ex.take_piece(specs, tensors, own, 0, groups[0])
         for g, piece in zip(groups, pieces):
             ex.write_back(specs, store, own, 0, g, piece)
 
-    moved = 2.0 * 4 * sum(subnet_sizes(widths, norm, n, 0))
-    return moved, 0.0, _timed(copies, reps)
+    return 1.0, 0.0, _timed(one_round, reps)
 
 
 def _entry(
@@ -436,8 +477,6 @@ def calibrate(probe: Probe, workers: int) -> Calibration:
     for kind, rows in ranks[0].items():
         for i, (x1, x2, ts) in enumerate(rows):
             pooled = [t for r in ranks for t in r[kind][i][2]] if kind == "compute" else ts
-            if kind == "first_optimizer":  # the slowest rank holds everyone up
-                pooled = [max(r[kind][i][2][0] for r in ranks)]
             spreads.append(_spread(pooled))
             samples.setdefault(kind, []).append((x1, x2, float(np.mean(pooled))))
     return fit(
@@ -477,16 +516,12 @@ def fit(
         rows = samples.get(kind, [])
         return sum(r[0] for r in rows) / sum(r[2] for r in rows) if rows else 0.0
 
-    first = samples.get("first_optimizer", [(0.0, 0.0, 0.0)])[0][2]
-    barrier = samples.get("barrier", [(0.0, 0.0, 0.0)])[0][2]
     ddp = 0.0
     if samples.get("ddp") and samples.get("ddp_plain"):
         (buckets, _, t_ddp), (_, _, t_plain) = samples["ddp"][0], samples["ddp_plain"][0]
         ddp = max(0.0, t_ddp - t_plain) / buckets
     stragglers = {
-        f"{_key(models[int(i)])}/{int(k)}": max(
-            1.0, (t - barrier / k) / samples["compute"][int(i)][2]
-        )
+        f"{_key(models[int(i)])}/{int(k)}": max(1.0, t / samples["compute"][int(i)][2])
         for i, k, t in samples.get("sync", [])
     }
     return Calibration(
@@ -496,8 +531,7 @@ def fit(
         step_overhead_s=t0,
         links=links,
         codec_bytes_per_s=bytes_rate("codec"),
-        copy_bytes_per_s=bytes_rate("copy"),
-        first_optimizer_s=first,
+        ist_round_s=samples.get("ist_round", [(0.0, 0.0, 0.0)])[0][2],
         ddp_bucket_s=ddp,
         samples=samples,
         stragglers=stragglers,
@@ -545,9 +579,9 @@ def bracket(before: Calibration, after: Calibration, t_mid: float) -> Calibratio
 
 
 def preimport() -> None:
-    """Import what the first optimizer imports, once, in the calling process: calibrations
-    forked after this skip that import (about 10 s of their time on a busy 2-core machine) and
-    measure ``first_optimizer_s`` as about 0."""
+    """Import, once in the calling process, what a process's first ``torch.optim`` optimizer
+    imports (torch's compiler stack: seconds on a busy machine): the calibration processes
+    forked afterwards inherit it. The runs' workers pay it at set-up, outside their clocks."""
     import torch
     import torch._dynamo  # noqa: F401 - the import is the point
 
@@ -585,8 +619,7 @@ def predict(
             "step_overhead_s": cal.step_overhead_s,
             "links": {k: (f.alpha_s, f.bytes_per_s) for k, f in cal.links.items()},
             "codec_bytes_per_s": cal.codec_bytes_per_s,
-            "copy_bytes_per_s": cal.copy_bytes_per_s,
-            "first_step_s": cal.first_optimizer_s if m.name == "ist" else 0.0,
+            "round_overhead_s": cal.ist_round_s,
             "bucket_overhead_s": cal.ddp_bucket_s,
             "straggler": cal.stragglers.get(f"{_key(trained)}/{sync}", 1.0),
         }
@@ -613,15 +646,13 @@ def calibration_json(cal: Calibration) -> dict[str, Any]:
 
 
 SUITE: tuple[tuple[str, dict[str, str]], ...] = (
-    ("ist", {"method.name": "ist", "method.local_steps": "10", "method.deployment": "central"}),
     ("dp", {"method.name": "dp"}),
     ("localsgd", {"method.name": "localsgd", "method.period": "10"}),
+    ("ist", {"method.name": "ist", "method.local_steps": "10", "method.deployment": "central"}),
     ("dp-topk", {"method.name": "dp", "method.compressor": "topk", "method.ratio": "0.01"}),
 )
-"""The runs ``--calibrate`` predicts: IST (K = 10, central), DP, local SGD (H = 10), DP + Top-k
-(1%, error feedback). IST first: only its prediction needs the first-optimizer cost, which the
-calibrations can measure only until the calling process imports torch's compiler stack
-(:func:`preimport`)."""
+"""The runs ``--calibrate`` predicts: DP, local SGD (H = 10), IST (K = 10, central), DP + Top-k
+(1%, error feedback)."""
 DATA = {784: "fashion-mnist", 64: "digits"}
 
 

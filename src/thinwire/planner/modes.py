@@ -148,8 +148,12 @@ def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
     steps, batch = args.steps or 100, args.micro_batch_size or 128
     out = Path(args.out or "runs/calibrate")
     configs = cb.suite(widths, n, steps, batch, str(out / "runs"))
-    probe = cb.probe_for(configs, widths)
+    from thinwire.trainer import load_data
+
     start = time.perf_counter()
+    cb.preimport()
+    ds = load_data(configs[0])
+    probe = dataclasses.replace(cb.probe_for(configs, widths), data=(ds.x_train, ds.y_train))
     print("thinwire plan --calibrate: calibrating", file=sys.stderr)
     cals = [cb.calibrate(probe, n)]
     results = []
@@ -162,8 +166,6 @@ def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
         before, after = cals[-2:]
         t_end = (cfg.run_dir / "summary.json").stat().st_mtime  # written after the last step
         cal = cb.bracket(before, after, t_end - summary["wall_s"] / 2)
-        if cfg.method.name == "ist":  # its one-off is measured: the later ones skip it
-            cb.preimport()
         results.append(
             {
                 "run": cfg.run_name,
@@ -213,8 +215,7 @@ def calibration_report(data: dict[str, Any]) -> str:
                 f"{1e3 * m['step_time_s']:.1f}",
                 f"{100 * err:+.1f}%",
                 " / ".join(
-                    f"{1e3 * p[k]:.1f}"
-                    for k in ("compute_time_s", "comm_time_s", "codec_time_s", "one_off_time_s")
+                    f"{1e3 * p[k]:.1f}" for k in ("compute_time_s", "comm_time_s", "codec_time_s")
                 ),
                 f"{100 * m['spread']:.0f}%",
                 f"{100 * r['drift']:+.0f}%",
@@ -224,15 +225,20 @@ def calibration_report(data: dict[str, Any]) -> str:
             f"{k} {1e6 * f['alpha_s']:.0f} us + {f['bytes_per_s'] / 1e6:,.0f} MB/s"
             for k, f in c["links"].items()
         )
-        extra = c["codec_bytes_per_s"] or c["copy_bytes_per_s"]
+        extra = (
+            f"{1e3 * c['ist_round_s']:.1f} ms/round"
+            if r["run"] == "ist"
+            else f"{c['codec_bytes_per_s'] / 1e6:,.0f} MB/s"
+            if "topk" in r["run"]
+            else "-"
+        )
         consts.append(
             [
                 r["run"],
                 f"{c['compute_flops_per_s'] / 1e9:.2f}",
                 f"{1e3 * c['step_overhead_s']:.2f}",
                 link,
-                f"{extra / 1e6:,.0f}" if extra else "-",
-                f"{c['first_optimizer_s']:.2f}" if r["predicted"]["one_off_time_s"] else "-",
+                extra,
                 f"{r['predicted']['straggler']:.2f}",
                 f"{1e3 * c['ddp_bucket_s']:.1f}" if c["ddp_bucket_s"] else "-",
                 f"{100 * c['spread']:.0f}%",
@@ -257,7 +263,7 @@ def calibration_report(data: dict[str, Any]) -> str:
             "step ms pred",
             "measured",
             "error",
-            "pred compute / comm / codec / one-off ms",
+            "pred compute / comm / codec ms",
             "run spread",
             "cal. drift",
         ],
@@ -269,8 +275,7 @@ def calibration_report(data: dict[str, Any]) -> str:
             "compute GFLOP/s",
             "t0 ms",
             "links: alpha + bandwidth",
-            "codec/copy MB/s",
-            "first optimizer s",
+            "Top-k codec / IST round",
             "straggler x",
             "DDP ms/bucket",
             "timing spread",

@@ -33,11 +33,18 @@ and the C output biases shared; none: 1 and C):
   optimizer state with ``state_copies``). Central: rank 0 sends each j > 0 its S_j and receives
   it back; sharded: owner o sends worker j the part of j's subnet indexed by the neurons o
   owns, and gets it back. Payload counts both directions (send and receive entries), sent one.
-Communication time with ``steps``: per call ``hops x alpha + wire x beta`` summed over rank 0's
-calls (all-reduce 2(n-1) hops, all-gather n-1, a point-to-point exchange n-1), with per-op
-(alpha, bytes/s) from ``links`` (default: ``latency_s``, ``link_bytes_per_s`` for every op).
-``thinwire plan --calibrate`` (:mod:`thinwire.planner.calibrate`) fits those constants here
-and compares with measured runs.
+Two places where the per-step form above is only the mean: a subnet of the mean size, where the
+ledger's groups differ by a neuron when n does not divide h; and a compressed payload handed to
+an all-reduce (linear compressors), where Top-k all-gathers, (n-1) x payload on the wire. The
+per-step form's IST "wire" counts both directions; the exact form's ``sent`` is the ledger's.
+
+Time with ``steps`` (rank 0, whose clock summary.json reports): per call ``hops x alpha +
+wire / bandwidth`` summed over rank 0's calls (all-reduce 2(n-1) hops, all-gather n-1, a
+point-to-point exchange n-1), per-op (alpha, bytes/s) from ``links`` (default: ``latency_s``,
+``link_bytes_per_s`` for every op), plus ``bucket_overhead_s`` per DDP bucket; compute
+(t0 + F / R) and Top-k's codec times ``straggler``, the wait for the slowest worker between
+synchronisations; IST adds rank 0's bookkeeping per round, ``round_overhead_s`` / K. ``thinwire plan --calibrate`` (:mod:`thinwire.planner.calibrate`)
+measures those constants on this machine and compares with measured runs.
 """
 
 from __future__ import annotations
@@ -298,8 +305,7 @@ def predict_thinwire_run(
     topk_keep: float | None = None,
     state_copies: int = 0,
     step_overhead_s: float = 0.0,
-    copy_bytes_per_s: float = 0.0,
-    first_step_s: float = 0.0,
+    round_overhead_s: float = 0.0,
     straggler: float = 1.0,
     bucket_overhead_s: float = 0.0,
     links: Mapping[str, tuple[float, float]] | None = None,
@@ -312,12 +318,10 @@ def predict_thinwire_run(
     ``norm`` (``bias`` is then unused), per-step means of them, the run totals
     (``sent_per_worker_mean``, ``sent_per_worker_max``, ``payload_per_worker_mean`` as in
     summary.json) and the time of rank 0's actual calls under ``links``
-    (``{"all_reduce" | "all_gather" | "p2p": (alpha_s, bytes_per_s)}``). ``copy_bytes_per_s``
-    prices IST's per-round subnet copies on rank 0 (extract and write back 2 x 4 x sum_j S_j
-    bytes, central); ``step_overhead_s`` is added to every step's compute; ``first_step_s``
-    is a one-off cost of the run (IST's first optimizer, built inside step 0), spread over
-    ``steps`` as ``one_off_time_s``; ``straggler`` (>= 1) multiplies the work each worker does
-    between two synchronisations (compute, and the codec of compressed DP): a synchronous step
+    (``{"all_reduce" | "all_gather" | "p2p": (alpha_s, bytes_per_s)}``). ``round_overhead_s``
+    is IST's bookkeeping on rank 0 per round (partition, subnet gather and scatter, the subnet
+    module and its optimizer); ``step_overhead_s`` is added to every step's compute;
+    ``straggler`` (>= 1) multiplies the work each worker does between two synchronisations (compute, and the codec of compressed DP): a synchronous step
     waits for the slowest of the n workers, not for the mean one; ``bucket_overhead_s`` is
     DDP's cost per bucket and step (dp, compressed) beyond the collective, counted as
     communication.
@@ -349,8 +353,7 @@ def predict_thinwire_run(
             state_copies=state_copies,
             e=bytes_per_element,
             codec_bytes_per_s=codec_bytes_per_s,
-            copy_bytes_per_s=copy_bytes_per_s,
-            first_step_s=first_step_s,
+            round_overhead_s=round_overhead_s,
             straggler=straggler,
             bucket_overhead_s=bucket_overhead_s,
         )
@@ -429,8 +432,7 @@ def _predict_exact(
     state_copies: int,
     e: int,
     codec_bytes_per_s: float,
-    copy_bytes_per_s: float,
-    first_step_s: float,
+    round_overhead_s: float,
     straggler: float,
     bucket_overhead_s: float,
 ) -> dict[str, float | str]:
@@ -462,10 +464,7 @@ def _predict_exact(
     codec = 0.0
     if method == "ist" and n > 1:
         weights = _ist_sub_weights(widths, n, steps, k)
-        if copy_bytes_per_s > 0 and deployment == "central":
-            # rank 0 extracts every subnet (its own too) and writes every one back
-            moved = sum(sum(subnet_sizes(widths, norm, n, r)) for r in range(steps // k))
-            codec = 2.0 * e * (1 + state_copies) * moved / copy_bytes_per_s / steps
+        codec = round_overhead_s / k
         sub = float(subnet_sizes(widths, norm, n, 0)[0])
     else:
         weights = _subnet_weights(widths, 1)
@@ -473,7 +472,7 @@ def _predict_exact(
         if method == "compressed" and codec_bytes_per_s > 0 and n > 1:
             codec = full * e / codec_bytes_per_s * straggler
     compute = (6.0 * weights * batch_size / compute_flops_per_s + step_overhead_s) * straggler
-    step = compute + comm + codec + first_step_s / steps
+    step = compute + comm + codec
     return {
         "method": method,
         "workers": float(n),
@@ -488,7 +487,6 @@ def _predict_exact(
         "compute_time_s": compute,
         "comm_time_s": comm,
         "codec_time_s": codec,
-        "one_off_time_s": first_step_s / steps,
         "straggler": straggler,
         "step_time_s": step,
         "samples_per_s": batch_size * n / step,
