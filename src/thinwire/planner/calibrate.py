@@ -435,7 +435,9 @@ def probe_for(configs: Sequence[Config], widths: Sequence[int], reps: int = 5) -
         models.append((widths[0], *(max(1, h // 2) for h in widths[1:-1]), widths[-1]))
     topk = [c for c in configs if c.method.compressor == "topk"]
     keep = topk[0].method.ratio if topk else 0.0
-    gathers = tuple(sorted({1 << 12, 1 << 16, *(8 * max(1, round(keep * b)) for b in buckets)}))
+    gathers = tuple(
+        sorted({1 << 12, 1 << 16, 1 << 20, *(8 * max(1, round(keep * b)) for b in buckets)})
+    )
     subnet = 4 * max(subnet_sizes(widths, norm, n, 0)) if ist else 1 << 20
     syncs = sorted(
         {

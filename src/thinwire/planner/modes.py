@@ -140,6 +140,7 @@ def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
     against measured (bytes exactly, step time) as markdown, written to ``--out``."""
     from thinwire.commands.common import run_config
     from thinwire.planner import calibrate as cb
+    from thinwire.trainer import load_data
 
     model = load_model(args.model or CALIBRATE_MODEL)
     if not isinstance(model, MLPSpec):
@@ -148,8 +149,6 @@ def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
     steps, batch = args.steps or 100, args.micro_batch_size or 128
     out = Path(args.out or "runs/calibrate")
     configs = cb.suite(widths, n, steps, batch, str(out / "runs"))
-    from thinwire.trainer import load_data
-
     start = time.perf_counter()
     cb.preimport()
     ds = load_data(configs[0])
@@ -222,7 +221,8 @@ def calibration_report(data: dict[str, Any]) -> str:
             ]
         )
         link = ", ".join(
-            f"{k} {1e6 * f['alpha_s']:.0f} us + {f['bytes_per_s'] / 1e6:,.0f} MB/s"
+            f"{k} {1e6 * f['alpha_s']:.0f} us + "
+            + (f"{f['bytes_per_s'] / 1e6:,.0f} MB/s" if f["bytes_per_s"] < 1e13 else "inf")
             for k, f in c["links"].items()
         )
         extra = (
@@ -283,8 +283,14 @@ def calibration_report(data: dict[str, Any]) -> str:
         ],
         consts,
     )
+    legend = (
+        "bytes: summary.json's sent per worker (mean; max = rank 0) against the ledger formulas; "
+        "step: rank 0's wall_s / steps; error = predicted / measured - 1; run spread: "
+        "interquartile range / median of the run's step times; cal. drift: change of the "
+        "compute rate from the calibration before the run to the one after"
+    )
     return (
-        f"{head}\n(`{data['command']}`)\n\n{table_1}\n\nstep-time error: mean {100 * sum(errors) / len(errors):.1f}%, "
+        f"{head}\n(`{data['command']}`)\n\n{table_1}\n\n{legend}\n\nstep-time error: mean {100 * sum(errors) / len(errors):.1f}%, "
         f"max {100 * max(errors):.1f}%; {data['seconds']:.0f} s in all\n\n"
         f"Calibration behind each prediction (the calibrations just before and just after its "
         f"run, interpolated in time to the middle of its training steps)\n\n"
