@@ -10,7 +10,6 @@ program an external multi-node ``torchrun`` starts (see :mod:`thinwire.worker`).
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -18,15 +17,11 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from thinwire.runtime.spawn import free_port
+
 
 class WorkerFailed(RuntimeError):
     """A worker exited with an error; the message names the rank and the cause."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(run_dir: Path, workers: int, *, env: dict[str, str] | None = None) -> None:

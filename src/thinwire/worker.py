@@ -36,10 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"thinwire worker: error: {exc}", file=sys.stderr)
         return 2
-    trainer = Trainer(cfg, Comm(), device, path.parent)
+    comm = Comm()
+    trainer = Trainer(cfg, comm, device, path.parent)
     trainer.run()
     del trainer
-    rt.teardown()
+    rt.teardown(comm)
     return 0
 
 

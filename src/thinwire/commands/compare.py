@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common(parser)
     parser.add_argument("--methods", default="dp,localsgd,ist",
                         help="comma-separated methods: " + ", ".join(METHODS + COMPRESSORS[1:])
-                             + "; options after a colon separated by '+' are not allowed, use "
-                               "one method per entry, e.g. ist:local_steps=20")
+                             + "; a method's options follow a colon, comma-separated, e.g. "
+                               "ist:local_steps=20,train.lr=0.1")
     parser.add_argument("--target", type=float, default=None,
                         help="accuracy for the to-target columns (default: highest all reached)")
     config_mod.add_override_options(parser, skip=("method.name", "run.name"))

@@ -38,16 +38,10 @@ of the compute rate across each run.
 
 from __future__ import annotations
 
-import gc
-import multiprocessing as mp
 import os
-import pickle
-import socket
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from statistics import median
 from typing import Any
 
@@ -60,6 +54,7 @@ from thinwire.planner.thinwire_runs import (
     predict_thinwire_run,
     subnet_sizes,
 )
+from thinwire.runtime import spawn
 
 
 @dataclass(frozen=True)
@@ -357,66 +352,11 @@ def _ist_round(
     return 1.0, 0.0, _timed(one_round, reps)
 
 
-def _entry(
-    fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any, args: tuple[Any, ...]
-) -> None:
-    import torch.distributed as dist
-
-    from thinwire.runtime.comm import Comm
-
-    os.setsid()  # its own session, as the launcher's workers: see run_group
-    try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=120),
-        )
-        result = fn(Comm(), *args)
-        gc.collect()
-        dist.barrier()
-        dist.destroy_process_group()
-        queue.put((rank, pickle.dumps(result), ""))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        queue.put((rank, b"", traceback.format_exc()))
-    finally:
-        queue.close()
-        queue.join_thread()
-        os._exit(0)
-
-
 def run_group(fn: Callable[..., Any], workers: int, *args: Any, timeout: float = 300) -> list[Any]:
-    """``fn(comm, *args)`` on ``workers`` forked gloo ranks on loopback; per-rank results.
-
-    Each rank leads its own session, as torch's elastic launcher starts a run's workers: with
-    Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``) the CPU is shared
-    between sessions first, so ranks left in the caller's session would share one session's
-    slice and measure a several times slower machine than the runs see."""
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    procs = [
-        ctx.Process(target=_entry, args=(fn, r, workers, port, queue, args)) for r in range(workers)
-    ]
-    for proc in procs:
-        proc.start()
-    results: dict[int, Any] = {}
-    try:
-        for _ in range(workers):
-            rank, blob, error = queue.get(timeout=timeout)
-            if error:
-                raise RuntimeError(f"calibration rank {rank} failed:\n{error}")
-            results[rank] = pickle.loads(blob)
-    finally:
-        for proc in procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    return [results[r] for r in range(workers)]
+    """``fn(comm, *args)`` on ``workers`` forked gloo ranks on loopback, each leading its own
+    session as the launcher's workers do (see :mod:`thinwire.runtime.spawn`)."""
+    return spawn.run_group(fn, workers, *args, timeout=timeout, collective_timeout=120,
+                           new_session=True)
 
 
 def probe_for(configs: Sequence[Config], widths: Sequence[int], reps: int = 5) -> Probe:

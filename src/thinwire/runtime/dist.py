@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from thinwire.config import RuntimeConfig
 from thinwire.errors import UsageError
+from thinwire.runtime.comm import Comm
 
 
 def pick_device(rt: RuntimeConfig, local_rank: int) -> torch.device:
@@ -51,11 +52,12 @@ def init_from_env(rt: RuntimeConfig) -> torch.device:
     return device
 
 
-def teardown() -> None:
-    """Barrier, then destroy the group (callers drop DDP objects first: gloo exit abort)."""
+def teardown(comm: Comm) -> None:
+    """A control barrier through ``comm``, then destroy the group (callers drop DDP objects
+    first: a live DDP can abort a gloo rank at interpreter exit)."""
     gc.collect()
     if dist.is_initialized():
         try:
-            dist.barrier()
+            comm.barrier()
         finally:
             dist.destroy_process_group()
