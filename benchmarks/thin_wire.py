@@ -26,11 +26,9 @@ from thinwire import config as config_mod
 from thinwire.commands.common import preflight
 from thinwire.commands.compare import method_overrides, run_name
 from thinwire.testbed import bench
-from thinwire.testbed.cli import interrupts_raise
 from thinwire.testbed.netns import unavailable_reason
 from thinwire.testbed.rates import parse_links
 from thinwire.testbed.report import BenchResult, bench_table, plot_bench
-from thinwire.testbed.run import BenchFailed
 
 # method spec -> (steps, eval_every): each run passes the 0.83 target with room to spare;
 # dp's steps are the expensive ones on a thin link, evaluations (~4 s each) the others'.
@@ -98,17 +96,10 @@ def main() -> int:
     preflight(cfgs[groups[0]][0])
     t0 = time.monotonic()
     deadline = t0 + args.timeout
-    results: list[BenchResult] = []
-    stopped = ""
-    with interrupts_raise():
-        try:
-            for res in (bench.iter_modelled(cfgs["modelled"], links, deadline) if reason
-                        else bench.iter_measured(cfgs, links, deadline)):
-                results.append(res)
-        except BenchFailed as exc:
-            stopped = f"Stopped early ({exc}); the table holds the runs that finished."
-            if not results:
-                raise SystemExit(f"thin_wire: {exc}") from None
+    results, error = bench.run_all(cfgs, links, deadline, modelled=bool(reason))
+    stopped = f"Stopped early ({error}); the table holds the runs that finished." if error else ""
+    if error and not results:
+        raise SystemExit(f"thin_wire: {error}")
     total = time.monotonic() - t0
     table = bench_table(results, args.target)
     lines = [f"Command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}` (as root)",

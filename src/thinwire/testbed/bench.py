@@ -58,3 +58,22 @@ def iter_modelled(cfgs: list[Config], links: list[Link], deadline: float) -> Ite
         for run, ledgers in loaded:
             m = model_run(run.summary, run.records, ledgers, link)
             yield BenchResult(link, run, "modelled", m.curve, m.wall_s)
+
+
+def run_all(cfgs: dict[str, list[Config]], links: list[Link], deadline: float, *,
+            modelled: bool) -> tuple[list[BenchResult], str]:
+    """Every run, measured (one group per link) or modelled (group ``"modelled"``), with SIGTERM
+    and SIGHUP raising like Ctrl-C so every namespace is torn down. Returns the finished
+    results and, when a run failed or time ran out, why the bench stopped early ("" if not)."""
+    from thinwire.testbed.cli import interrupts_raise
+    from thinwire.testbed.run import BenchFailed
+
+    results: list[BenchResult] = []
+    with interrupts_raise():
+        try:
+            for res in (iter_modelled(cfgs["modelled"], links, deadline) if modelled
+                        else iter_measured(cfgs, links, deadline)):
+                results.append(res)
+        except BenchFailed as exc:
+            return results, str(exc)
+    return results, ""

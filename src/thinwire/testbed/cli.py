@@ -103,20 +103,14 @@ def run(args: argparse.Namespace) -> int:
 
     preflight(next(iter(cfgs.values()))[0])
     from thinwire.testbed import bench
-    from thinwire.testbed.run import BenchFailed
 
-    deadline = time.monotonic() + args.timeout
-    results: list[Any] = []
-    with interrupts_raise():
-        try:
-            for res in (bench.iter_modelled(cfgs["modelled"], links, deadline) if modelled
-                        else bench.iter_measured(cfgs, links, deadline)):
-                results.append(res)
-        except BenchFailed as exc:
-            if results:
-                print(f"partial results ({len(results)} runs finished):")
-                _write(results, args, Path(args.out))
-            raise SystemExit(f"thinwire bench: {exc}") from None
+    results, stopped = bench.run_all(cfgs, links, time.monotonic() + args.timeout,
+                                     modelled=modelled)
+    if stopped:
+        if results:
+            print(f"partial results ({len(results)} runs finished):")
+            _write(results, args, Path(args.out))
+        raise SystemExit(f"thinwire bench: {stopped}")
     _write(results, args, Path(args.out))
     return 0
 
