@@ -6,8 +6,8 @@ label-skewed); a :class:`BatchStream` turns a shard into the mini-batch of any g
 """
 
 from thinwire.data.datasets import (
-    DATASETS,
     FASHION_MNIST_FILES,
+    KINDS,
     Dataset,
     TeacherMLP,
     download_fashion_mnist,
@@ -19,13 +19,25 @@ from thinwire.data.datasets import (
     stratified_subset,
 )
 from thinwire.data.sharding import SHARD_MODES, all_shards, label_histogram, shard_indices
+from thinwire.data.registry import DataEntry, DataSource
 from thinwire.data.stream import BatchStream
+from thinwire.options import Registry
+
+DATASETS: Registry[DataEntry] = Registry("dataset", {
+    "fashion-mnist": "thinwire.data.datasets:FASHION_MNIST",
+    "digits": "thinwire.data.datasets:DIGITS",
+    "teacher": "thinwire.data.datasets:TEACHER",
+})
+"""Every dataset by name; each entry lives in its own module."""
 
 __all__ = [
     "DATASETS",
     "FASHION_MNIST_FILES",
     "SHARD_MODES",
+    "KINDS",
     "BatchStream",
+    "DataEntry",
+    "DataSource",
     "Dataset",
     "TeacherMLP",
     "all_shards",

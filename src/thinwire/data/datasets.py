@@ -35,12 +35,15 @@ import gzip
 import os
 import struct
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from thinwire.data.registry import DataEntry, DataSource
 from thinwire.errors import UsageError
 
 DATASETS: tuple[str, ...] = ("fashion-mnist", "digits", "teacher")
@@ -79,45 +82,70 @@ _IDX_DTYPES: dict[int, str] = {
 }
 
 
+KINDS: tuple[str, ...] = ("classification", "sequence", "node")
+"""What a dataset's examples are (the task follows from it, :mod:`thinwire.data.task`):
+- ``classification``: x [N, ...] features, y [N] class ids;
+- ``sequence``: x [N, L] token ids, y [N, L] the next token of each position (language modelling);
+- ``node``: x [N] node ids of one graph held in ``extra`` (features, adjacency), y [N] class ids.
+"""
+
+
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A classification dataset split into train and test, ready for training."""
+    """A dataset split into train and test, ready for training."""
 
     name: str
-    """One of :data:`DATASETS`."""
+    """The registry name (:data:`thinwire.data.DATASETS`)."""
     x_train: torch.Tensor
-    """float32 [N, D], normalised with statistics of the train split only."""
+    """[N, ...]: float32 features (normalised with train statistics), int64 tokens or node ids."""
     y_train: torch.Tensor
-    """int64 [N], class ids in [0, num_classes)."""
+    """int64 [N] class ids, or [N, L] next tokens."""
     x_test: torch.Tensor
-    """float32 [M, D], normalised with the train split's statistics."""
+    """[M, ...] as ``x_train``."""
     y_test: torch.Tensor
-    """int64 [M]."""
+    """int64 [M] or [M, L]."""
     num_classes: int
-    """Number of classes (labels are 0 .. num_classes - 1)."""
+    """Number of classes (labels 0 .. num_classes - 1), or the vocabulary size."""
+    kind: str = "classification"
+    """One of :data:`KINDS`."""
+    input_shape: tuple[int, ...] = ()
+    """Shape of one example as a model sees it (e.g. (1, 28, 28) for images stored flat);
+    empty: ``x_train.shape[1:]``."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Whatever the model needs beyond the examples (a graph's features and adjacency)."""
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
         for split, x, y in (
             ("train", self.x_train, self.y_train),
             ("test", self.x_test, self.y_test),
         ):
-            if x.dim() != 2 or y.dim() != 1 or x.shape[0] != y.shape[0]:
+            if x.dim() < 1 or y.dim() < 1 or x.shape[0] != y.shape[0]:
                 raise ValueError(
-                    f"{self.name} {split}: x must be [N, D] and y [N], got {tuple(x.shape)} and "
-                    f"{tuple(y.shape)}"
+                    f"{self.name} {split}: x must be [N, ...] and y [N, ...], got "
+                    f"{tuple(x.shape)} and {tuple(y.shape)}"
                 )
-        if self.x_train.shape[1] != self.x_test.shape[1]:
-            raise ValueError(f"{self.name}: train and test feature dims differ")
+        if self.x_train.shape[1:] != self.x_test.shape[1:]:
+            raise ValueError(f"{self.name}: train and test example shapes differ")
+        if not self.input_shape:
+            object.__setattr__(self, "input_shape", tuple(int(s) for s in self.x_train.shape[1:]))
 
     @property
     def input_dim(self) -> int:
-        """Number of input features D."""
-        return int(self.x_train.shape[1])
+        """Number of input features D (the product of ``input_shape``)."""
+        return int(np.prod(self.input_shape, dtype=np.int64)) if self.input_shape else 1
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Per-example class ids for label-skewed sharding (None when examples have no one
+        class, as in language modelling)."""
+        return self.y_train.numpy() if self.y_train.dim() == 1 else None
 
     def __repr__(self) -> str:
         return (
-            f"Dataset({self.name!r}, train={self.x_train.shape[0]}x{self.input_dim}, "
-            f"test={self.x_test.shape[0]}x{self.input_dim}, classes={self.num_classes})"
+            f"Dataset({self.name!r}, {self.kind}, train={tuple(self.x_train.shape)}, "
+            f"test={tuple(self.x_test.shape)}, classes={self.num_classes})"
         )
 
 
@@ -438,4 +466,30 @@ def load_dataset(
         x_test=_normalise(x_te, mean, std),
         y_test=as_y(y_te),
         num_classes=num_classes,
+        input_shape=IMAGE_SHAPES.get(name, ()),
     )
+
+
+IMAGE_SHAPES: dict[str, tuple[int, ...]] = {"fashion-mnist": (1, 28, 28), "digits": (1, 8, 8)}
+"""Images are stored flat; their (channels, height, width) for models that want it."""
+
+
+def _entry_loader(name: str) -> Any:
+    def load(source: DataSource, options: Any, seed: int) -> Dataset:
+        del options
+        return load_dataset(name, source.dir or None, seed=seed,
+                            limit_train=source.limit_train or None,
+                            limit_test=source.limit_test or None, download=source.download)
+
+    return load
+
+
+FASHION_MNIST = DataEntry(
+    name="fashion-mnist", kind="classification", load=_entry_loader("fashion-mnist"),
+    summary="Fashion-MNIST, 60k + 10k 28x28 grey images, 10 classes (Debian dataset-fashion-mnist)")
+DIGITS = DataEntry(
+    name="digits", kind="classification", load=_entry_loader("digits"),
+    summary="scikit-learn's 8x8 digits, 1797 images, 10 classes (bundled, offline)")
+TEACHER = DataEntry(
+    name="teacher", kind="classification", load=_entry_loader("teacher"),
+    summary="synthetic teacher-student task, 32 inputs, 10 classes (exact, for tests)")

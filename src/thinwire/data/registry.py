@@ -1,0 +1,43 @@
+"""The dataset registry's vocabulary: an entry per dataset, where its files come from.
+
+A dataset is one :class:`DataEntry` in its own module, registered by one line in
+:data:`thinwire.data.DATASETS`. Its ``load(source, options, seed)`` returns a
+:class:`~thinwire.data.datasets.Dataset`; ``options`` is an instance of the entry's own options
+dataclass (``[data]`` keys beyond the common ones of :class:`DataSource`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from thinwire.options import NoOptions
+
+if TYPE_CHECKING:
+    from thinwire.data.datasets import Dataset
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where and how much: the ``[data]`` options every dataset shares."""
+
+    dir: str = ""
+    """A directory holding the dataset's files ("" : the loader's standard places)."""
+    download: bool = False
+    """Allow fetching missing files from the canonical source."""
+    limit_train: int = 0
+    """Use only this many training examples (0: all)."""
+    limit_test: int = 0
+    """Use only this many test examples (0: all)."""
+
+
+@dataclass(frozen=True)
+class DataEntry:
+    """One dataset: its name, kind (:data:`~thinwire.data.datasets.KINDS`), loader and options."""
+
+    name: str
+    kind: str
+    load: Callable[[DataSource, Any, int], Dataset]
+    summary: str
+    options: type = NoOptions

@@ -1,0 +1,85 @@
+"""Tasks: the loss a dataset is trained with and the metric it is judged by.
+
+The task follows from the dataset's kind (:data:`~thinwire.data.datasets.KINDS`); methods never
+know it, they call :meth:`Task.loss` on the model's output:
+- ``classification`` and ``node``: cross-entropy on the class logits; metric test accuracy
+  (higher is better), with the mean negative log-likelihood beside it;
+- ``sequence`` (next-token language modelling): cross-entropy over every position of
+  [B, L, V] logits; metric validation perplexity exp(mean NLL per token) (lower is better).
+
+:meth:`Task.evaluate` returns ``{"metric": name, name: value, "nll": mean NLL, ...}``; for
+classification the accuracy is under ``"accuracy"``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from thinwire.data.datasets import Dataset
+
+
+@dataclass(frozen=True)
+class Task:
+    """Loss and metric of one dataset kind."""
+
+    kind: str
+    metric: str
+    """Name of the metric in evaluation records (``accuracy`` or ``perplexity``)."""
+    higher_is_better: bool
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The training loss: mean cross-entropy over examples (and positions)."""
+        if self.kind == "sequence":
+            return F.cross_entropy(output.reshape(-1, output.shape[-1]).float(),
+                                   target.reshape(-1))
+        return F.cross_entropy(output.float(), target)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                 device: torch.device | None = None, batch_size: int = 1000) -> dict[str, float]:
+        """The metric and the mean NLL of ``model`` on (x, y), in eval mode (restored after)."""
+        was_training = model.training
+        model.eval()
+        nll, correct, count = 0.0, 0, 0
+        for i in range(0, len(x), batch_size):
+            xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+            if device is not None:
+                xb, yb = xb.to(device), yb.to(device)
+            out = model(xb).float()
+            if self.kind == "sequence":
+                out = out.reshape(-1, out.shape[-1])
+                yb = yb.reshape(-1)
+            nll += float(F.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(-1) == yb).sum())
+            count += yb.numel()
+        model.train(was_training)
+        mean_nll = nll / max(count, 1) if math.isfinite(nll) else float("inf")
+        out_d: dict[str, float] = {"nll": mean_nll, "accuracy": correct / max(count, 1)}
+        if self.kind == "sequence":
+            out_d["perplexity"] = math.exp(mean_nll) if mean_nll < 700 else float("inf")
+        return out_d
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether metric value ``a`` is better than ``b``."""
+        return a > b if self.higher_is_better else a < b
+
+    def reached(self, value: float, target: float) -> bool:
+        """Whether a metric value meets a target (>= for accuracy, <= for perplexity)."""
+        return value >= target if self.higher_is_better else value <= target
+
+
+TASKS: dict[str, Task] = {
+    "classification": Task("classification", "accuracy", True),
+    "node": Task("node", "accuracy", True),
+    "sequence": Task("sequence", "perplexity", False),
+}
+
+
+def task_for(dataset: Dataset) -> Task:
+    """The task of ``dataset``'s kind."""
+    return TASKS[dataset.kind]

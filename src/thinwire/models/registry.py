@@ -1,0 +1,34 @@
+"""The model registry's vocabulary: one :class:`ModelEntry` per model, in the model's own module.
+
+``build(options, dataset, seed)`` returns the full model with weights drawn from ``seed``
+(identical on every rank); ``options`` is an instance of the entry's options dataclass (the
+``[model]`` keys beyond ``name``). ``data_kinds`` lists the dataset kinds the model accepts
+(a mismatch is a one-line error before any worker starts); ``default_data`` is the dataset used
+when the config names none. ``ist`` builds the model's IST adapter
+(:mod:`thinwire.models.adapter`), None when the model has no IST units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from thinwire.options import NoOptions
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from thinwire.data.datasets import Dataset
+    from thinwire.models.adapter import ISTAdapter
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    summary: str
+    build: Callable[[Any, Dataset, int], nn.Module]
+    data_kinds: tuple[str, ...]
+    default_data: str
+    options: type = NoOptions
+    ist: Callable[[nn.Module], ISTAdapter] | None = None
