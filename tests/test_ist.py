@@ -112,7 +112,7 @@ def test_central_and_sharded_agree() -> None:
 
 
 def test_n1_equals_local_sgd_on_the_full_model() -> None:
-    comm = Comm()  # no process group: world size 1
+    comm = Comm.local()  # no process group: world size 1
     cfg_i, ist, _ = make(comm, **{"train.steps": 12, "train.eval_every": 6, "method.local_steps": 6,
                                   "method.scale": "dropout"})
     cfg_l = load(None, {"method.name": "localsgd", "method.period": "6", "model.hidden": "16,12",

@@ -72,7 +72,7 @@ def test_diloco_reduces_to_local_sgd_and_ranks_agree() -> None:
 
 
 def test_state_dict_round_trip_resumes_exactly() -> None:
-    comm = Comm()  # one process: collectives are local no-ops
+    comm = Comm.local()  # one process: collectives are local no-ops
     cfg = _cfg("diloco", **{"method.compressor": "sign"})
     a, model_a = _build(comm, cfg)
     for step in range(4):

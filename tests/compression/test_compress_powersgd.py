@@ -58,7 +58,7 @@ def test_layout_compresses_matrices_and_sends_vectors_raw() -> None:
 def test_single_rank_average_is_the_projection_with_error_feedback() -> None:
     m, _ = _matrix(lambda j: 0.5 ** j, n=16)
     comp = PowerSGD(2, seed=1)
-    comm = Comm()  # world size 1: no process group, the collectives are local no-ops
+    comm = Comm.local()  # world size 1: no process group, the collectives are local no-ops
     fut, sent = comp.average_async(comm, m.reshape(-1).clone(), 0, shapes=[(16, 16)])
     out = fut.wait().view(16, 16)
     assert sent == 4 * 2 * (16 + 16)

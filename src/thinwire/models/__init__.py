@@ -1,5 +1,17 @@
-"""Reference models."""
+"""Models: a registry of model entries, each in its own module with its options and builder.
+
+``MODELS.get("mlp").build(options, dataset, seed)`` gives the full model, identical on every
+rank for the same seed. Strategies treat models as data: what a method needs to know about a
+model's structure comes from the model's adapters (:mod:`thinwire.models.adapter`).
+"""
 
 from thinwire.models.mlp import MLP, build_mlp
+from thinwire.models.registry import ModelEntry
+from thinwire.options import Registry
 
-__all__ = ["MLP", "build_mlp"]
+MODELS: Registry[ModelEntry] = Registry("model", {
+    "mlp": "thinwire.models.mlp:MODEL",
+})
+"""Every model by name."""
+
+__all__ = ["MLP", "MODELS", "ModelEntry", "build_mlp"]

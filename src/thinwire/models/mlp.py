@@ -18,9 +18,17 @@ Layout: ``layers[i]`` is the i-th Linear (``len(hidden) + 1`` of them), ``norms[
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from thinwire.models.registry import ModelEntry
+from thinwire.options import check, opt
+
+if TYPE_CHECKING:
+    from thinwire.data.datasets import Dataset
 
 
 class MLP(nn.Module):
@@ -69,3 +77,27 @@ def build_mlp(input_dim: int, hidden: Sequence[int], num_classes: int, *, norm: 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return MLP(input_dim, hidden, num_classes, norm=norm, activation=activation)
+
+
+@dataclass(frozen=True)
+class Options:
+    """``[model]`` options of the MLP."""
+
+    hidden: tuple[int, ...] = opt((1024, 1024), "hidden layer widths, e.g. 2048,2048")
+    norm: str = opt("batch", "normalisation after each layer: batch (IST's original: batch "
+                    "statistics, bias-free layers), layer, or none", choices=("batch", "layer", "none"))
+    activation: str = opt("relu", "hidden activation", choices=("relu", "tanh"))
+
+    def __post_init__(self) -> None:
+        check(len(self.hidden) >= 1, "model.hidden", "give at least one hidden width")
+        check(all(h >= 1 for h in self.hidden), "model.hidden", "every width must be >= 1")
+
+
+def _build(options: Options, dataset: Dataset, seed: int) -> MLP:
+    return build_mlp(dataset.input_dim, options.hidden, dataset.num_classes, norm=options.norm,
+                     activation=options.activation, seed=seed)
+
+
+MODEL = ModelEntry(
+    name="mlp", summary="fully connected network (Yuan et al.'s IST architecture)",
+    build=_build, data_kinds=("classification",), default_data="fashion-mnist", options=Options)

@@ -122,19 +122,63 @@ class Ledger:
             return [asdict(e) for e in self.entries]
 
 
+class CommError(RuntimeError):
+    """A communication object used without a process group (the message says what to do)."""
+
+
 class Comm:
     """A process group plus its ledger. Pass it around; nothing here is global.
 
-    ``group=None`` uses the default group. With ``world_size == 1`` and no process group
-    initialised, every call is a local no-op that records nothing (the single-process reference).
+    ``Comm()`` binds to the default process group (or to ``group``) lazily, at its first use, so
+    it may be made before ``torch.distributed.init_process_group``; used with no group
+    initialised by then, it raises :class:`CommError` instead of silently acting as one rank.
+    :meth:`local` is the explicit single-process communicator (world size 1, every call a no-op
+    that records nothing): the single-process reference and one-worker runs.
     """
 
     def __init__(self, group: Any = None, ledger: Ledger | None = None) -> None:
         self.group = group
-        self.distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank(group) if self.distributed else 0
-        self.world_size = dist.get_world_size(group) if self.distributed else 1
-        self.ledger = ledger if ledger is not None else Ledger(self.rank)
+        self._ledger = ledger
+        self._bound: tuple[int, int] | None = None
+        self._local = False
+
+    @classmethod
+    def local(cls, ledger: Ledger | None = None) -> Comm:
+        """A one-rank communicator needing no process group."""
+        c = cls(ledger=ledger)
+        c._local = True
+        c._bound = (0, 1)
+        return c
+
+    def _bind(self) -> tuple[int, int]:
+        if self._bound is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise CommError(
+                    "thinwire.Comm used before torch.distributed.init_process_group: initialise "
+                    "the process group first (torchrun sets the environment for it), or use "
+                    "Comm.local() for a single process")
+            self._bound = (dist.get_rank(self.group), dist.get_world_size(self.group))
+        return self._bound
+
+    @property
+    def rank(self) -> int:
+        return self._bind()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._bind()[1]
+
+    @property
+    def distributed(self) -> bool:
+        """Whether calls go to a process group (False for :meth:`local`)."""
+        self._bind()
+        return not self._local
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            self._ledger = Ledger(self.rank)
+        return self._ledger
 
     # --- bookkeeping -------------------------------------------------------------------------
     def _log(self, op: str, payload: int, peers: str, seconds: float, tag: str,
