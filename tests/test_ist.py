@@ -1,4 +1,8 @@
-"""IST for fully connected networks: the tests of ist.md that catch a wrong implementation."""
+"""IST for fully connected networks: the tests of ist.md that catch a wrong implementation.
+
+Multi-process tests run the trainer's IST strategy (thinwire.run.build_strategy) on forked gloo
+ranks; the user-loop tests drive :class:`thinwire.IST` around plain torch objects.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +10,34 @@ import numpy as np
 import pytest
 import torch
 from harness import run_workers
+from torch import nn
 
 from thinwire.config import load
+from thinwire.data.task import TASKS
+from thinwire.errors import UsageError
 from thinwire.models import build_mlp
+from thinwire.models.adapter import linear_stack
+from thinwire.run import build_strategy
 from thinwire.runtime.comm import Comm
-from thinwire.strategies import Context, build_strategy
+from thinwire.strategies.ist.core import IST
+from thinwire.strategies.ist.method import Options, ist_traffic
 from thinwire.strategies.ist.partition import Partitioner, group_sizes
 
 D, C = 12, 5
+TASK = TASKS["classification"]
 
 
 def make(comm: Comm, **over: object):
     base = {"method.name": "ist", "model.hidden": "16,12", "model.norm": "none",
             "method.scale": "dropout", "method.local_steps": "3", "train.steps": "6",
-            "train.eval_every": "3", "runtime.workers": str(comm.world_size), "train.lr": "0.1"}
+            "train.eval_every": "3", "runtime.workers": str(comm.world_size), "train.lr": "0.1",
+            "data.name": "teacher"}
     base.update({k: str(v) for k, v in over.items()})
     cfg = load(None, base)
-    model = build_mlp(D, cfg.model.hidden, C, norm=cfg.model.norm, seed=0)
+    o = cfg.model.options
+    model = build_mlp(D, o.hidden, C, norm=o.norm, seed=0)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    strat = build_strategy(Context(cfg=cfg, comm=comm, device=torch.device("cpu")), model)
+    strat = build_strategy(cfg, comm, torch.device("cpu"), TASK, model)
     return cfg, strat, init
 
 
@@ -35,8 +48,8 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def one_round(comm: Comm, over: dict) -> dict | None:
     cfg, strat, init = make(comm, **over)
-    for step in range(cfg.method.local_steps):
-        strat.train_step(*batch(comm.rank, step), step)
+    for step in range(cfg.method.options.local_steps):
+        strat.train_step(batch(comm.rank, step), step)
     full = strat.eval_model()
     out = None
     if full is not None:
@@ -92,7 +105,7 @@ def test_blocks_not_handed_out_are_unchanged(deployment: str) -> None:
     res = run_workers(one_round, n, {"method.deployment": deployment})[0]["model"]
     g0, g1 = Partitioner((16, 12), n, seed=0)(0).groups
     w_init, w_after = res["init"]["layers.1.weight"], res["after"]["layers.1.weight"]
-    changed = ~torch.isclose(w_init, w_after, rtol=0, atol=0)
+    changed = w_init != w_after
     for a in range(n):
         for b in range(n):
             block = changed[np.ix_(g1[a], g0[b])]
@@ -112,17 +125,18 @@ def test_central_and_sharded_agree() -> None:
 
 
 def test_n1_equals_local_sgd_on_the_full_model() -> None:
-    comm = Comm.local()  # no process group: world size 1
-    cfg_i, ist, _ = make(comm, **{"train.steps": 12, "train.eval_every": 6, "method.local_steps": 6,
-                                  "method.scale": "dropout"})
+    """One worker holds every unit: IST is plain local training, bit for bit (the shared output
+    bias is copied back, not re-averaged, so no rounding enters)."""
+    comm = Comm.local()
+    _, ist, _ = make(comm, **{"train.steps": 12, "train.eval_every": 6,
+                              "method.local_steps": 6, "method.scale": "dropout"})
     cfg_l = load(None, {"method.name": "localsgd", "method.period": "6", "model.hidden": "16,12",
                         "model.norm": "none", "train.steps": "12", "train.eval_every": "6",
-                        "runtime.workers": "1", "train.lr": "0.1"})
-    loc = build_strategy(Context(cfg=cfg_l, comm=comm, device=torch.device("cpu")),
+                        "runtime.workers": "1", "train.lr": "0.1", "data.name": "teacher"})
+    loc = build_strategy(cfg_l, comm, torch.device("cpu"), TASK,
                          build_mlp(D, (16, 12), C, norm="none", seed=0))
     for step in range(12):
-        x, y = batch(0, step)
-        assert ist.train_step(x, y, step) == loc.train_step(x, y, step)
+        assert ist.train_step(batch(0, step), step) == loc.train_step(batch(0, step), step)
     full = ist.eval_model()
     for (k, v), (k2, v2) in zip(full.state_dict().items(), loc.model.state_dict().items()):
         assert k == k2 and torch.equal(v, v2), k
@@ -130,9 +144,9 @@ def test_n1_equals_local_sgd_on_the_full_model() -> None:
 
 # --- bytes and memory -----------------------------------------------------------------------------
 def subnet_numel(d: int, sizes: list[int], c: int, bias: bool) -> int:
-    """ist.md: d h/n + (L-1) h^2/n^2 + h C/n + per-neuron vectors (+ the shared output bias)."""
+    """ist.md: d h/n + (L-1) h^2/n^2 + h C/n + per-neuron vectors (without the shared bias)."""
     n = d * sizes[0] + sum(a * b for a, b in zip(sizes[1:], sizes[:-1])) + c * sizes[-1]
-    return n + (sum(sizes) + c if bias else 0)
+    return n + (sum(sizes) if bias else 0)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -147,6 +161,24 @@ def test_central_bytes_per_round_match_the_formula(n: int) -> None:
     root = out[0]["by_op"]  # the holder: every other subnet out and back
     assert root["send:subnet"]["sent"] == sum(expected[1:])
     assert root["recv:subnet"]["recv"] == sum(expected[1:])
+    for o in out:  # the shared output bias (C floats): one all-reduce per round
+        assert o["by_op"]["all_reduce:shared"]["payload"] == 4 * C
+
+
+@pytest.mark.parametrize("deployment", ["central", "sharded"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_ledger_equals_the_traffic_formula(n: int, deployment: str) -> None:
+    """The pure traffic function (the planner's) predicts every rank's ledger to the byte."""
+    out = run_workers(one_round, n, {"method.deployment": deployment, "model.hidden": "20,9"})
+    plan = linear_stack(build_mlp(D, (20, 9), C, norm="none", seed=0)).plan
+    o = Options(local_steps=3, deployment=deployment, scale="dropout")
+    want = ist_traffic(plan, o, n, 3, seed=0)
+    for r in range(n):
+        ops = out[r]["by_op"]
+        sent = sum(v["sent"] for v in ops.values())
+        recv = sum(v["recv"] for v in ops.values())
+        payload = sum(v["payload"] for v in ops.values())
+        assert (sent, recv, payload) == (want.sent[r], want.recv[r], want.payload[r]), r
 
 
 def test_sharded_bytes_spread_evenly() -> None:
@@ -167,32 +199,37 @@ def test_memory_report_matches_the_subnet() -> None:
     full = D * 64 + 64 * 64 + 64 * C + 64 + 64 + C
     for j, o in enumerate(out):
         mem = o["mem"]
-        assert mem.param_count == subnet_numel(D, [len(g) for g in part.of(j)], C, bias=True)
+        assert mem.param_count == subnet_numel(D, [len(g) for g in part.of(j)], C, bias=True) + C
         assert mem.grads == 4 * mem.param_count
-        assert mem.stored_count == (full if j == 0 else 0)
+        assert mem.stored_count == (full if j == 0 else C)  # everyone keeps the shared bias
     assert out[1]["mem"].param_count < full / 3
 
 
 # --- optimizer state and hybrid -------------------------------------------------------------------
 def _reindex(comm: Comm, mode: str) -> dict:
-    cfg, strat, _ = make(comm, **{"method.optimizer_state": mode, "train.momentum": 0.9})
+    _, strat, _ = make(comm, **{"method.optimizer_state": mode, "train.momentum": 0.9})
     for step in range(6):
-        strat.train_step(*batch(comm.rank, step), step)
-    stored_state = sum(float(ts[1].abs().sum()) for ts in strat.store if len(ts) > 1)
-    return {"by_op": comm.ledger.by_op(), "state": stored_state}
+        strat.train_step(batch(comm.rank, step), step)
+    stored = sum(float(x.abs().sum()) for d in strat.ist.state_store.values() for x in d.values())
+    return {"by_op": comm.ledger.by_op(), "state": stored}
 
 
 def test_reindexed_momentum_travels_with_the_subnet() -> None:
+    """Two rounds, worker 1 of the central deployment: it sends its subnet up after each round
+    (reindex: with its momentum, twice the bytes) and receives it down at the start of each
+    (reindex: without momentum in round 0, when no state exists yet, with it in round 1)."""
     reset = run_workers(_reindex, 2, "reset")
     reidx = run_workers(_reindex, 2, "reindex")
-    assert reset[1]["by_op"]["send:subnet"]["sent"] * 2 == reidx[1]["by_op"]["send:subnet"]["sent"]
+    r_ops, i_ops = reset[1]["by_op"], reidx[1]["by_op"]
+    assert i_ops["send:subnet"]["sent"] == 2 * r_ops["send:subnet"]["sent"]
+    assert r_ops["recv:subnet"]["recv"] < i_ops["recv:subnet"]["recv"] < 2 * r_ops["recv:subnet"]["recv"]
     assert reidx[0]["state"] > 0 and reset[0]["state"] == 0
 
 
 def _hybrid(comm: Comm) -> dict:
-    cfg, strat, _ = make(comm, **{"method.switch_at": 3, "method.period": 3})
+    _, strat, _ = make(comm, **{"method.switch_at": 3, "method.period": 3})
     for step in range(6):
-        strat.train_step(*batch(comm.rank, step), step)
+        strat.train_step(batch(comm.rank, step), step)
     m = strat.eval_model()
     return {"by_op": comm.ledger.by_op(), "params": None if m is None else
             torch.cat([p.detach().reshape(-1) for p in m.parameters()])}
@@ -201,4 +238,104 @@ def _hybrid(comm: Comm) -> dict:
 def test_hybrid_switches_to_local_sgd() -> None:
     out = run_workers(_hybrid, 2)
     assert "send:switch" in out[0]["by_op"] and "all_reduce:average" in out[0]["by_op"]
-    assert out[0]["params"] is not None
+    assert out[0]["by_op"]["all_reduce:average"]["calls"] == 1
+    assert out[0]["params"] is not None and out[0]["params"].numel() == D * 16 + 16 * 12 + 12 * C + 16 + 12 + C
+
+
+# --- in the user's own loop -----------------------------------------------------------------------
+def _user_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(D, 24), nn.LayerNorm(24), nn.ReLU(), nn.Linear(24, 16, bias=False),
+                         nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, C))
+
+
+def _user_loop(comm: Comm, steps: int, k: int) -> dict:
+    """A user's loop: their Sequential, AdamW, a scheduler, clipping; IST only wraps it."""
+    model = _user_net()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    ist = IST(model, opt, comm=comm, local_steps=k, deployment="sharded")
+    losses = []
+    for step in range(steps):
+        x, y = batch(comm.rank, step)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    full = ist.full_model()
+    out = None if full is None else {k_: v.clone() for k_, v in full.state_dict().items()}
+    return {"losses": losses, "full": out, "groups": [g.name for g in ist.plan.groups]}
+
+
+def test_ist_wraps_a_users_sequential_and_optimizer() -> None:
+    out = run_workers(_user_loop, 2, 8, 4)
+    assert out[0]["groups"] == ["hidden.0", "hidden.1"]
+    full = out[0]["full"]
+    ref = _user_net().state_dict()
+    assert set(full) == set(ref)
+    for k, v in ref.items():
+        assert full[k].shape == v.shape, k
+    assert not torch.equal(full["0.weight"], ref["0.weight"])  # it trained
+    assert out[1]["full"] is None
+
+
+def test_ist_one_worker_equals_plain_training_in_the_users_loop() -> None:
+    """n = 1: the user's loop with IST is the user's loop without it, bit for bit (AdamW's state
+    is reset each round in both: the plain loop recreates its optimizer every K steps)."""
+    res = _user_loop(Comm.local(), 8, 4)
+    model = _user_net()
+    losses = []
+    for step in range(8):
+        if step % 4 == 0:
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01 * 0.5 ** (step // 4))
+        x, y = batch(0, step)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert res["losses"] == losses
+    for k, v in model.state_dict().items():
+        assert torch.equal(res["full"][k], v), k
+
+
+def test_evaluating_mid_round_is_one_clear_error() -> None:
+    model = _user_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ist = IST(model, opt, comm=Comm.local(), local_steps=3)
+    x, y = batch(0, 0)
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    with pytest.raises(UsageError, match="mid-round"):
+        ist.full_model()
+    model.eval()
+    with pytest.raises(UsageError, match="evaluated mid-round"):
+        model(x)
+
+
+def test_a_step_without_a_forward_is_one_clear_error() -> None:
+    model = _user_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    IST(model, opt, comm=Comm.local(), local_steps=3)
+    with pytest.raises(UsageError, match="no forward pass"):
+        opt.step()
+
+
+def test_models_ist_cannot_cut_are_refused_in_one_line() -> None:
+    conv = nn.Sequential(nn.Linear(D, 8), nn.Unflatten(1, (1, 8)), nn.Conv1d(1, 1, 3),
+                         nn.Flatten(), nn.Linear(6, C))
+    with pytest.raises(UsageError, match="Conv1d"):
+        IST(conv, torch.optim.SGD(conv.parameters(), lr=0.1), comm=Comm.local())
+    narrow = nn.Sequential(nn.Linear(D, 3), nn.ReLU(), nn.Linear(3, C))
+    with pytest.raises(UsageError, match="3 units"):
+        IST(narrow, torch.optim.SGD(narrow.parameters(), lr=0.1), comm=_FakeComm(4))
+
+
+class _FakeComm(Comm):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self._bound = (0, n)

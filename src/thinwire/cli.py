@@ -38,6 +38,9 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         prog="thinwire",
         description="Train neural networks across workers joined by thin links.",
     )
+    from thinwire import __version__
+
+    parser.add_argument("--version", action="version", version=f"thinwire {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_) in COMMANDS.items():

@@ -1,23 +1,39 @@
 """Run configuration: frozen dataclasses <- TOML file <- dotted command-line overrides.
 
-Every field carries its help text in ``metadata["help"]`` (shown by ``thinwire train --help``)
-and every section validates itself in ``__post_init__``. A bad value raises :class:`ConfigError`
-(a :class:`~thinwire.errors.UsageError`) whose one-line message names the field and the fix.
-The resolved config is written into the run directory as TOML, so a run can be repeated exactly.
+Sections ``[data] [model] [method] [train] [parallel] [runtime] [run]``. Three of them choose an
+entry of a registry by ``name`` and hold that entry's own options beside the section's common
+ones: ``[data]`` a dataset (:data:`thinwire.data.DATASETS`), ``[model]`` a model
+(:data:`thinwire.models.MODELS`), ``[method]`` a method (:data:`thinwire.strategies.METHODS`).
+Each entry declares its options as a dataclass in its own module, so this module names no
+method, model or dataset; an option the chosen entry does not take is a one-line error naming
+the entries that do.
+
+Every field carries its help text (``metadata["help"]``, shown by ``thinwire train --help``) and
+validates itself; a bad value raises :class:`ConfigError` (a :class:`~thinwire.errors.UsageError`)
+whose one-line message names the field and the fix. The resolved config is written into the run
+directory as TOML and reads back to the same :class:`Config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
-import types
-import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
+from thinwire.options import (
+    NoOptions,
+    OptionError,
+    Registry,
+    build_options,
+    check,
+    iter_fields,
+    opt,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,56 +41,42 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(UsageError):
-    """An invalid configuration value; the message names the field and the fix."""
-
-
-def opt(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with its help text (the per-field docstring)."""
-    if isinstance(default, (list, dict, set)):
-        raise TypeError("use tuples for defaults")
-    return field(default=default, metadata={"help": help, **kw})
-
-
-def _check(cond: bool, name: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"{name}: {msg}")
-
-
-METHODS = ("dp", "localsgd", "diloco", "ist")
-COMPRESSORS = ("none", "topk", "randk", "qsgd", "int8", "fp16", "bf16", "sign", "powersgd")
+ConfigError = OptionError
+"""An invalid configuration value; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: str = opt("fashion-mnist", "dataset: fashion-mnist, digits or teacher (synthetic)")
-    dir: str = opt("", "directory holding the dataset files (empty: the standard places)")
+    name: str = opt("", "dataset (empty: the model's default dataset)")
+    dir: str = opt("", "directory holding the dataset's files (empty: the standard places; when "
+                   "given, only this directory is searched)")
     download: bool = opt(False, "download a missing dataset from its canonical source")
-    shard: str = opt("iid", "per-worker shards: iid or skew (label-skewed, heterogeneous)")
-    skew: float = opt(0.0, "with shard=skew: fraction of each class kept on its home worker, 0..1")
+    shard: str = opt("iid", "per-worker shards: iid, or skew (label-skewed, heterogeneous)",
+                     choices=("iid", "skew"))
+    skew: float = opt(0.0, "with --data.shard skew: fraction of each class kept on its home "
+                      "worker, 0..1")
     limit_train: int = opt(0, "use only this many training examples (0: all)")
     limit_test: int = opt(0, "use only this many test examples (0: all)")
+    options: Any = field(default_factory=NoOptions, metadata={"entry_options": True})
 
     def __post_init__(self) -> None:
-        _check(self.shard in ("iid", "skew"), "data.shard", f"got {self.shard!r}; use iid or skew")
-        _check(0.0 <= self.skew <= 1.0, "data.skew", f"got {self.skew}; use a value in [0, 1]")
-        _check(self.limit_train >= 0, "data.limit_train", "must be >= 0 (0 means all)")
-        _check(self.limit_test >= 0, "data.limit_test", "must be >= 0 (0 means all)")
+        check(0.0 <= self.skew <= 1.0, "data.skew", f"got {self.skew}; use a value in [0, 1]")
+        check(self.shard == "skew" or self.skew == 0.0, "data.skew",
+              "is used only with --data.shard skew; add --data.shard skew or drop --data.skew")
+        check(self.limit_train >= 0, "data.limit_train", "must be >= 0 (0 means all)")
+        check(self.limit_test >= 0, "data.limit_test", "must be >= 0 (0 means all)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    hidden: tuple[int, ...] = opt((1024, 1024), "hidden layer widths of the MLP, e.g. 2048,2048")
-    norm: str = opt("batch", "normalisation after each layer: batch (IST's original), layer or none")
-    activation: str = opt("relu", "hidden activation: relu or tanh")
+    name: str = opt("mlp", "model")
+    options: Any = field(default_factory=NoOptions, metadata={"entry_options": True})
 
-    def __post_init__(self) -> None:
-        _check(len(self.hidden) >= 1, "model.hidden", "give at least one hidden width")
-        _check(all(h >= 1 for h in self.hidden), "model.hidden", "every width must be >= 1")
-        _check(self.norm in ("batch", "layer", "none"), "model.norm",
-               f"got {self.norm!r}; use batch, layer or none")
-        _check(self.activation in ("relu", "tanh"), "model.activation",
-               f"got {self.activation!r}; use relu or tanh")
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str = opt("dp", "method of distributed training")
+    options: Any = field(default_factory=NoOptions, metadata={"entry_options": True})
 
 
 @dataclass(frozen=True)
@@ -84,126 +86,107 @@ class TrainConfig:
     lr: float = opt(0.05, "learning rate")
     momentum: float = opt(0.0, "SGD momentum")
     weight_decay: float = opt(0.0, "weight decay")
-    optimizer: str = opt("sgd", "local optimizer: sgd or adamw")
-    schedule: str = opt("constant", "learning-rate schedule: constant or cosine")
+    optimizer: str = opt("sgd", "local optimizer", choices=("sgd", "adamw"))
+    schedule: str = opt("constant", "learning-rate schedule", choices=("constant", "cosine"))
+    clip_norm: float = opt(0.0, "clip the gradient norm to this value before each step (0: off)")
     eval_every: int = opt(100, "evaluate the full model every this many steps (0: only at the end)")
     log_every: int = opt(10, "write a metrics record every this many steps")
     seed: int = opt(0, "seed of the model, the data order and every shared random draw")
 
     def __post_init__(self) -> None:
-        _check(self.steps >= 1, "train.steps", "must be >= 1")
-        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
-        _check(self.lr >= 0, "train.lr", "must be >= 0")
-        _check(0 <= self.momentum < 1, "train.momentum", "must be in [0, 1)")
-        _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
-        _check(self.optimizer in ("sgd", "adamw"), "train.optimizer",
-               f"got {self.optimizer!r}; use sgd or adamw")
-        _check(self.schedule in ("constant", "cosine"), "train.schedule",
-               f"got {self.schedule!r}; use constant or cosine")
-        _check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
-        _check(self.log_every >= 1, "train.log_every", "must be >= 1")
+        check(1 <= self.steps <= 10**12, "train.steps", "must be in [1, 10**12]")
+        check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        check(0 <= self.lr <= 1e6, "train.lr", "must be in [0, 1e6]")
+        check(0 <= self.momentum < 1, "train.momentum", "must be in [0, 1)")
+        check(0 <= self.weight_decay <= 1e6, "train.weight_decay", "must be in [0, 1e6]")
+        check(self.clip_norm >= 0, "train.clip_norm", "must be >= 0 (0: off)")
+        check(self.eval_every >= 0, "train.eval_every", "must be >= 0")
+        check(self.log_every >= 1, "train.log_every", "must be >= 1")
+        check(0 <= self.seed < 2**63, "train.seed", "must be in [0, 2**63)")
 
 
 @dataclass(frozen=True)
-class MethodConfig:
-    name: str = opt("dp", "method: " + ", ".join(METHODS))
-    period: int = opt(10, "localsgd/diloco: local steps between averaging (H)")
-    local_steps: int = opt(10, "ist: local steps per round (K)")
-    deployment: str = opt("central", "ist: central (rank 0 holds the model) or sharded")
-    scale: str = opt("batchnorm", "ist: activation scale: batchnorm (batch statistics) or dropout")
-    optimizer_state: str = opt("reset", "ist: optimizer state at repartition: reset or reindex")
-    switch_at: int = opt(0, "ist: hybrid schedule, switch to local SGD at this step (0: never)")
-    outer_lr: float = opt(0.7, "diloco: outer Nesterov learning rate")
-    outer_momentum: float = opt(0.9, "diloco: outer Nesterov momentum")
-    compressor: str = opt("none", "gradient compressor for dp: " + ", ".join(COMPRESSORS))
-    ratio: float = opt(0.01, "topk/randk: fraction of elements kept")
-    levels: int = opt(16, "qsgd: quantization levels s")
-    rank: int = opt(2, "powersgd: rank r")
-    error_feedback: bool = opt(True, "keep the compression residual and add it back (EF)")
+class ParallelConfig:
+    pp: int = opt(1, "pipeline-parallel degree (stages); data-parallel degree = workers / (pp tp)")
+    tp: int = opt(1, "tensor-parallel degree")
 
     def __post_init__(self) -> None:
-        _check(self.name in METHODS, "method.name", f"got {self.name!r}; use one of {', '.join(METHODS)}")
-        _check(self.period >= 1, "method.period", "must be >= 1")
-        _check(self.local_steps >= 1, "method.local_steps", "must be >= 1")
-        _check(self.deployment in ("central", "sharded"), "method.deployment",
-               f"got {self.deployment!r}; use central or sharded")
-        _check(self.scale in ("batchnorm", "dropout"), "method.scale",
-               f"got {self.scale!r}; use batchnorm or dropout")
-        _check(self.optimizer_state in ("reset", "reindex"), "method.optimizer_state",
-               f"got {self.optimizer_state!r}; use reset or reindex")
-        _check(self.switch_at >= 0, "method.switch_at", "must be >= 0")
-        _check(self.compressor in COMPRESSORS, "method.compressor",
-               f"got {self.compressor!r}; use one of {', '.join(COMPRESSORS)}")
-        _check(0 < self.ratio <= 1, "method.ratio", "must be in (0, 1]")
-        _check(self.levels >= 1, "method.levels", "must be >= 1")
-        _check(self.rank >= 1, "method.rank", "must be >= 1")
-
-    @property
-    def sync_every(self) -> int:
-        """Steps between points where every worker holds the same full model."""
-        if self.name in ("localsgd", "diloco"):
-            return self.period
-        if self.name == "ist":
-            return self.local_steps
-        return 1
+        check(self.pp >= 1, "parallel.pp", "must be >= 1")
+        check(self.tp >= 1, "parallel.tp", "must be >= 1")
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     workers: int = opt(4, "number of local worker processes")
-    backend: str = opt("auto", "torch.distributed backend: auto (nccl on CUDA, else gloo), gloo or nccl")
-    device: str = opt("auto", "auto (cuda when available), cpu or cuda")
-    timeout_s: float = opt(120.0, "collective timeout: a dead or stuck worker ends the job after this")
+    backend: str = opt("auto", "torch.distributed backend (auto: nccl on CUDA, else gloo)",
+                       choices=("auto", "gloo", "nccl"))
+    device: str = opt("auto", "device (auto: cuda when available)", choices=("auto", "cpu", "cuda"))
+    timeout_s: float = opt(120.0, "a dead or stuck worker ends the job after this many seconds")
     threads: int = opt(0, "torch threads per worker (0: cores / workers, at least 1)")
+    max_restarts: int = opt(0, "restart the workers this many times after a failure, resuming "
+                            "from the newest complete checkpoint")
 
     def __post_init__(self) -> None:
-        _check(self.workers >= 1, "runtime.workers", "must be >= 1")
-        _check(self.backend in ("auto", "gloo", "nccl"), "runtime.backend",
-               f"got {self.backend!r}; use auto, gloo or nccl")
-        _check(self.device in ("auto", "cpu", "cuda"), "runtime.device",
-               f"got {self.device!r}; use auto, cpu or cuda")
-        _check(self.timeout_s > 0, "runtime.timeout_s", "must be > 0")
-        _check(self.threads >= 0, "runtime.threads", "must be >= 0")
+        check(1 <= self.workers <= 1024, "runtime.workers", "must be in [1, 1024]")
+        check(0 < self.timeout_s <= 7 * 24 * 3600, "runtime.timeout_s",
+              "must be in (0, 604800] seconds")
+        check(0 <= self.threads <= 1024, "runtime.threads", "must be in [0, 1024]")
+        check(0 <= self.max_restarts <= 100, "runtime.max_restarts", "must be in [0, 100]")
 
 
 @dataclass(frozen=True)
 class RunConfig:
     out: str = opt("runs", "parent directory of run directories")
-    name: str = opt("", "run directory name (empty: the method's name)")
+    name: str = opt("", "run directory name, a plain name (empty: the method's name)")
     checkpoint_every: int = opt(0, "checkpoint every this many steps (0: only at the end)")
-    resume: bool = opt(False, "continue from the newest checkpoint in the run directory")
+    resume: bool = opt(False, "continue from the newest complete checkpoint in the run directory")
+    overwrite: bool = opt(False, "replace an existing run directory of the same name")
     progress: bool = opt(True, "show a progress bar on rank 0")
 
     def __post_init__(self) -> None:
-        _check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
+        check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
+        check(not (self.resume and self.overwrite), "run.overwrite",
+              "cannot be combined with --resume; choose one")
+        check(self.name == "" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}", self.name)
+              is not None, "run.name",
+              f"{self.name!r} is not a plain name; use letters, digits and . _ - + = @ "
+              "(no path separators, not . or ..)")
 
 
 @dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
     method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        sync = self.method.sync_every
+        sync = self.sync_every
         for name, every in (("train.steps", self.train.steps),
                             ("train.eval_every", self.train.eval_every),
                             ("run.checkpoint_every", self.run.checkpoint_every)):
-            _check(every % sync == 0, name,
-                   f"{every} is not a multiple of {sync}, the steps between synchronisations "
-                   f"of {self.method.name}; use a multiple of {sync}")
-        if self.method.name == "ist":
-            _check(min(self.model.hidden) >= self.runtime.workers, "model.hidden",
-                   f"IST cuts each hidden layer into {self.runtime.workers} groups; "
-                   f"use widths >= {self.runtime.workers}")
-            _check(self.method.scale != "batchnorm" or self.model.norm == "batch", "method.scale",
-                   "batchnorm scaling needs --model.norm batch; with other norms use "
-                   "--method.scale dropout")
-            _check(self.method.switch_at % self.method.local_steps == 0, "method.switch_at",
-                   f"must be a multiple of method.local_steps ({self.method.local_steps})")
+            check(every % sync == 0, name,
+                  f"{every} is not a multiple of {sync}, the steps between synchronisations "
+                  f"of {self.method.name}; use a multiple of {sync}")
+        mp = self.parallel.pp * self.parallel.tp
+        check(self.runtime.workers % mp == 0, "parallel",
+              f"pp x tp = {mp} must divide runtime.workers ({self.runtime.workers})")
+        model = models().get(self.model.name)
+        data_kind = datasets().get(self.data.name).kind
+        check(data_kind in model.data_kinds, "data.name",
+              f"model {self.model.name} trains on {' or '.join(model.data_kinds)} data, but "
+              f"{self.data.name} is {data_kind} data; use e.g. --data.name {model.default_data}")
+        entry = methods().get(self.method.name)
+        if entry.check is not None:
+            entry.check(self)
+
+    @property
+    def sync_every(self) -> int:
+        """Steps between points where every worker holds the same full model."""
+        return methods().get(self.method.name).sync_every(self.method.options)
 
     @property
     def run_name(self) -> str:
@@ -213,91 +196,138 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.run.out) / self.run_name
 
+    @property
+    def dp_degree(self) -> int:
+        return self.runtime.workers // (self.parallel.pp * self.parallel.tp)
+
+
+# --- registries of the choice sections --------------------------------------------------------
+def datasets() -> Registry[Any]:
+    from thinwire.data import DATASETS
+
+    return DATASETS
+
+
+def models() -> Registry[Any]:
+    from thinwire.models import MODELS
+
+    return MODELS
+
+
+def methods() -> Registry[Any]:
+    from thinwire.strategies import METHODS
+
+    return METHODS
+
+
+CHOICES: dict[str, Any] = {"data": datasets, "model": models, "method": methods}
+"""Sections that choose a registry entry by ``name``: section -> its registry."""
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
 
 
-def iter_options() -> Iterator[tuple[str, dataclasses.Field[Any], type]]:
-    """Every (dotted name, field, section class) of the config, in declaration order."""
+def common_fields(section: str) -> list[dataclasses.Field[Any]]:
+    """The fields of a section that every entry shares (``options`` excluded)."""
+    return [f for f in dataclasses.fields(SECTIONS[section]) if not f.metadata.get("entry_options")]
+
+
+def iter_options() -> Iterator[tuple[str, dataclasses.Field[Any], Any, tuple[str, ...]]]:
+    """Every option: (dotted name, field, type, entries that take it — empty for common ones).
+
+    An entry option several entries declare (``method.period``) is listed once, with the first
+    declaration's field."""
     for section, cls in SECTIONS.items():
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            yield f"{section}.{f.name}", f, hints[f.name]
+        for f, typ in iter_fields(cls):
+            if not f.metadata.get("entry_options"):
+                yield f"{section}.{f.name}", f, typ, ()
+        if section in CHOICES:
+            seen: dict[str, tuple[dataclasses.Field[Any], Any, list[str]]] = {}
+            for name, entry in CHOICES[section]().entries():
+                for f, typ in iter_fields(entry.options):
+                    seen.setdefault(f.name, (f, typ, []))[2].append(name)
+            for key, (f, typ, owners) in seen.items():
+                yield f"{section}.{key}", f, typ, tuple(owners)
 
 
-def _coerce(name: str, typ: Any, value: Any) -> Any:
-    """Convert a TOML or command-line value to the field's type, or fail naming the field."""
-    origin = typing.get_origin(typ)
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.replace(" ", "").split(",") if v]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}: expected a list such as 1024,1024, got {value!r}")
-        (inner, *_rest) = typing.get_args(typ)
-        return tuple(_coerce(name, inner, v) for v in value)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(typ) if a is not type(None)][0]
-        return _coerce(name, inner, value)
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{name}: expected true or false, got {value!r}")
-    if typ in (int, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"{name}: expected a number, got {value!r}")
-        try:
-            if typ is int:
-                if isinstance(value, float) and not value.is_integer():
-                    raise ValueError
-                return int(value)
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected {'an integer' if typ is int else 'a number'}, "
-                              f"got {value!r}") from None
-    if typ is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{name}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config type {typ} for {name}")
+def _entry_options(section: str, name: str, values: Mapping[str, Any]) -> Any:
+    registry = CHOICES[section]()
+    entry = registry.get(name)
+    known = {f.name for f in dataclasses.fields(entry.options)}
+    for key in values:
+        if key not in known:
+            owners = [n for n, e in registry.entries()
+                      if key in {f.name for f in dataclasses.fields(e.options)}]
+            if owners:
+                raise ConfigError(f"{section}.{key} is an option of {section} "
+                                  f"{', '.join(owners)}, not of {name}; drop it or choose "
+                                  f"--{section}.name {owners[0]}")
+            listing = ", ".join(sorted(known)) or "none"
+            raise ConfigError(f"unknown option {section}.{key}; {section} {name} takes: {listing}")
+    return build_options(entry.options, values, section, owner=f"{section} {name}")
+
+
+def _build_section(section: str, content: Mapping[str, Any]) -> Any:
+    cls = SECTIONS[section]
+    common = {f.name: f for f in common_fields(section)}
+    own = {k: v for k, v in content.items() if k in common}
+    rest = {k: v for k, v in content.items() if k not in common}
+    if section not in CHOICES:
+        if rest:
+            key = next(iter(rest))
+            raise ConfigError(f"unknown option {section}.{key}; known in [{section}]: "
+                              f"{', '.join(sorted(common))}")
+        return build_options(cls, own, section)
+    base = build_options(cls, own, section)
+    if section == "data" and not base.name:
+        return base  # resolved once the model is known (its default dataset)
+    return dataclasses.replace(base, options=_entry_options(section, base.name, rest))
 
 
 def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
-    """A validated Config from nested ``{section: {field: value}}``; unknown keys are errors."""
-    sections: dict[str, Any] = {}
+    """A validated Config from nested ``{section: {option: value}}``; unknown keys are errors."""
     for section, content in values.items():
         if section not in SECTIONS:
             raise ConfigError(f"unknown section [{section}]; known: {', '.join(SECTIONS)}")
         if not isinstance(content, Mapping):
             raise ConfigError(f"{section}: expected a table of options")
-    for section, cls in SECTIONS.items():
-        content = dict(values.get(section, {}))
-        hints = typing.get_type_hints(cls)
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in content:
-            if key not in known:
-                raise ConfigError(f"unknown option {section}.{key}; known in [{section}]: "
-                                  f"{', '.join(sorted(known))}")
-        kwargs = {k: _coerce(f"{section}.{k}", hints[k], v) for k, v in content.items()}
-        sections[section] = cls(**kwargs)
+    sections = {s: _build_section(s, values.get(s, {})) for s in SECTIONS}
+    if not sections["data"].name:  # the model's default dataset
+        content = dict(values.get("data", {}))
+        content["name"] = models().get(sections["model"].name).default_data
+        sections["data"] = _build_section("data", content)
     return Config(**sections)
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    return {s: dataclasses.asdict(getattr(cfg, s)) for s in SECTIONS}
+    """Nested plain values; a choice section's entry options sit beside its common ones."""
+    out: dict[str, dict[str, Any]] = {}
+    for section in SECTIONS:
+        value = getattr(cfg, section)
+        d = {f.name: getattr(value, f.name) for f in common_fields(section)}
+        if section in CHOICES:
+            d.update(dataclasses.asdict(value.options))
+        out[section] = d
+    return out
 
 
-def merge(base: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Apply ``{"train.lr": "0.05"}`` style overrides on nested values."""
-    out = {s: dict(v) for s, v in base.items()}
+def merge(base: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, Any]
+          ) -> dict[str, dict[str, Any]]:
+    """Apply ``{"train.lr": "0.05"}`` style overrides on nested values.
+
+    Choosing another entry (``model.name``) drops the file's options of the previous entry."""
+    out = {s: dict(v) if isinstance(v, Mapping) else v for s, v in base.items()}
     for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
         if not key:
             raise ConfigError(f"override {dotted!r}: use SECTION.OPTION, e.g. train.lr")
-        out.setdefault(section, {})[key] = value
+        target = out.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{section}: expected a table of options")
+        if key == "name" and section in CHOICES and target.get("name", value) != value:
+            common = {f.name for f in common_fields(section)} if section in SECTIONS else set()
+            for k in [k for k in target if k not in common]:
+                del target[k]
+        target[key] = value
     return out
 
 
@@ -306,9 +336,13 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {p} not found; pass an existing TOML file to --config")
     try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {p}: invalid TOML ({exc}); fix the syntax") from None
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"config file {p}: not valid TOML ({first}); fix the file") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {p}: cannot be read ({exc.strerror}); check its "
+                          "permissions") from None
 
 
 def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
@@ -339,16 +373,29 @@ def dumps(cfg: Config) -> str:
     return "\n".join(lines)
 
 
-def add_override_options(parser: Any, skip: Sequence[str] = ()) -> None:
-    """Add one ``--section.option`` argument per config field, with its help and default."""
-    for dotted, f, _typ in iter_options():
-        if dotted in skip:
-            continue
-        default = f.default
-        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        parser.add_argument(f"--{dotted}", dest=f"cfg:{dotted}", default=None, metavar="V",
-                            help=f"{f.metadata['help']} (default: {shown})")
+def label(cfg: Config) -> str:
+    """A short human name: the method's label plus train and model options that differ from
+    their defaults and change what is trained (e.g. ``ist(K=10,central) [lr=0.1, norm=layer]``)."""
+    name = methods().get(cfg.method.name).label_of(cfg.method.options)
+    extras = []
+    defaults = TrainConfig()
+    for key in ("lr", "schedule", "optimizer", "momentum"):
+        value = getattr(cfg.train, key)
+        if value != getattr(defaults, key):
+            extras.append(f"{key}={value:g}" if isinstance(value, float) else str(value))
+    mdefaults = type(cfg.model.options)()
+    for f in dataclasses.fields(cfg.model.options):
+        value = getattr(cfg.model.options, f.name)
+        if value != getattr(mdefaults, f.name):
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            extras.append(f"{f.name}={shown}")
+    if cfg.model.name != ModelConfig().name:
+        name = f"{cfg.model.name}:{name}"
+    return name + (f" [{', '.join(extras)}]" if extras else "")
 
 
-def overrides_from_args(args: Any) -> dict[str, Any]:
-    return {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:") and v is not None}
+__all__ = [
+    "Config", "ConfigError", "DataConfig", "MethodConfig", "ModelConfig", "ParallelConfig",
+    "RunConfig", "RuntimeConfig", "TrainConfig", "UsageError", "build", "dumps", "iter_options",
+    "label", "load", "merge", "read_toml", "to_dict",
+]

@@ -24,12 +24,13 @@ class WorkerFailed(RuntimeError):
     """A worker exited with an error; the message names the rank and the cause."""
 
 
-def launch(run_dir: Path, workers: int, *, env: dict[str, str] | None = None) -> None:
+def launch(run_dir: Path, workers: int, *, env: dict[str, str] | None = None,
+           max_restarts: int = 0) -> None:
     config_path = run_dir / "config.toml"
     cfg = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=workers, run_id=uuid.uuid4().hex[:12],
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        max_restarts=0, monitor_interval=0.2, start_method="spawn",
+        max_restarts=max_restarts, monitor_interval=0.2, start_method="spawn",
         log_line_prefix_template=None,
     )
     old = {k: os.environ.get(k) for k in (env or {})}

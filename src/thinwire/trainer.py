@@ -1,16 +1,21 @@
-"""The training loop, the same for every strategy.
+"""The training loop, the same for every method, model and task.
 
-For each step: 1. take this worker's batch of the step (a pure function of seed, rank, step);
-2. ``strategy.train_step``; 3. every ``log_every`` steps rank 0 writes a metrics record
-(compute time = step time - time inside communication calls, from the ledger); 4. at evaluation
-points every rank calls ``strategy.eval_model`` and rank 0 evaluates the full model on the test
-set; 5. at checkpoint points every rank saves its state atomically. At the end the ledgers and
-memory reports of all ranks are gathered (tagged control) into ``summary.json``.
+For each step: 1. take this worker's batch of the step (a pure function of seed, shard, step);
+2. ``strategy.train_step``; a non-finite loss stops the run with a one-line error (the last
+complete checkpoint is kept); 3. every ``log_every`` steps the loss rank writes a metrics record
+(compute time = step time - time inside communication calls, from the ledger); 4. at
+evaluation points every rank calls ``strategy.eval_model`` and the rank holding the full model
+evaluates it with the task's metric; 5. at checkpoint points every rank saves its state
+atomically. At the end the ledgers and memory reports of all ranks are gathered (tagged
+control) into ``summary.json``, and the final model is exported to ``model.pt`` (batch-statistics
+norms recalibrated so it predicts single samples: :mod:`thinwire.models.norms`).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -18,49 +23,41 @@ from typing import Any
 import torch
 
 from thinwire import checkpoint
-from thinwire.config import Config, ModelConfig, TrainConfig, to_dict
-from thinwire.data import BatchStream, Dataset, load_dataset, shard_indices
-from thinwire.metrics import JsonlWriter, evaluate
-from thinwire.models import build_mlp
+from thinwire.config import Config, label, to_dict
+from thinwire.data.task import task_for
+from thinwire.errors import UsageError
+from thinwire.metrics import JsonlWriter
+from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
+from thinwire.run import build_mesh, build_model, build_strategy, load_data, make_stream
 from thinwire.runtime.comm import Comm
-from thinwire.strategies import Context, Strategy, build_strategy
 from thinwire.strategies.base import lr_at
 
-
-def load_data(cfg: Config) -> Dataset:
-    d = cfg.data
-    return load_dataset(d.name, d.dir or None, seed=cfg.train.seed,
-                        limit_train=d.limit_train or None, limit_test=d.limit_test or None,
-                        download=d.download)
+RECALIBRATION_BATCHES = 20
 
 
-def make_stream(cfg: Config, ds: Dataset, rank: int, world: int) -> BatchStream:
-    idx = shard_indices(ds.y_train.numpy(), rank, world, mode=cfg.data.shard,
-                        skew=cfg.data.skew if cfg.data.shard == "skew" else 0.0,
-                        seed=cfg.train.seed)
-    return BatchStream(ds.x_train, ds.y_train, idx, cfg.train.batch_size,
-                       seed=cfg.train.seed, rank=rank)
-
-
-def build(cfg: Config, comm: Comm, device: torch.device, ds: Dataset) -> Strategy:
-    model = build_mlp(ds.input_dim, cfg.model.hidden, ds.num_classes, norm=cfg.model.norm,
-                      activation=cfg.model.activation, seed=cfg.train.seed)
-    return build_strategy(Context(cfg=cfg, comm=comm, device=device), model)
+class NonFiniteLoss(UsageError):
+    """The training loss became inf or nan."""
 
 
 class Trainer:
     def __init__(self, cfg: Config, comm: Comm, device: torch.device, run_dir: Path) -> None:
         self.cfg, self.comm, self.device, self.run_dir = cfg, comm, device, run_dir
         self.ds = load_data(cfg)
-        self.stream = make_stream(cfg, self.ds, comm.rank, comm.world_size)
-        self.strategy = build(cfg, comm, device, self.ds)
+        self.task = task_for(self.ds)
+        model = build_model(cfg, self.ds)
+        self.strategy = build_strategy(cfg, comm, device, self.task, model,
+                                       build_mesh(cfg, comm, device))
+        self.shard, self.shards = self.strategy.data_shard()
+        self.stream = make_stream(cfg, self.ds, self.shard, self.shards)
         self.start = 0
         self.carry = {"wall_s": 0.0, "sent_bytes": 0.0, "payload_bytes": 0.0, "recv_bytes": 0.0}
         if cfg.run.resume:
             self._resume()
+        logs = comm.rank == self.strategy.loss_rank
         self.writer = (JsonlWriter(run_dir / "metrics.jsonl",
                                    resume_step=self.start if cfg.run.resume else None)
-                       if comm.rank == 0 else None)
+                       if logs else None)
+        self.final_model: Any = None
 
     # --- resume ------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -92,8 +89,10 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             mark = comm.ledger.mark()
             t0 = time.perf_counter()
-            loss = self.strategy.train_step(x, y, step)
+            loss = self.strategy.train_step((x, y), step)
             dt = time.perf_counter() - t0
+            if not math.isfinite(loss):
+                raise NonFiniteLoss(self._nonfinite(loss, step))
             comm_s = float(comm.ledger.totals(since=mark)["comm_seconds"])
             wall += dt
             acc_compute += max(dt - comm_s, 0.0)
@@ -105,9 +104,9 @@ class Trainer:
                                    "compute_s": acc_compute, "comm_s": acc_comm, "wall_s": wall,
                                    **self._counters()})
             if done % eval_every == 0 or done == steps:
-                last_eval = self._evaluate(done, wall) or last_eval
+                last_eval = self._evaluate(done, wall, final=done == steps) or last_eval
                 if bar is not None:
-                    bar.set_postfix(acc=f"{last_eval.get('accuracy', 0):.3f}")
+                    bar.set_postfix({self.task.metric[:4]: f"{last_eval.get(self.task.metric, 0):.3f}"})
             if self._checkpoint_due(done):
                 self._save(done, wall)
             if bar is not None:
@@ -119,6 +118,13 @@ class Trainer:
             self.writer.close()
         self.strategy.close()
         return summary
+
+    def _nonfinite(self, loss: float, step: int) -> str:
+        kept = checkpoint.latest_step(self.run_dir)
+        where = (f"the last complete checkpoint (step {kept}) is kept" if kept is not None
+                 else "no checkpoint was written")
+        return (f"train: the loss became {loss} at step {step} on rank {self.comm.rank}; lower "
+                f"--train.lr (now {self.cfg.train.lr:g}) or set --train.clip_norm; {where}")
 
     def _progress(self) -> Any:
         if self.comm.rank != 0 or not self.cfg.run.progress:
@@ -132,16 +138,21 @@ class Trainer:
         every = self.cfg.run.checkpoint_every
         return (every > 0 and done % every == 0) or done == self.cfg.train.steps
 
-    def _evaluate(self, step: int, wall: float) -> dict[str, float]:
+    def _evaluate(self, step: int, wall: float, *, final: bool = False) -> dict[str, float]:
         model = self.strategy.eval_model()  # every rank: a sharded strategy assembles here
         counters = self._counters()
         per_rank = self.comm.gather_floats([counters["sent_bytes"], counters["payload_bytes"]])
-        if model is None or self.writer is None:
+        if model is None:
             return {}
-        result = evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device)
+        result = self.task.evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device)
+        if final:
+            self.final_model = model
+        if self.writer is None:
+            return result
         sent = [r[0] for r in per_rank]
-        self.writer.write({"kind": "eval", "step": step, **result, "wall_s": wall,
-                           "sent_bytes": sum(sent) / len(sent), "sent_bytes_max": max(sent),
+        self.writer.write({"kind": "eval", "step": step, "metric": self.task.metric, **result,
+                           "wall_s": wall, "sent_bytes": sum(sent) / len(sent),
+                           "sent_bytes_max": max(sent),
                            "payload_bytes": sum(r[1] for r in per_rank) / len(per_rank)})
         return result
 
@@ -154,6 +165,18 @@ class Trainer:
             checkpoint.mark_complete(self.run_dir, step, self.comm.world_size)
         self.comm.barrier()
 
+    def _export(self) -> None:
+        """The final model to ``model.pt`` (rank holding it), batch statistics recalibrated."""
+        model = self.final_model
+        if model is None:
+            return
+        if uses_batch_statistics(model):
+            batches = (self.stream.batch(s)[0] for s in range(RECALIBRATION_BATCHES))
+            recalibrate_batchnorm(model, batches)
+        buf = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
+        checkpoint.atomic_write_bytes(self.run_dir / "model.pt", buf.getvalue())
+
     def _summary(self, wall: float, compute: float, comm_s: float,
                  last_eval: dict[str, float]) -> dict[str, Any]:
         c = self._counters()
@@ -161,9 +184,12 @@ class Trainer:
         rows = self.comm.gather_floats([c["sent_bytes"], c["payload_bytes"], c["recv_bytes"],
                                         mem.params, mem.grads, mem.optimizer, mem.param_count,
                                         mem.stored_count])
+        self._export()
         cfg = self.cfg
         summary = {
-            "method": cfg.method.name, "label": label(cfg), "run": cfg.run_name,
+            "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name,
+            "label": label(cfg), "run": cfg.run_name, "metric": self.task.metric,
+            "higher_is_better": self.task.higher_is_better,
             "workers": self.comm.world_size, "steps": cfg.train.steps,
             "final": last_eval, "wall_s": wall, "compute_s": compute, "comm_s": comm_s,
             "bytes": {
@@ -183,31 +209,10 @@ class Trainer:
             },
             "config": to_dict(cfg),
         }
-        if self.comm.rank == 0:
+        if self.writer is not None:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         ledger = self.comm.ledger
         (self.run_dir / f"ledger.rank{self.comm.rank}.json").write_text(json.dumps(
             {"by_op": ledger.by_op(), "totals": ledger.totals(),
              "totals_with_control": ledger.totals(include_control=True)}, indent=1))
         return summary
-
-
-def label(cfg: Config) -> str:
-    """A short human name: the method, its main parameter, and options that differ from the
-    defaults and change what is trained (learning rate, schedule, norm, IST's scaling)."""
-    m, t = cfg.method, cfg.train
-    if m.name == "dp":
-        name = "dp" if m.compressor == "none" else f"dp+{m.compressor}"
-    elif m.name in ("localsgd", "diloco"):
-        extra = f"+{m.compressor}" if m.name == "diloco" and m.compressor != "none" else ""
-        name = f"{m.name}(H={m.period}){extra}"
-    else:
-        hybrid = f"->localsgd@{m.switch_at}" if m.switch_at else ""
-        scale = ",dropout-scale" if m.scale == "dropout" else ""
-        name = f"ist(K={m.local_steps},{m.deployment}{scale}){hybrid}"
-    defaults = TrainConfig()
-    extras = [f"lr={t.lr:g}" if t.lr != defaults.lr else "",
-              t.schedule if t.schedule != defaults.schedule else "",
-              f"norm={cfg.model.norm}" if cfg.model.norm != ModelConfig().norm else ""]
-    extras = [e for e in extras if e]
-    return name + (f" [{', '.join(extras)}]" if extras else "")

@@ -36,9 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"thinwire worker: error: {exc}", file=sys.stderr)
         return 2
-    comm = Comm()
-    trainer = Trainer(cfg, comm, device, path.parent)
-    trainer.run()
+    comm = Comm() if rt.initialised() else Comm.local()
+    try:
+        trainer = Trainer(cfg, comm, device, path.parent)
+        trainer.run()
+    except UsageError as exc:
+        print(f"thinwire worker: error: {exc}", file=sys.stderr)
+        return 2
     del trainer
     rt.teardown(comm)
     return 0

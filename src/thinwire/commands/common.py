@@ -1,75 +1,96 @@
-"""Shared pieces of ``thinwire train`` and ``thinwire compare``: config resolution, pre-flight
-checks (so bad data fails in one line before any worker starts) and running one config."""
+"""Argument parsing shared by ``thinwire train``, ``compare`` and ``bench``: the config's options.
+
+Every config option is a ``--section.option`` argument, grouped by section; the options of a
+registry entry (a model's, a method's, a dataset's) are grouped under it, each listed once with
+the entries that take it. Defaults are shown once, enumerations list their choices. Values are
+validated by the config itself (:mod:`thinwire.config`), so a bad one is the config's one-line
+error with exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-from pathlib import Path
 from typing import Any
 
 from thinwire import config as config_mod
-from thinwire.config import Config
-from thinwire.errors import UsageError
 
 SHORTCUTS = {"workers": "runtime.workers", "steps": "train.steps", "out": "run.out"}
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="TOML config file (sections as below)")
-    parser.add_argument("--workers", type=int, metavar="N", help="shortcut for --runtime.workers")
-    parser.add_argument("--steps", type=int, metavar="N", help="shortcut for --train.steps")
-    parser.add_argument("--out", metavar="DIR", help="shortcut for --run.out")
-    parser.add_argument("--resume", action="store_true", help="shortcut for --run.resume true")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value == "":
+        return '""'
+    return str(value)
+
+
+def add_common(parser: argparse.ArgumentParser, *, names: bool = True) -> None:
+    """--config and the shortcuts (``--model gpt`` for ``--model.name gpt``, ...)."""
+    g = parser.add_argument_group("general")
+    g.add_argument("--config", metavar="FILE", help="TOML config file (sections as below)")
+    g.add_argument("--workers", type=int, metavar="N", help="shortcut for --runtime.workers")
+    g.add_argument("--steps", type=int, metavar="N", help="shortcut for --train.steps")
+    g.add_argument("--out", metavar="DIR", help="shortcut for --run.out")
+    g.add_argument("--resume", action="store_true", help="shortcut for --run.resume true")
+    g.add_argument("--overwrite", action="store_true", help="shortcut for --run.overwrite true")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--model", metavar="NAME", dest="short_model",
+                   help="shortcut for --model.name: " + ", ".join(config_mod.models().names()))
+    g.add_argument("--data", metavar="NAME", dest="short_data",
+                   help="shortcut for --data.name: " + ", ".join(config_mod.datasets().names()))
+    if names:
+        g.add_argument("--method", metavar="SPEC", dest="short_method",
+                       help="the method, optionally with options: e.g. ist, "
+                            "ist:local_steps=20, or a codec name for compressed dp (topk)")
+
+
+def add_config_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One ``--section.option`` argument per config option, grouped (module docstring)."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for dotted, f, _typ, owners in config_mod.iter_options():
+        if dotted in skip:
+            continue
+        section = dotted.partition(".")[0]
+        if owners:
+            key = f"{section} {owners[0]}"
+            title = f"{section} options of {owners[0]}"
+        else:
+            key, title = section, f"{section} options"
+        if key not in groups:
+            desc = None
+            if section in config_mod.CHOICES and not owners:
+                desc = f"{section}.name chooses one of: " + ", ".join(
+                    f"{n} ({e.summary})" for n, e in config_mod.CHOICES[section]().entries())
+            groups[key] = parser.add_argument_group(title, desc)
+        choices = f.metadata.get("choices")
+        metavar = "{" + ",".join(map(str, choices)) + "}" if choices else "V"
+        also = f" [also {', '.join(owners[1:])}]" if len(owners) > 1 else ""
+        groups[key].add_argument(f"--{dotted}", dest=f"cfg:{dotted}", default=None,
+                                 metavar=metavar,
+                                 help=f"{f.metadata['help']} (default: {_shown(f.default)}){also}")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Config overrides from the parsed arguments (shortcuts first, explicit options win)."""
+    from thinwire.run import method_overrides
+
     out: dict[str, Any] = {}
+    if getattr(args, "short_method", None):
+        out.update(method_overrides(args.short_method))
+    for short, dotted in (("short_model", "model.name"), ("short_data", "data.name")):
+        if getattr(args, short, None):
+            out[dotted] = getattr(args, short)
     for short, dotted in SHORTCUTS.items():
         if getattr(args, short, None) is not None:
             out[dotted] = getattr(args, short)
     if getattr(args, "resume", False):
         out["run.resume"] = True
+    if getattr(args, "overwrite", False):
+        out["run.overwrite"] = True
     if getattr(args, "no_progress", False):
         out["run.progress"] = False
-    out.update(config_mod.overrides_from_args(args))
+    out.update({k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:") and v is not None})
     return out
-
-
-def preflight(cfg: Config) -> None:
-    """Load the data once here and check every shard holds a batch: one-line errors, exit 2."""
-    from thinwire.trainer import load_data, make_stream
-
-    if cfg.data.dir and not Path(cfg.data.dir).is_dir():
-        raise UsageError(f"data.dir: {cfg.data.dir} is not a directory; pass the folder holding "
-                         "the dataset files, or leave it empty for the standard places")
-    ds = load_data(cfg)
-    for rank in range(cfg.runtime.workers):
-        try:
-            make_stream(cfg, ds, rank, cfg.runtime.workers)
-        except ValueError as exc:
-            raise UsageError(f"data: worker {rank}: {exc}") from None
-
-
-def prepare_run_dir(cfg: Config) -> Path:
-    run_dir = cfg.run_dir
-    if run_dir.exists() and not cfg.run.resume:
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(config_mod.dumps(cfg))
-    return run_dir
-
-
-def run_config(cfg: Config) -> dict[str, Any]:
-    """Train one config on its local workers; returns the run's summary."""
-    from thinwire.launch import WorkerFailed, launch
-
-    preflight(cfg)
-    run_dir = prepare_run_dir(cfg)
-    try:
-        launch(run_dir, cfg.runtime.workers)
-    except WorkerFailed as exc:
-        raise SystemExit(f"thinwire: {cfg.run_name}: {exc}") from None
-    return json.loads((run_dir / "summary.json").read_text())  # type: ignore[no-any-return]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from thinwire.models.adapter import linear_stack
 from thinwire.models.registry import ModelEntry
 from thinwire.options import check, opt
 
@@ -58,16 +59,14 @@ class MLP(nn.Module):
         self.norms = nn.ModuleList(norms)
         self.act = nn.ReLU() if activation == "relu" else nn.Tanh()
 
-    def forward(self, x: torch.Tensor, *, hidden_scale: float = 1.0) -> torch.Tensor:
-        """Logits. ``hidden_scale`` multiplies hidden activations (IST's inverted-dropout mode)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits."""
         h = x.flatten(1)
         last = len(self.layers) - 1
         for i, (lin, nrm) in enumerate(zip(self.layers, self.norms)):
             h = nrm(lin(h))
             if i < last:
                 h = self.act(h)
-                if hidden_scale != 1.0:
-                    h = h * hidden_scale
         return h
 
 
@@ -100,4 +99,5 @@ def _build(options: Options, dataset: Dataset, seed: int) -> MLP:
 
 MODEL = ModelEntry(
     name="mlp", summary="fully connected network (Yuan et al.'s IST architecture)",
-    build=_build, data_kinds=("classification",), default_data="fashion-mnist", options=Options)
+    build=_build, data_kinds=("classification",), default_data="fashion-mnist", options=Options,
+    ist=linear_stack)

@@ -52,6 +52,11 @@ def init_from_env(rt: RuntimeConfig) -> torch.device:
     return device
 
 
+def initialised() -> bool:
+    """Whether this process is in a process group."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def teardown(comm: Comm) -> None:
     """A control barrier through ``comm``, then destroy the group (callers drop DDP objects
     first: a live DDP can abort a gloo rank at interpreter exit)."""

@@ -1,25 +1,21 @@
-"""Strategies, one file per method, built by name."""
+"""Strategies: one module per method, registered here by one line each.
+
+``METHODS.get(name)`` imports the method's module and returns its
+:class:`~thinwire.strategies.entry.MethodEntry` (options, label, checks, traffic formula and the
+Strategy class the trainer runs). This package imports nothing heavy itself.
+"""
 
 from __future__ import annotations
 
-import importlib
+from thinwire.options import Registry
+from thinwire.strategies.entry import MethodEntry
 
-from torch import nn
+METHODS: Registry[MethodEntry] = Registry("method", {
+    "dp": "thinwire.strategies.data_parallel:METHOD",
+    "localsgd": "thinwire.strategies.local_sgd:METHOD",
+    "diloco": "thinwire.strategies.diloco:METHOD",
+    "ist": "thinwire.strategies.ist.method:METHOD",
+})
+"""Every method by name."""
 
-from thinwire.strategies.base import Context, Strategy
-
-# method name -> "module:Class"; imported on use.
-REGISTRY: dict[str, str] = {
-    "dp": "thinwire.strategies.data_parallel:DataParallel",
-    "localsgd": "thinwire.strategies.local_sgd:LocalSGD",
-    "diloco": "thinwire.strategies.diloco:DiLoCo",
-    "ist": "thinwire.strategies.ist.strategy:IST",
-}
-
-
-def build_strategy(ctx: Context, model: nn.Module) -> Strategy:
-    module, _, cls = REGISTRY[ctx.cfg.method.name].partition(":")
-    return getattr(importlib.import_module(module), cls)(ctx, model)  # type: ignore[no-any-return]
-
-
-__all__ = ["REGISTRY", "Context", "Strategy", "build_strategy"]
+__all__ = ["METHODS", "MethodEntry"]

@@ -1,25 +1,37 @@
 """The Strategy interface: how a method trains, communicates, and reports what each worker holds.
 
-A strategy receives the full model (built identically on every rank from the run's seed), a
-:class:`Context` (config, device, communication layer) and, each step, the worker's own batch.
-The trainer knows nothing else about it: it calls ``train_step`` for every step, asks for
-``eval_model`` at evaluation points (which the config aligns with the strategy's synchronisation
-points), and saves ``state_dict`` in checkpoints.
+A strategy receives the full model (built identically on every rank from the run's seed) and a
+:class:`Context` (config, device, communication layer and mesh, the task's loss); the trainer
+calls ``train_step`` for every step, asks ``eval_model`` at evaluation points (the config aligns
+them with the method's synchronisation points), saves ``state_dict`` in checkpoints and reads
+``memory``. It states its topology: which data shard a rank reads (:meth:`Strategy.data_shard`:
+ranks of a pipeline or tensor group share one), which rank's loss is logged (``loss_rank``) and
+which rank evaluates (the one whose ``eval_model`` is not None).
+
+Most methods wrap the model and optimizer with the public objects a user would use in their own
+loop (DDP with a ledger hook, :class:`~thinwire.strategies.local_sgd.LocalSGD`,
+:class:`~thinwire.strategies.ist.core.IST`) and run :meth:`Strategy.standard_step`: the schedule's
+learning rate, forward, the task's loss, backward, optional clipping, the optimizer step.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from thinwire.config import Config, TrainConfig
 from thinwire.runtime.comm import Comm
+
+if TYPE_CHECKING:
+    from thinwire.config import Config, TrainConfig
+    from thinwire.runtime.mesh import Mesh
+
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -27,6 +39,13 @@ class Context:
     cfg: Config
     comm: Comm
     device: torch.device
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    mesh: Mesh | None = None
+
+    @property
+    def options(self) -> Any:
+        """The method's own options."""
+        return self.cfg.method.options
 
 
 @dataclass(frozen=True)
@@ -98,25 +117,50 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
 
 
 class Strategy(ABC):
-    """One method of distributed training. One file per method implements it."""
+    """One method of distributed training as the trainer runs it; one module per method."""
 
-    name: ClassVar[str]
+    name: ClassVar[str] = ""
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         self.ctx = ctx
         self.cfg = ctx.cfg
         self.comm = ctx.comm
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = ctx.loss
         self._full_params = sum(p.numel() for p in model.parameters())
 
+    # --- topology ------------------------------------------------------------------------------
+    def data_shard(self) -> tuple[int, int]:
+        """(shard index, number of shards) this rank reads: by default every rank its own."""
+        return self.comm.rank, self.comm.world_size
+
+    loss_rank: int = 0
+    """The rank whose training loss the metrics record."""
+
+    # --- training ------------------------------------------------------------------------------
+    def standard_step(self, forward: nn.Module, opt: torch.optim.Optimizer, batch: Batch,
+                      step: int) -> float:
+        """One optimizer step of ``forward`` (the model or a wrapper of it) on ``batch``."""
+        x, y = batch
+        set_lr(opt, lr_at(self.cfg.train, step))
+        forward.train()
+        opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(forward(x), y)
+        loss.backward()
+        if self.cfg.train.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(
+                [p for g in opt.param_groups for p in g["params"]], self.cfg.train.clip_norm)
+        opt.step()
+        return float(loss.detach())
+
     @abstractmethod
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+    def train_step(self, batch: Batch, step: int) -> float:
         """One local optimizer step on this worker's batch (and whatever communication the method
         does at this step); returns the training loss of the batch."""
 
     @abstractmethod
     def eval_model(self) -> nn.Module | None:
-        """The full model at a synchronisation point, on ranks that hold it; None elsewhere."""
+        """The full model at a synchronisation point, on the rank that evaluates; None
+        elsewhere. Every rank calls it (a sharded strategy assembles here)."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -148,16 +192,6 @@ class ReplicatedStrategy(Strategy):
         super().__init__(ctx, model)
         self.model = model.to(ctx.device)
         self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
-
-    def local_step(self, forward: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
-        """One optimizer step of ``forward`` (the model or a wrapper of it) on (x, y)."""
-        set_lr(self.opt, lr_at(self.cfg.train, step))
-        forward.train()
-        self.opt.zero_grad(set_to_none=True)
-        loss = self.loss_fn(forward(x), y)
-        loss.backward()
-        self.opt.step()
-        return float(loss.detach())
 
     def eval_model(self) -> nn.Module | None:
         return self.model if self.comm.rank == 0 else None

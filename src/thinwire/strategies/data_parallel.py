@@ -3,24 +3,59 @@
 Every step: 1. forward and backward on the worker's batch; 2. DDP buckets the gradients and
 calls our communication hook, which averages each bucket with one all-reduce through
 :class:`~thinwire.runtime.comm.Comm` (or, with ``method.compressor``, encodes it, exchanges the
-encoding with the collective that fits it and decodes); 3. the optimizer steps on the averaged
-gradient, so every replica stays identical.
+encoding with the collective that fits the codec and decodes:
+:func:`thinwire.compression.ddp_hook`); 3. the optimizer steps on the averaged gradient, so every
+replica stays identical.
 
 Parity: with the same global batch, n workers x batch b match one worker x batch n b up to
 floating-point summation order (when the model has no batch-statistics layers).
+
+Traffic (:func:`traffic`): DDP hands the hook one bucket of every gradient at step 0 and, from
+step 1 on, the buckets it rebuilt in gradient-ready order, each closed as soon as it holds at
+least its cap (1 MiB for the first, 25 MiB after: torch's defaults); each bucket is one exchange
+of the codec (one all-reduce of 4 d_b bytes without one).
 """
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from thinwire.options import OptionError, opt
 from thinwire.runtime.comm import Comm
-from thinwire.strategies.base import Context, ReplicatedStrategy
+from thinwire.strategies.base import Batch, Context, ReplicatedStrategy
+from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.traffic import Layout, ParamInfo, Traffic, wire
+
+BUCKET_FIRST = 1 << 20
+"""DDP's first bucket cap in bytes (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
+BUCKET_CAP = 25 << 20
+"""DDP's bucket cap in bytes (``bucket_cap_mb=25``)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    compressor: str = opt("none", "gradient codec spec, e.g. topk:ratio=0.01, powersgd:rank=2, "
+                          "int8 (see thinwire.compression; none: plain all-reduce)")
+
+    def __post_init__(self) -> None:
+        if self.compressor != "none":
+            check_codec(self.compressor, "method.compressor")
+
+
+def check_codec(spec: str, where: str) -> None:
+    """A codec spec that :func:`thinwire.compression.build` accepts, or a one-line error."""
+    from thinwire.compression import build
+
+    try:
+        build(spec)
+    except OptionError as exc:
+        raise OptionError(f"{where}: {exc}") from None
 
 
 def allreduce_hook(comm: Comm) -> Any:
@@ -42,23 +77,101 @@ class DataParallel(ReplicatedStrategy):
         self.ddp: nn.Module
         if self.comm.distributed:
             self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])
-            state, hook = self._hook()
-            self.ddp.register_comm_hook(state, hook)
+            codec = ctx.options.compressor
+            if codec == "none":
+                self.ddp.register_comm_hook(None, allreduce_hook(self.comm))
+            else:
+                from thinwire.compression import ddp_hook
+
+                state, hook = ddp_hook(codec, comm=self.comm, seed=self.cfg.train.seed)
+                self.ddp.register_comm_hook(state, hook)
         else:
             self.ddp = self.model
 
-    def _hook(self) -> tuple[Any, Any]:
-        if self.cfg.method.compressor == "none":
-            return None, allreduce_hook(self.comm)
-        from thinwire.compression import ddp_hook
-
-        return ddp_hook(self.cfg.method, self.comm, seed=self.cfg.train.seed)
-
-    def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
-        return self.local_step(self.ddp, x, y, step)
+    def train_step(self, batch: Batch, step: int) -> float:
+        return self.standard_step(self.ddp, self.opt, batch, step)
 
     def close(self) -> None:
         # DDP can abort a gloo rank at interpreter exit; drop it before the group goes.
         del self.ddp
         del self.opt
         gc.collect()
+
+
+def buckets(params: tuple[ParamInfo, ...], first: int = BUCKET_FIRST,
+            cap: int = BUCKET_CAP) -> list[list[ParamInfo]]:
+    """DDP's rebuilt buckets over parameters in gradient-ready order (module docstring)."""
+    out: list[list[ParamInfo]] = []
+    current: list[ParamInfo] = []
+    size, limit = 0, first
+    for p in params:
+        current.append(p)
+        size += p.numel * p.itemsize
+        if size >= limit:
+            out.append(current)
+            current, size, limit = [], 0, cap
+    if current:
+        out.append(current)
+    return out
+
+
+def bucket_traffic(layout: Layout, codec: str, workers: int, steps: int) -> Traffic:
+    """Ledger bytes of ``steps`` DDP steps through ``codec``: step 0 one bucket of everything,
+    later steps the rebuilt buckets (shared with other methods that average through DDP)."""
+    n = workers
+    if n <= 1 or steps < 1:
+        return Traffic.none(n)
+
+    def collectives(bucket: list[ParamInfo]) -> list[tuple[str, int]]:
+        numel = sum(p.numel for p in bucket)
+        if codec == "none":
+            return [("all_reduce", 4 * numel)]
+        from thinwire.compression import build
+
+        return build(codec).collectives(numel, [p.shape for p in bucket])
+
+    first = [collectives(list(layout.params))]
+    later = [collectives(b) for b in buckets(layout.ready_order)]
+    calls: dict[str, tuple[int, int]] = {}
+    pay = sent = 0
+    for step_calls, times in ((first, 1), (later, steps - 1)):
+        for bucket_calls in step_calls:
+            for op, payload in bucket_calls:
+                w = wire(op, payload, n)
+                pay += payload * times
+                sent += w * times
+                c, b = calls.get(op, (0, 0))
+                calls[op] = (c + times, b + w * times)
+    return Traffic((sent,) * n, (sent,) * n, (pay,) * n, calls)
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    del seed, optimizer_states
+    return bucket_traffic(layout, options.compressor, workers, steps)
+
+
+def _label(o: Options) -> str:
+    if o.compressor == "none":
+        return "dp"
+    from thinwire.compression import build
+
+    return f"dp+{build(o.compressor).describe()}"
+
+
+def _alias(name: str, values: Mapping[str, str]) -> dict[str, str] | None:
+    """A codec's name is shorthand for dp with that codec: ``topk:ratio=0.01``."""
+    from thinwire.compression import CODECS
+
+    if name == "none" or name not in CODECS:
+        return None
+    spec = name + (":" + ",".join(f"{k}={v}" for k, v in values.items()) if values else "")
+    return {"name": "dp", "compressor": spec}
+
+
+METHOD = MethodEntry(
+    name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
+    strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
+    label=_label, traffic=traffic, alias=_alias)
+
+__all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

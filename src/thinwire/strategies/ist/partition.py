@@ -104,3 +104,34 @@ class Partitioner:
 def perm_sketch_blocks(d: int, n: int, seed: int, round_: int) -> Sequence[np.ndarray]:
     """Coordinate blocks of the Perm-q sketch (d = q n) for one iteration of the theory lab."""
     return Partitioner((d,), n, seed)(round_).groups[0]
+
+
+def deal(size: int, n: int, seed: int, round_: int, index: int) -> tuple[np.ndarray, ...]:
+    """Units of a *dealt* group for round ``round_`` (ResIST, Dun et al. UAI 2022).
+
+    1. permutation pi of the ``size`` units from (seed, round, index), as for neurons;
+    2. deal pi round-robin: worker j takes pi[i mod size] for every i = j (mod n), i < max(size, n):
+       with size >= n every unit goes to exactly one worker; with size < n every worker still
+       gets one unit and some units go to several workers (their copies are averaged);
+    3. each worker's units sorted ascending."""
+    if n < 1 or size < 1:
+        raise ValueError(f"cannot deal {size} units to {n} workers")
+    perm = permutation(seed, round_, index, size)
+    count = max(size, n)
+    return tuple(np.sort(np.unique(perm[np.arange(j, count, n) % size])) for j in range(n))
+
+
+def partition_groups(groups: Sequence[tuple[str, int, str]], n: int, seed: int,
+                     round_: int) -> dict[str, tuple[np.ndarray, ...]]:
+    """Round ``round_``'s units of every group: ``{name: (units of worker 0, ..., worker n-1)}``.
+
+    ``groups`` lists (name, size, kind); a group's position in the list seeds its permutation
+    (so a fully connected net's hidden layers draw exactly :class:`Partitioner`'s groups).
+    ``disjoint`` groups are cut by :func:`split`, ``dealt`` ones by :func:`deal`."""
+    out: dict[str, tuple[np.ndarray, ...]] = {}
+    for index, (name, size, kind) in enumerate(groups):
+        if kind == "dealt":
+            out[name] = deal(size, n, seed, round_, index)
+        else:
+            out[name] = split(permutation(seed, round_, index, size), n, round_)
+    return out

@@ -1,0 +1,186 @@
+"""The library's run layer: data, model, strategy, pre-flight, run directory, one config run.
+
+What ``thinwire train`` / ``compare``, the planner's calibration, the testbed and the theory
+lab's bridge experiment call to turn a :class:`~thinwire.config.Config` into a trained run; the
+command modules only parse arguments. Steps of :func:`run_config`:
+  1. :func:`preflight`: load the data once, build the model once, and check what would fail on
+     the workers (shards hold a batch, the model fits the data and the method) as one-line
+     errors before any worker starts;
+  2. prepare the run directory (:mod:`thinwire.rundir`: plain names only, nothing outside it
+     touched) and write the resolved ``config.toml``;
+  3. launch the workers (:func:`thinwire.launch.launch`); each runs the trainer;
+  4. read back ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from thinwire import config as config_mod
+from thinwire.config import Config
+from thinwire.data import DATASETS, BatchStream, Dataset, DataSource, shard_indices
+from thinwire.data.task import Task, task_for
+from thinwire.errors import UsageError
+from thinwire.models import MODELS
+from thinwire.options import parse_spec
+from thinwire.runtime.comm import Comm
+from thinwire.strategies import METHODS
+from thinwire.strategies.base import Context, Strategy
+
+
+def load_data(cfg: Config) -> Dataset:
+    """The run's dataset (the same on every rank)."""
+    d = cfg.data
+    source = DataSource(dir=d.dir, download=d.download, limit_train=d.limit_train,
+                        limit_test=d.limit_test)
+    return DATASETS.get(d.name).load(source, d.options, cfg.train.seed)
+
+
+def build_model(cfg: Config, dataset: Dataset) -> nn.Module:
+    """The full model from the run's seed (identical on every rank)."""
+    return MODELS.get(cfg.model.name).build(cfg.model.options, dataset, cfg.train.seed)
+
+
+def shard_of(cfg: Config, dataset: Dataset, shard: int, shards: int) -> Any:
+    labels = dataset.labels
+    if labels is None:
+        if cfg.data.shard == "skew":
+            raise UsageError(f"data.shard: {cfg.data.name} examples have no class to skew by; "
+                             "use --data.shard iid")
+        labels = torch.zeros(len(dataset.x_train), dtype=torch.int64).numpy()
+    return shard_indices(labels, shard, shards, mode=cfg.data.shard, skew=cfg.data.skew,
+                         seed=cfg.train.seed)
+
+
+def make_stream(cfg: Config, dataset: Dataset, shard: int, shards: int) -> BatchStream:
+    """The mini-batch stream of data shard ``shard`` of ``shards``."""
+    return BatchStream(dataset.x_train, dataset.y_train, shard_of(cfg, dataset, shard, shards),
+                       cfg.train.batch_size, seed=cfg.train.seed, rank=shard)
+
+
+def build_strategy(cfg: Config, comm: Comm, device: torch.device, task: Task,
+                   model: nn.Module, mesh: Any = None) -> Strategy:
+    """The configured method's Strategy around ``model``."""
+    entry = METHODS.get(cfg.method.name)
+    module, _, cls = entry.strategy.partition(":")
+    strategy_cls = getattr(importlib.import_module(module), cls)
+    ctx = Context(cfg=cfg, comm=comm, device=device, loss=task.loss, mesh=mesh)
+    return strategy_cls(ctx, model)  # type: ignore[no-any-return]
+
+
+def build_mesh(cfg: Config, comm: Comm, device: torch.device) -> Any:
+    """The dp x pp x tp mesh of the run (None when every rank is a data-parallel replica)."""
+    if cfg.parallel.pp * cfg.parallel.tp == 1:
+        return None
+    from thinwire.runtime.mesh import Mesh
+
+    return Mesh(comm, dp=cfg.dp_degree, pp=cfg.parallel.pp, tp=cfg.parallel.tp,
+                device_type=device.type)
+
+
+def preflight(cfg: Config) -> Dataset:
+    """Step 1: what would fail on the workers, as one-line errors now; returns the data."""
+    if cfg.data.dir and not Path(cfg.data.dir).is_dir():
+        raise UsageError(f"data.dir: {cfg.data.dir} is not a directory; pass the folder holding "
+                         "the dataset files, or leave it empty for the standard places")
+    ds = load_data(cfg)
+    shards = cfg.dp_degree
+    for shard in range(shards):
+        try:
+            make_stream(cfg, ds, shard, shards)
+        except ValueError as exc:
+            raise UsageError(f"data: worker {shard}: {exc}") from None
+    model = build_model(cfg, ds)
+    entry = METHODS.get(cfg.method.name)
+    if entry.check_model is not None:
+        entry.check_model(cfg, model)
+    return ds
+
+
+# --- the run directory and the launch -----------------------------------------------------------
+def prepare_run_dir(cfg: Config) -> Path:
+    """Step 2 (:mod:`thinwire.rundir`): the run directory, with the resolved config in it."""
+    from thinwire import rundir
+
+    return rundir.prepare(cfg.run_dir, resume=cfg.run.resume, overwrite=cfg.run.overwrite,
+                          config_text=config_mod.dumps(cfg))
+
+
+def run_config(cfg: Config) -> dict[str, Any]:
+    """Train one config on its local workers (steps 1-4); returns the run's summary."""
+    from thinwire import rundir
+    from thinwire.launch import WorkerFailed, launch
+
+    preflight(cfg)
+    with rundir.claim(cfg.run_dir, resume=cfg.run.resume, overwrite=cfg.run.overwrite,
+                      config_text=config_mod.dumps(cfg)) as work_dir:
+        try:
+            launch(work_dir, cfg.runtime.workers, max_restarts=cfg.runtime.max_restarts)
+        except WorkerFailed as exc:
+            raise UsageError(f"{cfg.run_name}: {exc}") from None
+        summary = json.loads((work_dir / "summary.json").read_text())
+    return summary  # type: ignore[no-any-return]
+
+
+# --- several methods: the spec syntax of compare and bench ---------------------------------------
+def method_overrides(spec: str) -> dict[str, Any]:
+    """Config overrides for one method spec of ``--methods``.
+
+    ``"ist:local_steps=20,train.lr=0.1"`` -> ist with K = 20 and lr 0.1: the name is a method
+    (or a shorthand a method declares, such as a codec's name for compressed dp), the
+    ``KEY=VALUE`` items are the method's options, dotted keys any other option of the run."""
+    name, values = parse_spec(spec, "method")
+    own = {k: v for k, v in values.items() if "." not in k}
+    other = {k: v for k, v in values.items() if "." in k}
+    out: dict[str, Any] = dict(other)
+    if name in METHODS:
+        out["method.name"] = name
+        out.update({f"method.{k}": v for k, v in own.items()})
+        return out
+    for _, entry in METHODS.entries():
+        if entry.alias is not None and (resolved := entry.alias(name, own)) is not None:
+            out.update({f"method.{k}": v for k, v in resolved.items()})
+            return out
+    raise UsageError(f"unknown method {name!r} in {spec!r}; use one of "
+                     f"{', '.join(METHODS.names())} or a codec name (e.g. topk)")
+
+
+def split_methods(text: str) -> list[str]:
+    """Split ``--methods`` on the commas that start a new method (a method's own options are
+    comma-separated too: ``dp,ist:local_steps=20,train.lr=0.1,topk``)."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "=" in part and ":" not in part and out:
+            out[-1] += "," + part
+        else:
+            out.append(part)
+    return out
+
+
+def run_name(spec: str) -> str:
+    """A plain directory name for a method spec (``ist:local_steps=20`` -> ``ist_local_steps20``)."""
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", spec.replace("=", "")).strip("._-")
+    return name[:120] or "run"
+
+
+def method_configs(specs: list[str], base_path: str | None, base: dict[str, Any]
+                   ) -> list[Config]:
+    """One validated config per method spec (all validated before anything trains)."""
+    if not specs:
+        raise UsageError("--methods: give at least one method, e.g. dp,localsgd,ist")
+    cfgs = [config_mod.load(base_path, {**base, **method_overrides(s), "run.name": run_name(s)})
+            for s in specs]
+    names = [c.run_name for c in cfgs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise UsageError(f"--methods: {dup[0]} appears twice; give each method once")
+    return cfgs

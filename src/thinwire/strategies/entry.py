@@ -1,0 +1,61 @@
+"""The method registry's vocabulary: one :class:`MethodEntry` per method, in the method's module.
+
+A method's module holds everything about it: its options dataclass (the ``[method]`` keys beyond
+``name``), its label, its checks, the pure function giving its traffic for given shapes
+(:mod:`thinwire.strategies.traffic`) and the :class:`~thinwire.strategies.base.Strategy` the
+trainer runs. Registering it is one line in :data:`thinwire.strategies.METHODS`; nothing else in
+the library names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from thinwire.options import NoOptions
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from thinwire.config import Config
+    from thinwire.strategies.traffic import Layout, Traffic
+
+
+def _one(options: Any) -> int:
+    del options
+    return 1
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    """One method of distributed training.
+
+    - ``strategy``: ``"module:Class"`` of its :class:`~thinwire.strategies.base.Strategy`
+      (imported when a run builds it);
+    - ``label(options)``: a short human name, e.g. ``localsgd(H=10)``;
+    - ``sync_every(options)``: steps between points where the full model is defined (evaluation
+      and checkpoints happen only there);
+    - ``check(cfg)``: cross-section checks of a config (one-line ``UsageError``);
+    - ``check_model(cfg, model)``: checks against the built model (e.g. IST's widths >= workers);
+    - ``traffic(layout, options, workers, steps, seed, optimizer_states)``: the exact ledger
+      bytes of a run (:class:`~thinwire.strategies.traffic.Traffic`), a pure function used by
+      the planner (``optimizer_states``: per-element state tensors of the optimizer, e.g. 2 for
+      Adam, for methods that move optimizer state);
+    - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
+      topk codec), or None when the name is not one of its shorthands.
+    """
+
+    name: str
+    summary: str
+    strategy: str
+    options: type = NoOptions
+    label: Callable[[Any], str] | None = None
+    sync_every: Callable[[Any], int] = _one
+    check: Callable[[Config], None] | None = None
+    check_model: Callable[[Config, nn.Module], None] | None = None
+    traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
+    alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
+
+    def label_of(self, options: Any) -> str:
+        return self.label(options) if self.label is not None else self.name

@@ -1,0 +1,239 @@
+"""Independent Subnetwork Training (``ist``) as a method of the trainer.
+
+Yuan et al., VLDB 2022; ResIST (Dun et al., UAI 2022) and GIST (Wolfe et al.) for other model
+families. The algorithm lives in :class:`~thinwire.strategies.ist.core.IST` (usable in a user's
+own loop); this module gives it to the trainer: its options, label, checks, its traffic formula
+and the Strategy, which wraps the run's model and optimizer with :class:`IST` and takes the
+standard step. The model's units come from its registry entry's adapter (``ModelEntry.ist``).
+
+Hybrid schedule: with ``method.switch_at = S`` the run switches to local SGD (period
+``method.period``) on the full model at step S: IST's early speed without its accuracy ceiling
+(ResIST's converse, which warmed up with local SGD).
+
+Traffic per round r (:func:`traffic`, exact): owner o sends worker w the piece of w's subnet it
+stores (:func:`~thinwire.strategies.ist.pieces.piece_matrix`) and gets it back after K steps;
+the shared tensors' updates are averaged with one all-reduce. With ``optimizer_state =
+reindex`` every parameter element carries its per-element optimizer state along, except on the
+way down in round 0, when no state exists yet. The switch of the hybrid schedule sends every
+rank's stored slices to every other rank once, then local SGD's averages follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from thinwire.errors import UsageError
+from thinwire.models.adapter import ISTAdapter, ISTPlan
+from thinwire.options import check, opt
+from thinwire.strategies.base import (
+    Batch,
+    Context,
+    MemoryReport,
+    Strategy,
+    make_optimizer,
+    memory_of,
+)
+from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.ist import pieces as pc
+from thinwire.strategies.ist.partition import partition_groups
+from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
+
+
+@dataclass(frozen=True)
+class Options:
+    local_steps: int = opt(10, "local optimizer steps per round (K)")
+    deployment: str = opt("central", "where the full model is stored: central (rank 0, which "
+                          "also trains a subnet) or sharded (1/n on every rank)",
+                          choices=("central", "sharded"))
+    scale: str = opt("auto", "activation scaling: auto (the model's default), batchnorm (batch "
+                     "statistics), dropout (inverted dropout) or none",
+                     choices=("auto", "batchnorm", "dropout", "none"))
+    optimizer_state: str = opt("reset", "optimizer state at repartition: reset (fresh each "
+                               "round) or reindex (it travels with the subnet)",
+                               choices=("reset", "reindex"))
+    switch_at: int = opt(0, "hybrid schedule: switch to local SGD at this step (0: never)")
+    period: int = opt(10, "after the switch: local SGD's steps between averages (H)")
+
+    def __post_init__(self) -> None:
+        check(self.local_steps >= 1, "method.local_steps", "must be >= 1")
+        check(self.switch_at >= 0, "method.switch_at", "must be >= 0")
+        check(self.period >= 1, "method.period", "must be >= 1")
+        check(self.switch_at % self.local_steps == 0, "method.switch_at",
+              f"must be a multiple of method.local_steps ({self.local_steps})")
+
+
+def _sync_every(o: Options) -> int:
+    if o.switch_at:
+        return int(np.lcm(o.local_steps, o.period))
+    return o.local_steps
+
+
+def _label(o: Options) -> str:
+    hybrid = f"->localsgd@{o.switch_at}" if o.switch_at else ""
+    scale = f",{o.scale}-scale" if o.scale != "auto" else ""
+    state = ",reindex" if o.optimizer_state == "reindex" else ""
+    return f"ist(K={o.local_steps},{o.deployment}{scale}{state}){hybrid}"
+
+
+def adapter_for(cfg: Any, model: nn.Module) -> ISTAdapter:
+    """The IST adapter of the run's model (its registry entry's), or a one-line error."""
+    from thinwire.models import MODELS
+
+    entry = MODELS.get(cfg.model.name)
+    if entry.ist is None:
+        raise UsageError(f"model {cfg.model.name} has no IST units; use another method or model")
+    return entry.ist(model)
+
+
+def _check_model(cfg: Any, model: nn.Module) -> None:
+    adapter = adapter_for(cfg, model)
+    n = cfg.runtime.workers
+    for g in adapter.plan.groups:
+        if g.kind == "disjoint" and g.size < n:
+            raise UsageError(f"IST cuts {g.name} of {cfg.model.name} ({g.size} units) into {n} "
+                             f"subnets; use >= {n} units there or fewer workers")
+    scale = cfg.method.options.scale
+    if scale != "auto" and scale not in adapter.scales:
+        raise UsageError(f"method.scale {scale} does not fit {cfg.model.name} with these "
+                         f"options; use one of {', '.join(adapter.scales)} (batchnorm needs a "
+                         "batch-statistics norm after every cut layer)")
+
+
+class ISTStrategy(Strategy):
+    name = "ist"
+
+    def __init__(self, ctx: Context, model: nn.Module) -> None:
+        from thinwire.strategies.ist.core import IST
+        from thinwire.strategies.local_sgd import LocalSGD
+
+        super().__init__(ctx, model)
+        o: Options = ctx.options
+        self.o = o
+        self.model = model.to(ctx.device)
+        self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
+        self.ist = IST(self.model, self.opt, comm=self.comm, local_steps=o.local_steps,
+                       seed=self.cfg.train.seed, deployment=o.deployment,
+                       scale=None if o.scale == "auto" else o.scale,
+                       optimizer_state=o.optimizer_state, adapter=adapter_for(self.cfg, model))
+        self._local_cls = LocalSGD
+        self.local: Any = None
+
+    def _switch(self) -> None:
+        """Hybrid schedule: every rank gets the full model, then local SGD continues, averaging
+        after global steps that are multiples of its period."""
+        self.ist.finish()
+        self.local = self._local_cls(self.model, self.opt, self.o.period, comm=self.comm)
+        self.local.steps = self.o.switch_at
+
+    def train_step(self, batch: Batch, step: int) -> float:
+        if self.o.switch_at and step >= self.o.switch_at and self.local is None:
+            self._switch()
+        return self.standard_step(self.model, self.opt, batch, step)
+
+    def eval_model(self) -> nn.Module | None:
+        if self.local is not None:
+            return self.model if self.comm.rank == 0 else None
+        return self.ist.full_model(to=0, tag="control")
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.local is not None:
+            return {"local": self.local.state_dict(), "model": self.model.state_dict(),
+                    "opt": self.opt.state_dict()}
+        return {"ist": self.ist.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "local" in state:
+            self._switch()  # a collective: every rank resumes past the switch together
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+            self.local.load_state_dict(state["local"])
+            return
+        self.ist.load_state_dict(state["ist"])
+
+    def memory(self) -> MemoryReport:
+        if self.local is not None:
+            return memory_of(self.model.parameters(), self.opt)
+        sub = self.ist.subnet_numel(0)
+        stored = self.ist.stored_numel()
+        t = self.cfg.train
+        buffers = 2 if t.optimizer == "adamw" else (1 if t.momentum > 0 else 0)
+        state_stored = sum(x.numel() for d in self.ist.state_store.values() for x in d.values())
+        if self.o.optimizer_state == "reindex" and not state_stored:
+            state_stored = buffers * stored
+        return MemoryReport(params=4 * (sub + stored), grads=4 * sub,
+                            optimizer=4 * buffers * sub + 4 * state_stored, param_count=sub,
+                            stored_count=stored)
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
+
+
+def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
+                optimizer_states: int = 0) -> Traffic:
+    """The ledger bytes of a run (module docstring)."""
+    n = workers
+    if n <= 1:
+        return Traffic.none(n)
+    own = pc.Ownership(plan, n, o.deployment)
+    groups = [(g.name, g.size, g.kind) for g in plan.groups]
+    copies = optimizer_states if o.optimizer_state == "reindex" else 0
+    last = o.switch_at if o.switch_at else steps
+    sent = np.zeros(n, dtype=np.int64)
+    recv = np.zeros(n, dtype=np.int64)
+    rank0_p2p = [0, 0]
+    shared_calls = [0, 0]
+    shared = pc.shared_bytes(plan, state_copies=copies)
+    for r in range(min(last, steps) // o.local_steps):
+        held = partition_groups(groups, n, seed, r)
+        down = pc.piece_matrix(plan, own, held, state_copies=copies if r > 0 else 0)
+        up = pc.piece_matrix(plan, own, held, state_copies=copies)
+        out_d, in_d = down.sum(axis=1), down.sum(axis=0)
+        out_u, in_u = up.sum(axis=0), up.sum(axis=1)  # workers send up, owners receive
+        sent += out_d + out_u
+        recv += in_d + in_u
+        rank0_p2p[0] += 2
+        rank0_p2p[1] += int(max(out_d[0], in_d[0]) + max(out_u[0], in_u[0]))
+        if shared:
+            w = ring_all_reduce(shared, n)
+            sent += w
+            recv += w
+            shared_calls[0] += 1
+            shared_calls[1] += w
+    payload = sent + recv - (shared_calls[1] * 2) + shared * shared_calls[0]
+    calls: dict[str, tuple[int, int]] = {"p2p": (rank0_p2p[0], rank0_p2p[1])}
+    if shared_calls[0]:
+        calls["all_reduce"] = (shared_calls[0], shared_calls[1])
+    total = Traffic(tuple(int(x) for x in sent), tuple(int(x) for x in recv),
+                    tuple(int(x) for x in payload), calls)
+    if o.switch_at and steps > o.switch_at:
+        stored = [4 * pc.stored_numel(plan, own, r) - 4 * _shared_numel(plan) for r in range(n)]
+        s_sent = tuple((n - 1) * stored[r] for r in range(n))
+        s_recv = tuple(sum(stored) - stored[r] for r in range(n))
+        total = total + Traffic(s_sent, s_recv, tuple(a + b for a, b in zip(s_sent, s_recv)),
+                                {"p2p": (1, max(s_sent[0], s_recv[0]))})
+        numel = sum(t.numel for t in plan.tensors if not t.buffer)
+        rounds = (steps - o.switch_at) // o.period
+        total = total + Traffic.uniform(n, "all_reduce", [4 * numel] * rounds)
+    return total
+
+
+def _shared_numel(plan: ISTPlan) -> int:
+    return sum(t.numel for t in plan.tensors if t.shared)
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    if layout.ist is None:
+        raise UsageError("IST traffic needs the model's IST plan (an adapter)")
+    return ist_traffic(layout.ist, options, workers, steps, seed, optimizer_states)
+
+
+METHOD = MethodEntry(
+    name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
+    strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
+    sync_every=_sync_every, check_model=_check_model, traffic=traffic)
