@@ -91,16 +91,16 @@ def preflight(cfg: Config) -> Dataset:
         raise UsageError(f"data.dir: {cfg.data.dir} is not a directory; pass the folder holding "
                          "the dataset files, or leave it empty for the standard places")
     ds = load_data(cfg)
+    model = build_model(cfg, ds)
+    entry = METHODS.get(cfg.method.name)
+    if entry.check_model is not None:
+        entry.check_model(cfg, model)
     shards = cfg.dp_degree
     for shard in range(shards):
         try:
             make_stream(cfg, ds, shard, shards)
         except ValueError as exc:
             raise UsageError(f"data: worker {shard}: {exc}") from None
-    model = build_model(cfg, ds)
-    entry = METHODS.get(cfg.method.name)
-    if entry.check_model is not None:
-        entry.check_model(cfg, model)
     return ds
 
 

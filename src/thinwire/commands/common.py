@@ -49,6 +49,7 @@ def add_common(parser: argparse.ArgumentParser, *, names: bool = True) -> None:
 
 def add_config_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """One ``--section.option`` argument per config option, grouped (module docstring)."""
+    parser.usage = "%(prog)s [--config FILE] [--SHORTCUT VALUE ...] [--SECTION.OPTION VALUE ...]"
     groups: dict[str, argparse._ArgumentGroup] = {}
     for dotted, f, _typ, owners in config_mod.iter_options():
         if dotted in skip:

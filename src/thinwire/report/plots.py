@@ -22,14 +22,14 @@ def plot_runs(runs: list[Run], out_dir: Path, *, title: str = "") -> list[Path]:
         for run in runs:
             ev = run.evals
             xs = [max(r[key], 1.0) if logx else r[key] for r in ev]
-            ax.plot(xs, [r["accuracy"] for r in ev], marker="o", ms=3, label=run.label)
+            ax.plot(xs, [r[run.metric] for r in ev], marker="o", ms=3, label=run.label)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy")
+        ax.set_ylabel(f"test {runs[0].metric}" if runs else "")
         if logx:
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
     axs[0].legend(fontsize=8)
-    fig.suptitle(title or "test accuracy")
+    fig.suptitle(title or (f"test {runs[0].metric}" if runs else ""))
     fig.tight_layout()
     p = out_dir / "accuracy.png"
     fig.savefig(p, dpi=110)

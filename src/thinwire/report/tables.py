@@ -27,13 +27,20 @@ class Run:
 
     @property
     def label(self) -> str:
-        """The method's label, recomputed from the run's config when it is recorded."""
-        if "config" in self.summary:
-            from thinwire.config import build
-            from thinwire.trainer import label
-
-            return label(build(self.summary["config"]))
+        """The method's label, as the run recorded it."""
         return str(self.summary.get("label", self.path.name))
+
+    @property
+    def metric(self) -> str:
+        """The task's metric (``accuracy``, ``perplexity``)."""
+        return str(self.summary.get("metric", "accuracy"))
+
+    @property
+    def higher_is_better(self) -> bool:
+        return bool(self.summary.get("higher_is_better", True))
+
+    def reached(self, value: float, target: float) -> bool:
+        return value >= target if self.higher_is_better else value <= target
 
 
 def load_run(path: str | Path) -> Run:
@@ -45,17 +52,24 @@ def load_run(path: str | Path) -> Run:
 
 
 def time_to_target(run: Run, target: float) -> dict[str, Any] | None:
-    """The first evaluation at or above ``target`` accuracy: its step, wall time and bytes."""
+    """The first evaluation whose metric reaches ``target`` (at or above accuracy, at or below
+    perplexity): its step, wall time and bytes."""
     for r in run.evals:
-        if r["accuracy"] >= target:
+        if run.reached(r[run.metric], target):
             return {"step": r["step"], "wall_s": r["wall_s"], "sent_bytes": r["sent_bytes"]}
     return None
 
 
 def common_target(runs: list[Run]) -> float:
-    """The highest accuracy every run reached (so every run has a time to it)."""
-    best = [max((r["accuracy"] for r in run.evals), default=0.0) for run in runs]
-    return min(best) if best else 0.0
+    """The best metric value every run reached (so every run has a time to it)."""
+    if not runs:
+        return 0.0
+    pick = max if runs[0].higher_is_better else min
+    best = [pick((r[run.metric] for r in run.evals), default=0.0) for run in runs]
+    return min(best) if runs[0].higher_is_better else max(best)
+
+
+METRIC_HEADS = {"accuracy": "test acc", "perplexity": "val ppl"}
 
 
 def fmt_bytes(b: float) -> str:
@@ -72,12 +86,14 @@ def fmt_count(n: float) -> str:
 
 def summary_table(summaries: list[dict[str, Any]]) -> str:
     """A short table straight from summary.json files (no target column)."""
-    head = "| method | test acc | test NLL | sent/worker (max) | params trained/worker | wall s |"
+    metric = summaries[0].get("metric", "accuracy") if summaries else "accuracy"
+    head = (f"| method | {METRIC_HEADS.get(metric, metric)} | test NLL | sent/worker (max) "
+            "| params trained/worker | wall s |")
     lines = [head, "|---|---:|---:|---:|---:|---:|"]
     for s in summaries:
         f = s.get("final", {})
         m = s["memory"]
-        lines.append(f"| {s['label']} | {f.get('accuracy', float('nan')):.4f} | "
+        lines.append(f"| {s['label']} | {f.get(metric, float('nan')):.4f} | "
                      f"{f.get('nll', float('nan')):.4f} | {fmt_bytes(s['bytes']['sent_per_worker_max'])} | "
                      f"{fmt_count(m['params_held_max'])} ({m['params_held_max'] / m['params_full']:.1%}) | "
                      f"{s['wall_s']:.1f} |")
@@ -87,7 +103,9 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
 def compare_table(runs: list[Run], target: float | None = None) -> str:
     """The comparison table: accuracy, NLL, bytes, parameters held, wall time, time to target."""
     tgt = common_target(runs) if target is None else target
-    head = ("| method | test acc | test NLL | sent/worker mean | sent/worker max | params trained/worker "
+    metric = runs[0].metric if runs else "accuracy"
+    head = (f"| method | {METRIC_HEADS.get(metric, metric)} | test NLL | sent/worker mean "
+            "| sent/worker max | params trained/worker "
             f"| wall s | steps to {tgt:.3f} | s to {tgt:.3f} | sent/worker to {tgt:.3f} |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
@@ -97,7 +115,7 @@ def compare_table(runs: list[Run], target: float | None = None) -> str:
         ttt = (f"{hit['step']} | {hit['wall_s']:.1f} | {fmt_bytes(hit['sent_bytes'])}" if hit
                else "not reached | - | -")
         lines.append(
-            f"| {run.label} | {f.get('accuracy', float('nan')):.4f} | {f.get('nll', float('nan')):.4f} "
+            f"| {run.label} | {f.get(metric, float('nan')):.4f} | {f.get('nll', float('nan')):.4f} "
             f"| {fmt_bytes(b['sent_per_worker_mean'])} | {fmt_bytes(b['sent_per_worker_max'])} "
             f"| {fmt_count(m['params_held_max'])} ({m['params_held_max'] / m['params_full']:.1%}) "
             f"| {s['wall_s']:.1f} | {ttt} |")

@@ -92,9 +92,9 @@ class DataParallel(ReplicatedStrategy):
         return self.standard_step(self.ddp, self.opt, batch, step)
 
     def close(self) -> None:
-        # DDP can abort a gloo rank at interpreter exit; drop it before the group goes.
-        del self.ddp
-        del self.opt
+        # DDP can abort a gloo rank at interpreter exit; drop it before the group goes (the
+        # model and optimizer stay readable: they hold no process-group state).
+        self.ddp = self.model
         gc.collect()
 
 

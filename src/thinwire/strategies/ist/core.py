@@ -630,6 +630,17 @@ class IST:
         self.finished = True
         return self.model
 
+    def abandon(self) -> None:
+        """End IST without communication: hooks removed, the model's tensors full-size but
+        uninitialised (the caller loads a state into them, e.g. resuming past a switch)."""
+        self._detach()
+        with torch.no_grad():
+            for t in self.plan.tensors:
+                x = self._tensors[t.name]
+                x.data = x.data.new_empty(t.shape)
+        self.adapter.configure(self.model, None)
+        self.finished = True
+
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """This rank's stored slices, optimizer-state slices and the round (at a boundary)."""

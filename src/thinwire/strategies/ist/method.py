@@ -122,10 +122,14 @@ class ISTStrategy(Strategy):
         self._local_cls = LocalSGD
         self.local: Any = None
 
-    def _switch(self) -> None:
+    def _switch(self, *, resuming: bool = False) -> None:
         """Hybrid schedule: every rank gets the full model, then local SGD continues, averaging
-        after global steps that are multiples of its period."""
-        self.ist.finish()
+        after global steps that are multiples of its period (resuming: the model comes from
+        the checkpoint, nothing travels)."""
+        if resuming:
+            self.ist.abandon()
+        else:
+            self.ist.finish()
         self.local = self._local_cls(self.model, self.opt, self.o.period, comm=self.comm)
         self.local.steps = self.o.switch_at
 
@@ -147,7 +151,7 @@ class ISTStrategy(Strategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "local" in state:
-            self._switch()  # a collective: every rank resumes past the switch together
+            self._switch(resuming=True)
             self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["opt"])
             self.local.load_state_dict(state["local"])
