@@ -124,6 +124,17 @@ def plan(args: argparse.Namespace, registry: Registry) -> list[tuple[Experiment,
     seed = parse_seed(args.seed) if getattr(args, "seed", None) is not None else None
     names = selected(registry, list(args.names), args.all)
     given: dict[str, str] = dict(getattr(args, "options", None) or {})
+    if args.all:
+        for name in given:
+            left_out = [n for n in names if name not in registry.get(n).option_names()]
+            if left_out:
+                takers = [n for n in names if n not in left_out]
+                example = " ".join(takers) or "NAME"
+                raise UsageError(
+                    f"{params_.flag(name)} is not taken by {', '.join(left_out)}, which --all "
+                    f"runs; name the experiments instead, e.g. `thinwire theory {example} "
+                    f"{params_.flag(name)} {given[name]}`"
+                )
     return [(registry.get(name), registry.get(name).parameters(given, seed)) for name in names]
 
 
