@@ -7,6 +7,8 @@ numpy only. Modules, in the order a run uses them:
                       IST Partitioner, and Rand-k compressed GD, all as random affine maps;
   3. ``predictions``  x*, the limit point x_inf, the bias floor, Theorem 1's theta, the
                       stationary error, the 2x2 counterexample, computed from the problem;
-  4. ``lab`` and ``exp_*``  the experiments, gathered by ``experiments`` into a ``registry``;
-  5. ``cli``          ``thinwire theory``.
+  4. ``params``       experiment parameters as frozen dataclasses (defaults, help, bounds);
+  5. ``lab`` and ``exp_*``  the experiments, gathered by ``experiments`` into a ``registry``
+                      (the registry imports none of them);
+  6. ``cli``          ``thinwire theory``, every experiment's parameters as options.
 """
