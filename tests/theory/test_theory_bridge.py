@@ -16,7 +16,7 @@ import torch
 
 from thinwire.theory import cli as theory_cli
 from thinwire.theory import exp_bridge
-from thinwire.theory.registry import default_registry
+from thinwire.theory.experiments import default_registry
 
 TINY = exp_bridge.BridgeSpec(
     name="bridge-tiny",

@@ -7,7 +7,7 @@ import pytest
 
 from thinwire.cli import main
 from thinwire.errors import UsageError
-from thinwire.theory.registry import default_registry
+from thinwire.theory.experiments import default_registry
 
 BUILTIN = ["interpolation", "heterogeneous", "homogeneous-vs-heterogeneous", "counterexample-2x2"]
 

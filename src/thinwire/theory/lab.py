@@ -5,13 +5,20 @@ For one method on one problem (``simulate``):
   2. turn fractions f of the largest step the condition allows into step sizes gamma = f / theta;
   3. run every gamma on the same sketches (IST methods share one set of Partitioner draws) from
      the same x_0, and measure ||x_k - x*||^2_{L_bar};
-  4. attach the predictions: limit point, bias floor, stationary error per gamma.
+  4. attach the predictions: limit point and bias floor; the stationary error per gamma is
+     computed when first read (a d^2 x d^2 solve per gamma, skipped by experiments that do
+     not report it).
+
+Several seeds (``over_seeds``): each seed is its own instance (problem, x_0, sketches) and its
+own run; the results are gathered into one, a section per seed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 
@@ -26,12 +33,14 @@ from thinwire.theory.predictions import (
     theorem1,
 )
 from thinwire.theory.problems import Quadratics
+from thinwire.theory.registry import ExperimentResult
 
 
 @dataclass(frozen=True, eq=False)
 class Simulation:
     """Iterates, errors and predictions of one method at several step sizes."""
 
+    problem: Quadratics
     method: str
     gammas: tuple[float, ...]
     xs: np.ndarray  # (G, K + 1, d)
@@ -40,7 +49,11 @@ class Simulation:
     moments: Moments
     x_inf: np.ndarray
     floor: float
-    stationary: tuple[float, ...]
+
+    @cached_property
+    def stationary(self) -> tuple[float, ...]:
+        """Predicted stationary error per step size (step 4, computed on first use)."""
+        return tuple(stationary_error(self.problem, self.moments, g) for g in self.gammas)
 
     def plateau(self, tail: int) -> np.ndarray:
         """Mean error over the last ``tail`` iterations, per step size."""
@@ -81,6 +94,7 @@ def simulate(
     xs = iterate(method_rounds(method, problem, K, seed, owners), x0, gammas)  # step 3
     x_inf = fixed_point(m)  # step 4
     return Simulation(
+        problem=problem,
         method=method.name,
         gammas=gammas,
         xs=xs,
@@ -89,7 +103,6 @@ def simulate(
         moments=m,
         x_inf=x_inf,
         floor=bias_floor(problem, x_inf),
-        stationary=tuple(stationary_error(problem, m, g) for g in gammas),
     )
 
 
@@ -97,3 +110,34 @@ def first_below(errors: np.ndarray, level: float) -> int | None:
     """The first iteration whose error is below ``level`` (None if never)."""
     hits = np.flatnonzero(errors < level)
     return int(hits[0]) if hits.size else None
+
+
+def over_seeds(
+    name: str,
+    title: str,
+    seeds: Sequence[int],
+    run_one: Callable[[int, str], ExperimentResult],
+) -> ExperimentResult:
+    """Run ``run_one(seed, figure_stem)`` for every seed and gather the results.
+
+    One seed: its result as it is (figure ``<name>.png``). Several: figures ``<name>-seed<s>.png``,
+    a section per seed in the table, numbers keyed ``seed=<s>/...``.
+    """
+    if len(seeds) == 1:
+        return run_one(seeds[0], name)
+    parts: list[str] = []
+    figures: list[Path] = []
+    numbers: dict[str, float] = {}
+    for seed in seeds:
+        result = run_one(seed, f"{name}-seed{seed}")
+        parts.append(f"### seed {seed}\n\n{result.summary}\n\n{result.table}")
+        figures += result.figures
+        numbers.update({f"seed={seed}/{k}": v for k, v in result.numbers.items()})
+    return ExperimentResult(
+        name,
+        f"{title}, seeds {', '.join(str(s) for s in seeds)}",
+        "\n\n".join(parts),
+        tuple(figures),
+        numbers,
+        "Each seed draws its own problem, x_0 and sketches; one section per seed.",
+    )

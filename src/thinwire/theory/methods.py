@@ -3,9 +3,10 @@
 Shulgin & Richtarik, "Towards a Better Theoretical Understanding of Independent Subnetwork
 Training", ICML 2024 (arXiv 2306.16484). One IST step with exact local gradients, iteration k:
   1. draw the Perm-q partition (d = q n): a shared random permutation of the d coordinates cut
-     into n blocks S_i of q coordinates; it comes from the IST ``Partitioner``
-     (``perm_sketch_blocks(d, n, seed, k)``), the same object that cuts neurons in the torch
-     strategy;
+     into n blocks S_i of q coordinates, by the recipe of the IST ``Partitioner`` that cuts
+     neurons in the torch strategy (``thinwire.strategies.ist.partition``, one layer of width
+     d): permutation from ``SeedSequence([seed, k, 0])``, worker i gets entries i q..(i+1) q - 1.
+     It is written here in numpy so that the lab needs no torch; a test holds the two equal;
   2. worker i's sketch is C_i = diag(s_i) restricted to S_i, with per-coordinate scales
        plain Perm-q   s_i[j] = n                          (inverted-dropout scaling),
        scaled         s_i[j] = sqrt(n) / sqrt(L_i[j, j])  (the paper's heterogeneous fix),
@@ -30,7 +31,6 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from thinwire.strategies.ist.partition import perm_sketch_blocks
 from thinwire.theory.problems import Quadratics
 
 Sketch = Literal["perm", "scaled", "precond"]
@@ -75,15 +75,25 @@ def owners_from_blocks(blocks: Sequence[np.ndarray], d: int) -> np.ndarray:
     return owners
 
 
+def round_permutation(d: int, seed: int, round_: int) -> np.ndarray:
+    """The shared permutation of round ``round_`` (step 1; the Partitioner's, layer 0)."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, round_, 0])))
+    return rng.permutation(d)
+
+
 def draw_owners(d: int, n: int, seed: int, K: int, first_round: int = 0) -> np.ndarray:
-    """(K, d) owners for rounds first_round..first_round+K-1, from the IST Partitioner (step 1)."""
-    block_size(d, n)
-    return np.stack(
-        [
-            owners_from_blocks(perm_sketch_blocks(d, n, seed, r), d)
-            for r in range(first_round, first_round + K)
-        ]
-    )
+    """(K, d) owners for rounds first_round..first_round+K-1, the Partitioner's cuts (step 1)."""
+    q = block_size(d, n)
+    workers = np.repeat(np.arange(n, dtype=np.int64), q)  # position j of the permutation -> j // q
+    owners = np.empty((K, d), dtype=np.int64)
+    for k in range(K):
+        owners[k, round_permutation(d, seed, first_round + k)] = workers
+    return owners
+
+
+def blocks_from_owners(owners: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """The n sorted blocks S_i of one round's owners (the Partitioner's output format)."""
+    return tuple(np.flatnonzero(owners == i) for i in range(n))
 
 
 def sketch_scales(problem: Quadratics, sketch: str) -> np.ndarray:

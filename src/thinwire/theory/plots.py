@@ -4,7 +4,8 @@ Steps of every error figure (``error_figure``):
   1. one panel per ``Panel``; each curve is an error sequence drawn against its iteration;
   2. predictions (limit floors, predicted plateaus) are dashed horizontal lines, predicted
      rates dotted curves, in the colour of the curve they predict when one is given;
-  3. log-scale y axis, legend, saved as PNG with the Agg backend (no display needed).
+  3. log-scale y axis, legend, fixed margins (no layout pass: one draw per figure), saved once as
+     PNG with the Agg canvas (no display, no pyplot; matplotlib is imported on first use).
 Tables are GitHub markdown with numbers printed by ``fmt``.
 """
 
@@ -51,13 +52,27 @@ class Panel:
     ymin: float | None = None  # clip the view (values keep their meaning; the table has them)
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
-    import matplotlib
+# margins of every figure, in inches: room for the y label, the x label, the titles
+LEFT, RIGHT, BOTTOM, TOP, GAP = 0.85, 0.2, 0.6, 0.75, 0.95
+PANEL_W, HEIGHT = 6.2, 4.4
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    return plt
+def _figure(panels: int):  # type: ignore[no-untyped-def]
+    """A figure of ``panels`` axes side by side with fixed margins (steps 1 and 3)."""
+    from matplotlib.figure import Figure
+
+    width = PANEL_W * panels
+    fig = Figure(figsize=(width, HEIGHT))
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    inner = (width - LEFT - RIGHT - GAP * (panels - 1)) / panels
+    fig.subplots_adjust(
+        left=LEFT / width,
+        right=1 - RIGHT / width,
+        bottom=BOTTOM / HEIGHT,
+        top=1 - TOP / HEIGHT,
+        wspace=GAP / inner,
+    )
+    return fig, axes
 
 
 def _positive(y: np.ndarray) -> np.ndarray:
@@ -67,9 +82,8 @@ def _positive(y: np.ndarray) -> np.ndarray:
 
 def error_figure(path: Path, panels: Sequence[Panel], suptitle: str = "") -> Path:
     """Draw ``panels`` side by side into ``path`` (steps 1-3)."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
+    fig, axes = _figure(len(panels))
+    for ax, panel in zip(axes, panels):
         for curve in panel.curves:  # step 1
             x = np.arange(len(curve.y)) if curve.x is None else curve.x
             ax.plot(
@@ -90,11 +104,9 @@ def error_figure(path: Path, panels: Sequence[Panel], suptitle: str = "") -> Pat
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=7)
     if suptitle:
-        fig.suptitle(suptitle, fontsize=11)
-    fig.tight_layout()
+        fig.suptitle(suptitle, fontsize=11, y=1 - 0.12 / HEIGHT, va="top")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
     return path
 
 

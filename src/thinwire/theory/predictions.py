@@ -212,7 +212,13 @@ def theorem1(problem: Quadratics, m: Moments, rtol: float = 1e-12) -> ConditionC
 
 
 def stationary_error(problem: Quadratics, m: Moments, gamma: float) -> float:
-    """E||x - x*||^2_{L_bar} once the iteration at step gamma is stationary (step c); inf if unstable."""
+    """E||x - x*||^2_{L_bar} once the iteration at step gamma is stationary (step c); inf if unstable.
+
+    Stability is rho(T) < 1 for T(S) = E[A S A^T]. T maps positive semidefinite matrices to
+    positive semidefinite ones, so rho(T) < 1 exactly when X = T(X) + I has a positive definite
+    solution (then X = sum_k T^k(I)); one LU solve answers both that and the plateau, with no
+    eigenvalues of the d^2 x d^2 operator.
+    """
     d = problem.d
     eye = np.eye(d)
     # E[A_ab A_ce] for A = I - gamma B, then the operator S -> E[A S A^T] on row-major vec(S)
@@ -222,15 +228,23 @@ def stationary_error(problem: Quadratics, m: Moments, gamma: float) -> float:
         + gamma**2 * m.EBB
     )
     T = EAA.transpose(0, 2, 1, 3).reshape(d * d, d * d)
-    if np.max(np.abs(np.linalg.eigvals(T))) >= 1.0:
-        return math.inf
     mean = fixed_point(m)
     EAmc = np.outer(mean, m.Ec) - gamma * np.einsum("abj,b->aj", m.EBc, mean)  # E[A m c^T]
     R = gamma * (EAmc + EAmc.T) + gamma**2 * m.Ecc
-    S = np.linalg.solve(np.eye(d * d) - T, R.reshape(-1)).reshape(d, d)
+    try:
+        sol = np.linalg.solve(np.eye(d * d) - T, np.stack([eye.reshape(-1), R.reshape(-1)], 1))
+    except np.linalg.LinAlgError:
+        return math.inf
+    X = sol[:, 0].reshape(d, d)
+    if not np.all(np.isfinite(X)) or np.linalg.eigvalsh(0.5 * (X + X.T))[0] <= 0:
+        return math.inf  # no positive definite X = T(X) + I: rho(T) >= 1
+    S = sol[:, 1].reshape(d, d)
     xs, L = problem.x_star, problem.L_bar
-    # a second moment of a non-negative quantity: clip the rounding noise of the cancellation
-    return max(0.0, float(np.trace(L @ S) - 2 * xs @ L @ mean + xs @ L @ xs))
+    second, cross, last = float(np.trace(L @ S)), float(2 * xs @ L @ mean), float(xs @ L @ xs)
+    value = second - cross + last
+    # a second moment of a non-negative quantity: what is left of the cancellation below the
+    # rounding of its terms is zero (e.g. an unbiased method on identical workers)
+    return 0.0 if value <= 1e-12 * (abs(second) + abs(cross) + abs(last)) else value
 
 
 def two_by_two_threshold(a: float, b: float) -> float:

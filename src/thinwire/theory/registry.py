@@ -1,28 +1,28 @@
 """The experiment registry of the theory lab (Shulgin & Richtarik, ICML 2024, on quadratics).
 
-An experiment is a name, a one-line help and a function ``run(out_dir, seed)`` that writes its
-figures into ``out_dir`` and returns an ``ExperimentResult`` (markdown table, figure paths, the
-numbers it measured). Steps of ``default_registry``:
-  1. build an empty ``Registry`` (no module-level state: each call gets its own);
-  2. register the built-in experiments of ``thinwire.theory.experiments``;
-  3. import every module named in ``extensions`` and call its ``register(registry)``, so an
-     experiment living elsewhere (e.g. the torch "bridge to practice" run of
-     ``thinwire.theory.exp_bridge``) joins by adding its module name to ``EXTENSION_MODULES``
-     or by passing ``extensions``. A slow one sets ``explicit_only`` and stays out of ``--all``.
+An experiment is a name, a one-line help, its parameters as a frozen dataclass
+(``thinwire.theory.params``) and a function ``run(out_dir, params)`` that writes its figures
+into ``out_dir`` and returns an ``ExperimentResult`` (markdown table, figure paths, the numbers
+it measured). An experiment registered without a parameter class takes only a seed:
+``run(out_dir, seed)``. Steps of ``Experiment.parameters`` (the command line's options):
+  1. ``--seed S`` stands for the experiment's ``seeds`` (or ``seed``) parameter;
+  2. the options are turned into the experiment's parameters, validated (``params``).
+
+This module imports no experiment: the built-in ones are gathered by
+``thinwire.theory.experiments.default_registry``, which also imports every extension module.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from thinwire.errors import UsageError
-
-# Modules exposing ``register(registry: Registry) -> None``; an immutable list, not state.
-EXTENSION_MODULES: tuple[str, ...] = ("thinwire.theory.exp_bridge",)
+from thinwire.theory import params as params_
+from thinwire.theory.params import Parameters
 
 
 @dataclass(frozen=True)
@@ -57,21 +57,49 @@ class ExperimentResult:
         return md, js
 
 
-ExperimentFn = Callable[[Path, int], ExperimentResult]
+ExperimentFn = Callable[[Path, Any], ExperimentResult]
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """A named experiment: ``run(out_dir, seed) -> ExperimentResult``.
+    """A named experiment: ``run(out_dir, params) -> ExperimentResult``.
 
-    ``explicit_only``: too slow for ``--all`` (e.g. it launches worker processes); it runs only
-    when named.
+    ``params``: the experiment's parameter class; ``None`` for one that takes only a seed
+    (``run(out_dir, seed)``). ``explicit_only``: too slow for ``--all`` (e.g. it launches worker
+    processes); it runs only when named.
     """
 
     name: str
     help: str
     run: ExperimentFn
     explicit_only: bool = False
+    params: type[Parameters] | None = None
+
+    def option_names(self) -> tuple[str, ...]:
+        """The options it takes besides ``--seed`` (underscored names)."""
+        return params_.names(self.params) if self.params is not None else ()
+
+    def parameters(self, given: Mapping[str, str], seed: int | None) -> Any:
+        """Steps 1-2: its parameters from option texts, or the seed for a seed-only one."""
+        if self.params is None:
+            for name in given:
+                raise UsageError(
+                    f"{self.name} takes no {params_.flag(name)}; its only option is --seed"
+                )
+            return 0 if seed is None else seed
+        given = dict(given)
+        if seed is not None:  # step 1
+            taken = self.option_names()
+            if "seeds" in given or "seed" in given:
+                raise UsageError("give --seed or --seeds, not both")
+            given["seeds" if "seeds" in taken else "seed"] = str(seed)
+        return params_.from_options(self.params, given)  # step 2
+
+    def __call__(self, out_dir: Path, parameters: Any = None) -> ExperimentResult:
+        """Run with ``parameters`` (its defaults when None)."""
+        if parameters is None:
+            parameters = self.params() if self.params is not None else 0
+        return self.run(out_dir, parameters)
 
 
 class Registry:
@@ -106,14 +134,3 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._experiments)
-
-
-def default_registry(extensions: Sequence[str] = EXTENSION_MODULES) -> Registry:
-    """Built-in experiments plus those of ``extensions`` (steps 1-3)."""
-    from thinwire.theory import experiments
-
-    registry = Registry()
-    experiments.register(registry)
-    for module in extensions:
-        importlib.import_module(module).register(registry)
-    return registry
