@@ -27,6 +27,7 @@ DATASETS: Registry[DataEntry] = Registry("dataset", {
     "fashion-mnist": "thinwire.data.datasets:FASHION_MNIST",
     "digits": "thinwire.data.datasets:DIGITS",
     "teacher": "thinwire.data.datasets:TEACHER",
+    "tinyshakespeare": "thinwire.data.text:TINYSHAKESPEARE",
 })
 """Every dataset by name; each entry lives in its own module."""
 
