@@ -28,6 +28,8 @@ DATASETS: Registry[DataEntry] = Registry("dataset", {
     "digits": "thinwire.data.datasets:DIGITS",
     "teacher": "thinwire.data.datasets:TEACHER",
     "tinyshakespeare": "thinwire.data.text:TINYSHAKESPEARE",
+    "cora": "thinwire.data.graph:CORA",
+    "sbm": "thinwire.data.graph:SBM",
 })
 """Every dataset by name; each entry lives in its own module."""
 
