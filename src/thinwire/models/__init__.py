@@ -11,6 +11,7 @@ from thinwire.options import Registry
 
 MODELS: Registry[ModelEntry] = Registry("model", {
     "mlp": "thinwire.models.mlp:MODEL",
+    "gpt": "thinwire.models.gpt:MODEL",
 })
 """Every model by name."""
 
