@@ -12,6 +12,7 @@ from thinwire.options import Registry
 MODELS: Registry[ModelEntry] = Registry("model", {
     "mlp": "thinwire.models.mlp:MODEL",
     "gpt": "thinwire.models.gpt:MODEL",
+    "resnet": "thinwire.models.resnet:MODEL",
 })
 """Every model by name."""
 
