@@ -13,6 +13,7 @@ MODELS: Registry[ModelEntry] = Registry("model", {
     "mlp": "thinwire.models.mlp:MODEL",
     "gpt": "thinwire.models.gpt:MODEL",
     "resnet": "thinwire.models.resnet:MODEL",
+    "gcn": "thinwire.models.gcn:MODEL",
 })
 """Every model by name."""
 
