@@ -27,6 +27,9 @@ DATASETS: Registry[DataEntry] = Registry("dataset", {
     "fashion-mnist": "thinwire.data.datasets:FASHION_MNIST",
     "digits": "thinwire.data.datasets:DIGITS",
     "teacher": "thinwire.data.datasets:TEACHER",
+    "tinyshakespeare": "thinwire.data.text:TINYSHAKESPEARE",
+    "cora": "thinwire.data.graph:CORA",
+    "sbm": "thinwire.data.graph:SBM",
 })
 """Every dataset by name; each entry lives in its own module."""
 

@@ -11,6 +11,9 @@ from thinwire.options import Registry
 
 MODELS: Registry[ModelEntry] = Registry("model", {
     "mlp": "thinwire.models.mlp:MODEL",
+    "gpt": "thinwire.models.gpt:MODEL",
+    "resnet": "thinwire.models.resnet:MODEL",
+    "gcn": "thinwire.models.gcn:MODEL",
 })
 """Every model by name."""
 

@@ -1,0 +1,151 @@
+"""A graph convolutional network for node classification.
+
+Kipf & Welling, "Semi-Supervised Classification with Graph Convolutional Networks" (ICLR 2017):
+layer l maps node states H_l to H_{l+1} = act(A_hat H_l W_l + b_l) with the normalised adjacency
+A_hat = D^-1/2 (A + I) D^-1/2 (built by :mod:`thinwire.data.graph`), ReLU between layers and
+the raw class scores after the last. ``norm="layer"`` adds a parameter-free LayerNorm after each
+hidden layer (before the activation), as GIST (Wolfe et al., "GIST: Distributed Training for
+Large-Scale Graph Convolutional Networks") does so that a worker holding a slice of the hidden
+features sees them on the full model's scale.
+
+The model holds its graph: the dense node ``features`` [nodes, F] and the sparse ``adjacency``
+(CSR or COO) are non-persistent buffers (never parameters, never in the state dict) taken from the
+dataset's ``extra``; ``model.to(device)`` moves them. Forward for node ids [B] (int64):
+  1. h = features;
+  2. for each ``layers[l]`` (an ``nn.Linear``): dropout on h (training only), then
+     h = A_hat (h W_l^T) + b_l (or (A_hat h) W_l^T + b_l when that is cheaper, i.e. when the
+     layer widens), then for hidden layers LayerNorm (if asked) and ReLU;
+  3. return the rows of ``node_ids``: logits [B, classes].
+The bias is added after propagation (so every node gets the same b_l). Hidden layer l has
+``layers[l].weight.shape[0]`` features, the columns of ``layers[l + 1]``; no width is stored
+elsewhere, so a model holding a subset of hidden features (IST's unit for GCNs) runs unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from thinwire.errors import UsageError
+from thinwire.models.registry import ModelEntry
+from thinwire.options import check, opt
+
+if TYPE_CHECKING:
+    from thinwire.data.datasets import Dataset
+
+SPARSE_LAYOUTS = (torch.sparse_csr, torch.sparse_coo)
+
+
+class FeatureNorm(nn.Module):
+    """Parameter-free LayerNorm over the last dimension at whatever width it meets (the same as
+    ``nn.LayerNorm(width, elementwise_affine=False)``, without a stored width)."""
+
+    def __init__(self, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], eps=self.eps)
+
+
+class GCN(nn.Module):
+    """The graph convolutional network of the module docstring."""
+
+    features: torch.Tensor
+    adjacency: torch.Tensor
+
+    def __init__(self, features: torch.Tensor, adjacency: torch.Tensor, num_classes: int, *,
+                 hidden: int = 64, layers: int = 2, norm: str = "none",
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        if adjacency.layout not in SPARSE_LAYOUTS:
+            raise ValueError(f"adjacency must be a sparse CSR or COO tensor, got {adjacency.layout}")
+        nodes = features.shape[0]
+        if features.dim() != 2 or tuple(adjacency.shape) != (nodes, nodes):
+            raise ValueError(f"features must be [nodes, F] and adjacency [nodes, nodes], got "
+                             f"{tuple(features.shape)} and {tuple(adjacency.shape)}")
+        if adjacency.layout == torch.sparse_coo:
+            adjacency = adjacency.coalesce()
+        self.register_buffer("features", features, persistent=False)
+        self.register_buffer("adjacency", adjacency, persistent=False)
+        # The graph comes from the data and is identical on every rank: DistributedDataParallel
+        # must not broadcast it (it cannot: it has no sparse support). This is torch's hook for
+        # buffers DDP leaves alone (DistributedDataParallel._set_params_and_buffers_to_ignore_...).
+        self._ddp_params_and_buffers_to_ignore: tuple[str, ...] = ("features", "adjacency")
+        widths = [features.shape[1], *([hidden] * (layers - 1)), num_classes]
+        self.layers = nn.ModuleList(nn.Linear(widths[i], widths[i + 1])
+                                    for i in range(len(widths) - 1))
+        self.norm: nn.Module = FeatureNorm() if norm == "layer" else nn.Identity()
+        self.act = nn.ReLU()
+        self.dropout = dropout
+        for lin in self.layers:
+            assert isinstance(lin, nn.Linear)
+            nn.init.xavier_uniform_(lin.weight)  # Glorot, as Kipf & Welling
+            nn.init.zeros_(lin.bias)
+
+    def propagate(self, h: torch.Tensor) -> torch.Tensor:
+        """A_hat @ h for dense node states h [nodes, k]."""
+        return torch.sparse.mm(self.adjacency, h)
+
+    def forward(self, node_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [B, classes] of nodes ``node_ids`` [B] (steps of the module docstring)."""
+        h = self.features
+        last = len(self.layers) - 1
+        for i, lin in enumerate(self.layers):
+            assert isinstance(lin, nn.Linear)
+            h = F.dropout(h, self.dropout, self.training)
+            out_width, in_width = lin.weight.shape
+            if in_width < out_width:
+                h = F.linear(self.propagate(h), lin.weight, lin.bias)
+            else:
+                h = self.propagate(F.linear(h, lin.weight))
+                if lin.bias is not None:
+                    h = h + lin.bias
+            if i < last:
+                h = self.act(self.norm(h))
+        return h[node_ids]
+
+
+@dataclass(frozen=True)
+class Options:
+    """``[model]`` options of the GCN."""
+
+    hidden: int = opt(64, "features of each hidden layer")
+    layers: int = opt(2, "graph convolution layers (1: no hidden layer)")
+    norm: str = opt("none", "after each hidden layer: none, or layer (parameter-free LayerNorm, "
+                    "as GIST)", choices=("none", "layer"))
+    dropout: float = opt(0.0, "dropout on each layer's input (Kipf & Welling use 0.5)")
+
+    def __post_init__(self) -> None:
+        check(self.hidden >= 1, "model.hidden", f"got {self.hidden}; use an integer >= 1")
+        check(self.layers >= 1, "model.layers", f"got {self.layers}; use an integer >= 1")
+        check(self.norm in ("none", "layer"), "model.norm",
+              f"got {self.norm!r}; use one of none, layer")
+        check(0.0 <= self.dropout < 1.0, "model.dropout",
+              f"got {self.dropout}; use a probability in [0, 1)")
+
+
+def build_gcn(options: Options, dataset: Dataset, seed: int) -> GCN:
+    """The GCN on ``dataset``'s graph (a ``node`` dataset with ``extra["features"]`` and
+    ``extra["adjacency"]``) with weights drawn from ``seed`` (identical on every rank)."""
+    features = dataset.extra.get("features")
+    adjacency = dataset.extra.get("adjacency")
+    if (dataset.kind != "node" or not isinstance(features, torch.Tensor)
+            or not isinstance(adjacency, torch.Tensor) or adjacency.layout not in SPARSE_LAYOUTS):
+        raise UsageError(
+            f"model gcn needs a graph (a 'node' dataset with node features and a sparse "
+            f"adjacency, such as cora or sbm), but {dataset.name} is a '{dataset.kind}' dataset; "
+            f"pick --data.name cora")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GCN(features, adjacency, dataset.num_classes, hidden=options.hidden,
+                   layers=options.layers, norm=options.norm, dropout=options.dropout)
+
+
+MODEL = ModelEntry(
+    name="gcn", summary="graph convolutional network (Kipf & Welling 2017) for node classes",
+    build=build_gcn, data_kinds=("node",), default_data="cora", options=Options)

@@ -1,0 +1,189 @@
+"""A small decoder-only transformer language model in the GPT-2 layout.
+
+Radford, Wu, Child, Luan, Amodei, Sutskever, "Language Models are Unsupervised Multitask
+Learners" (OpenAI, 2019): the GPT decoder (Radford et al. 2018) with LayerNorm moved to the input
+of each sub-block (pre-LayerNorm), a final LayerNorm after the last block, and residual
+projections initialised with std 0.02 / sqrt(2 n_layer). Here it reads characters: the context
+length is the dataset's window (``input_shape[0]``) and the vocabulary its ``num_classes``.
+
+Forward pass for token ids ``idx`` [B, L] (int64), L <= context length:
+  1. h = tok_emb(idx) + pos_emb(0 .. L-1), then dropout;
+  2. for each :class:`Block` in ``blocks``: h = h + attn(ln1(h)); h = h + mlp(ln2(h));
+  3. logits = head(ln_f(h)), [B, L, V].
+
+:class:`CausalSelfAttention` has separate ``q``, ``k``, ``v`` (d_model -> heads x head_dim) and
+``proj`` (heads x head_dim -> d_model) linear layers and a fixed ``head_dim``; it derives its
+*current* number of heads from ``q.weight.shape[0] // head_dim`` at every call and attends with
+``scaled_dot_product_attention(is_causal=True)``. :class:`FeedForward` is ``fc1`` (d_model ->
+d_ff), ``act`` (GELU, tanh approximation as GPT-2), ``fc2`` (d_ff -> d_model). Neither stores a
+head count or a hidden width, so a model holding a subset of heads (rows of q/k/v and their
+biases, columns of proj) or of FFN neurons (rows of fc1 and its bias, columns of fc2) runs
+unchanged: the units IST deals out to workers, tensor parallelism shards and pipeline stages
+split (whole blocks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from thinwire.errors import UsageError
+from thinwire.models.registry import ModelEntry
+from thinwire.options import check, opt
+
+if TYPE_CHECKING:
+    from thinwire.data.datasets import Dataset
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with per-head rows in q, k, v and columns in proj."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.head_dim = d_model // n_head
+        width = n_head * self.head_dim
+        self.q = nn.Linear(d_model, width)
+        self.k = nn.Linear(d_model, width)
+        self.v = nn.Linear(d_model, width)
+        self.proj = nn.Linear(width, d_model)
+        self.attn_dropout = dropout
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, d_model] -> [B, L, d_model]: 1. project to q, k, v and split into the heads
+        present; 2. causal scaled dot-product attention per head; 3. concatenate the heads and
+        project back (then dropout)."""
+        b, n, _ = x.shape
+        heads = self.q.weight.shape[0] // self.head_dim
+        q, k, v = (lin(x).view(b, n, heads, self.head_dim).transpose(1, 2)
+                   for lin in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.attn_dropout if self.training else 0.0, is_causal=True)
+        y = y.transpose(1, 2).reshape(b, n, heads * self.head_dim)
+        return self.drop(self.proj(y))
+
+
+class FeedForward(nn.Module):
+    """The position-wise MLP: fc2(GELU(fc1(x))), then dropout."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.act(self.fc1(x))))
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: x + attn(ln1(x)), then + mlp(ln2(.))."""
+
+    def __init__(self, d_model: int, n_head: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head, dropout)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = FeedForward(d_model, d_ff, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer LM: token ids [B, L] -> next-token logits [B, L, vocab]."""
+
+    def __init__(self, vocab: int, context: int, *, n_layer: int = 2, n_head: int = 4,
+                 d_model: int = 128, d_ff: int = 0, tie_embeddings: bool = False,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        d_ff = d_ff or 4 * d_model
+        self.tok_emb = nn.Embedding(vocab, d_model)
+        self.pos_emb = nn.Embedding(context, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(d_model, n_head, d_ff, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        self._init_weights(n_layer)
+        if tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+
+    def _init_weights(self, n_layer: int) -> None:
+        """GPT-2: every linear and embedding weight N(0, 0.02^2), biases 0, LayerNorm 1 and 0;
+        the residual projections (attn.proj, mlp.fc2) N(0, (0.02 / sqrt(2 n_layer))^2)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        residual_std = 0.02 / math.sqrt(2 * max(n_layer, 1))
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.fc2.weight, mean=0.0, std=residual_std)
+
+    @property
+    def context(self) -> int:
+        """The longest sequence the positional embedding covers."""
+        return self.pos_emb.num_embeddings
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, vocab] for token ids ``idx`` [B, L] (steps of the module docstring)."""
+        n = idx.shape[-1]
+        if n > self.context:
+            raise ValueError(f"sequence of {n} tokens exceeds the context length {self.context}")
+        pos = torch.arange(n, device=idx.device)
+        h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.ln_f(h))
+
+
+@dataclass(frozen=True)
+class Options:
+    """``[model]`` options of the GPT."""
+
+    n_layer: int = opt(2, "number of transformer blocks")
+    n_head: int = opt(4, "attention heads per block (must divide d_model)")
+    d_model: int = opt(128, "embedding width")
+    d_ff: int = opt(0, "hidden width of each block's MLP (0: 4 x d_model)")
+    tie_embeddings: bool = opt(False, "share the token embedding with the output head")
+    dropout: float = opt(0.0, "dropout on embeddings, attention weights and residual branches")
+
+    def __post_init__(self) -> None:
+        check(self.n_layer >= 1, "model.n_layer", f"got {self.n_layer}; use an integer >= 1")
+        check(self.n_head >= 1, "model.n_head", f"got {self.n_head}; use an integer >= 1")
+        check(self.d_model >= 1, "model.d_model", f"got {self.d_model}; use an integer >= 1")
+        check(self.d_model % self.n_head == 0, "model.d_model",
+              f"{self.d_model} is not divisible by model.n_head={self.n_head}; use a multiple "
+              f"of it")
+        check(self.d_ff >= 0, "model.d_ff", f"got {self.d_ff}; use 0 (4 x d_model) or a width")
+        check(0.0 <= self.dropout < 1.0, "model.dropout",
+              f"got {self.dropout}; use a probability in [0, 1)")
+
+
+def build_gpt(options: Options, dataset: Dataset, seed: int) -> GPT:
+    """The GPT for ``dataset`` (a ``sequence`` dataset: context = ``input_shape[0]``,
+    vocabulary = ``num_classes``) with weights drawn from ``seed`` (identical on every rank)."""
+    if dataset.kind != "sequence" or len(dataset.input_shape) != 1:
+        raise UsageError(
+            f"model gpt needs token sequences (a 'sequence' dataset such as tinyshakespeare), "
+            f"but {dataset.name} is a '{dataset.kind}' dataset with input shape "
+            f"{tuple(dataset.input_shape)}; pick --data.name tinyshakespeare")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(dataset.num_classes, dataset.input_shape[0], n_layer=options.n_layer,
+                   n_head=options.n_head, d_model=options.d_model, d_ff=options.d_ff,
+                   tie_embeddings=options.tie_embeddings, dropout=options.dropout)
+
+
+MODEL = ModelEntry(
+    name="gpt", summary="decoder-only transformer LM, pre-LayerNorm GPT-2 layout, char level",
+    build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options)

@@ -1,0 +1,163 @@
+"""A small residual network for grey images with switchable, rescalable residual blocks.
+
+He, Zhang, Ren, Sun, "Deep Residual Learning for Image Recognition" (CVPR 2016), the basic-block
+variant sized for 28x28 inputs (as their CIFAR networks: three stages, widths 16/32/64). Each
+:class:`BasicBlock` carries two plain attributes for ResIST (Dun, Wolfe, Jermaine, Kyrillidis,
+"ResIST: Layer-Wise Decomposition of ResNets for Distributed Training", UAI 2022), which deals
+shape-preserving blocks to workers and rescales them at test time: ``enabled`` (a disabled block
+is the identity) and ``branch_scale`` (the residual branch's multiplier).
+
+Forward pass for images given flat [B, C*H*W] (reshaped to ``input_shape``) or as [B, C, H, W]:
+  1. ``stem``: conv 3x3 (C -> widths[0]) + BatchNorm2d + ReLU;
+  2. ``stages[s]`` for s = 0, 1, ...: ``blocks[s]`` BasicBlocks of width ``widths[s]``; the first
+     block of every stage after the first halves the resolution (stride 2) and widens the
+     channels, with a 1x1 conv + BatchNorm2d shortcut;
+  3. global average pooling, then ``head`` (linear, widths[-1] -> classes).
+
+A BasicBlock computes ``relu(shortcut(x) + branch_scale * branch(x))`` with ``branch(x) =
+bn2(conv2(relu(bn1(conv1(x)))))`` when enabled, and returns ``x`` unchanged when disabled. Only
+shape-preserving blocks (``downsample`` False) may be disabled; running a disabled downsampling
+block raises. BatchNorm keeps running statistics (used in eval mode).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from thinwire.errors import UsageError
+from thinwire.models.registry import ModelEntry
+from thinwire.options import check, opt
+
+if TYPE_CHECKING:
+    from thinwire.data.datasets import Dataset
+
+
+def conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
+    """A 3x3 convolution with padding 1 and no bias (a BatchNorm follows)."""
+    return nn.Conv2d(c_in, c_out, kernel_size=3, stride=stride, padding=1, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv + BN layers with a residual shortcut (identity, or 1x1 conv + BN when the
+    block changes the shape)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = conv3x3(c_in, c_out, stride)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = conv3x3(c_out, c_out)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.downsample: bool = stride != 1 or c_in != c_out
+        self.shortcut: nn.Module = nn.Identity()
+        if self.downsample:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, kernel_size=1, stride=stride, bias=False),
+                nn.BatchNorm2d(c_out))
+        self.enabled: bool = True
+        self.branch_scale: float = 1.0
+
+    def branch(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual branch: bn2(conv2(relu(bn1(conv1(x)))))."""
+        return self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            if self.downsample:
+                raise RuntimeError(
+                    f"a downsampling BasicBlock ({self.conv1.in_channels} -> "
+                    f"{self.conv1.out_channels} channels, stride {self.conv1.stride[0]}) cannot be "
+                    f"disabled: it changes the shape; disable only shape-preserving blocks")
+            return x
+        branch = self.branch(x)
+        if self.branch_scale != 1.0:
+            branch = branch * self.branch_scale
+        return F.relu(self.shortcut(x) + branch)
+
+
+class ResNet(nn.Module):
+    """The residual network of the module docstring."""
+
+    def __init__(self, input_shape: Sequence[int], num_classes: int, *,
+                 widths: Sequence[int] = (16, 32, 64), blocks: Sequence[int] = (2, 2, 2)) -> None:
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(f"input_shape must be (C, H, W), got {tuple(input_shape)}")
+        if len(widths) != len(blocks) or not widths:
+            raise ValueError("widths and blocks need one entry per stage")
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.stem = nn.Sequential(conv3x3(self.input_shape[0], widths[0]),
+                                  nn.BatchNorm2d(widths[0]), nn.ReLU())
+        stages = []
+        c_in = widths[0]
+        for s, (width, count) in enumerate(zip(widths, blocks)):
+            stride = 1 if s == 0 else 2
+            stage = [BasicBlock(c_in, width, stride)]
+            stage += [BasicBlock(width, width) for _ in range(count - 1)]
+            stages.append(nn.ModuleList(stage))
+            c_in = width
+        self.stages = nn.ModuleList(stages)
+        self.head = nn.Linear(c_in, num_classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [B, classes] (steps of the module docstring)."""
+        if x.dim() != 4:
+            x = x.reshape(x.shape[0], *self.input_shape)
+        h = self.stem(x)
+        for _, _, block in self.residual_blocks():
+            h = block(h)
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+    def residual_blocks(self) -> list[tuple[int, int, BasicBlock]]:
+        """(stage, index, block) of every block, in order."""
+        out: list[tuple[int, int, BasicBlock]] = []
+        for s, stage in enumerate(self.stages):
+            assert isinstance(stage, nn.ModuleList)
+            for i, block in enumerate(stage):
+                assert isinstance(block, BasicBlock)
+                out.append((s, i, block))
+        return out
+
+
+@dataclass(frozen=True)
+class Options:
+    """``[model]`` options of the ResNet."""
+
+    widths: tuple[int, ...] = opt((16, 32, 64), "channels of each stage, e.g. 16,32,64")
+    blocks: tuple[int, ...] = opt((2, 2, 2), "basic blocks per stage, e.g. 2,2,2")
+
+    def __post_init__(self) -> None:
+        check(len(self.widths) >= 1, "model.widths", "give at least one stage width")
+        check(all(w >= 1 for w in self.widths), "model.widths", "every width must be >= 1")
+        check(len(self.blocks) == len(self.widths), "model.blocks",
+              f"got {len(self.blocks)} entries for {len(self.widths)} stages; give one count per "
+              f"entry of model.widths")
+        check(all(b >= 1 for b in self.blocks), "model.blocks", "every count must be >= 1")
+
+
+def build_resnet(options: Options, dataset: Dataset, seed: int) -> ResNet:
+    """The ResNet for image ``dataset`` (``input_shape`` (C, H, W)) with weights drawn from
+    ``seed`` (identical on every rank)."""
+    if dataset.kind != "classification" or len(dataset.input_shape) != 3:
+        raise UsageError(
+            f"model resnet needs images with a (C, H, W) input_shape, but {dataset.name} is a "
+            f"'{dataset.kind}' dataset with input shape {tuple(dataset.input_shape)}; pick an "
+            f"image dataset such as fashion-mnist")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return ResNet(dataset.input_shape, dataset.num_classes, widths=options.widths,
+                      blocks=options.blocks)
+
+
+MODEL = ModelEntry(
+    name="resnet", summary="small ResNet with basic blocks (He et al. 2016) for grey images",
+    build=build_resnet, data_kinds=("classification",), default_data="fashion-mnist",
+    options=Options)
