@@ -12,6 +12,7 @@ floating-point summation order (when the model has no batch-statistics layers).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from typing import Any
 
@@ -34,6 +35,15 @@ def allreduce_hook(comm: Comm) -> Any:
     return hook
 
 
+def codec_args(m: Any) -> tuple[str, dict[str, Any]]:
+    """The method config's codec name and the options that codec declares."""
+    from thinwire.compression import CODECS
+
+    known = {f.name for f in dataclasses.fields(CODECS.get(m.compressor).options)}
+    values = {"ratio": m.ratio, "levels": m.levels, "rank": m.rank, "ef": m.error_feedback}
+    return m.compressor, {k: v for k, v in values.items() if k in known}
+
+
 class DataParallel(ReplicatedStrategy):
     name = "dp"
 
@@ -52,7 +62,8 @@ class DataParallel(ReplicatedStrategy):
             return None, allreduce_hook(self.comm)
         from thinwire.compression import ddp_hook
 
-        return ddp_hook(self.cfg.method, self.comm, seed=self.cfg.train.seed)
+        name, options = codec_args(self.cfg.method)
+        return ddp_hook(name, comm=self.comm, seed=self.cfg.train.seed, **options)
 
     def train_step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
         return self.local_step(self.ddp, x, y, step)

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from thinwire.compression import Compressor, average_async, build_compressor
+from thinwire.compression import Compressor, average_async, build
 from thinwire.strategies.base import Context, MemoryReport, flat_params, load_flat, optimizer_bytes
+from thinwire.strategies.data_parallel import codec_args
 from thinwire.strategies.local_sgd import LocalSGD
 
 
@@ -46,7 +47,8 @@ class DiLoCo(LocalSGD):
                                          nesterov=m.outer_momentum > 0)
         self.compressor: Compressor | None = None
         if m.compressor != "none":
-            self.compressor = build_compressor(m, seed=self.cfg.train.seed, rank=self.comm.rank)
+            name, options = codec_args(m)
+            self.compressor = build(name, seed=self.cfg.train.seed, rank=self.comm.rank, **options)
 
     def synchronize(self, step: int) -> None:
         """Steps 2-5, after the H-th inner step of a round (step 1 is LocalSGD's)."""
