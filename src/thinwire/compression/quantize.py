@@ -105,25 +105,32 @@ class QSGD(Compressor):
         return (norm.reshape(1), torch.copysign(level, flat).to(level_dtype(s)))
 
     def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
-        """Steps 2-3 on CPU, block by block: trunc(c x + copysign(u, x)), clipped to [-s, s]."""
+        """Steps 2-3 on CPU, block by block: trunc(c x + copysign(u, x)), within [-s, s]."""
         s = self.levels
-        q = np.empty(xn.size, dtype=_NUMPY_INT[level_dtype(s)])
+        dtype = _NUMPY_INT[level_dtype(s)]
+        q = np.empty(xn.size, dtype=dtype)
         bits = private_bits(self.seed, step, key, self.rank, 0x5EED)
+        # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
+        wide = s >= np.iinfo(dtype).max
         size = min(xn.size, BLOCK)
-        t, u = np.empty(size, np.float32), np.empty(size, np.float32)
+        t, u, sign = np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.uint32)
         for a, b in blocks(xn.size, size):
             m = b - a
-            tb, ub = t[:m], u[:m]
+            tb, ub, sb = t[:m], u[:m], sign[:m]
             np.multiply(xn[a:b], c, out=tb)  # 2. c x_i, signed: |c x_i| = r_i
             raw = bits.random_raw((m + 1) // 2).view(np.uint32)[:m]
             np.right_shift(raw, 8, out=raw)  # 24 random bits
             ub[:] = raw.view(np.int32)  # exact: < 2^24
             ub *= _U24  # u on the 2^24-point grid of [0, 1)
-            np.copysign(ub, tb, out=ub)
+            # copysign(u, c x_i) through the bits (numpy's copysign is 3x slower)
+            np.bitwise_and(tb.view(np.uint32), np.uint32(0x80000000), out=sb)
+            np.bitwise_or(ub.view(np.uint32), sb, out=ub.view(np.uint32))
             tb += ub  # |t| = r_i + u_i
-            # r_i <= s, but c x_i may exceed s by a rounding: keep |t| < s + 1
-            np.clip(tb, -s, s, out=tb)
+            if wide:  # s + 1 would not fit the level dtype: clip before narrowing
+                np.clip(tb, -s, s, out=tb)
             q[a:b] = tb  # 3. truncation toward zero: sign(x_i) floor(r_i + u_i)
+        if not wide:
+            np.clip(q, -s, s, out=q)  # cheaper on the narrow levels
         return q
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
@@ -182,17 +189,18 @@ class Int8(Compressor):
         q = np.empty(d, np.int8)
         scale = np.empty(math.ceil(d / c), np.float32)
         per = max(1, BLOCK // c)  # whole chunks per block
-        buf = np.empty((min(per, rows), c), np.float32)
+        buf = np.empty(min(per, rows) * c, np.float32)
         for r0, r1 in blocks(rows, per):
-            xb, a = xn[r0 * c:r1 * c].reshape(-1, c), buf[:r1 - r0]
+            xb, a = xn[r0 * c:r1 * c], buf[:(r1 - r0) * c]
             # 2. absmax scale per chunk
             np.abs(xb, out=a)
-            sc = a.max(axis=1) / np.float32(127)
+            sc = np.maximum.reduceat(a, np.arange(0, a.size, c)) / np.float32(127)
             scale[r0:r1] = sc
-            # 3. round x / scale to the nearest integer, stored as int8
-            np.divide(xb, np.where(sc > 0, sc, np.float32(1))[:, None], out=a)
+            # 3. round x / scale to the nearest integer (half to even), stored as int8
+            np.divide(xb.reshape(-1, c), np.where(sc > 0, sc, np.float32(1))[:, None],
+                      out=a.reshape(-1, c))
             np.rint(a, out=a)
-            q[r0 * c:r1 * c] = a.reshape(-1)
+            q[r0 * c:r1 * c] = a
         if rows * c < d:  # the last, partial chunk
             tq, ts = self._encode_torch(flat[rows * c:])
             q[rows * c:] = as_numpy(tq)

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from thinwire.compression.base import (
+    BLOCK,
     Compressor,
     Part,
     Payload,
@@ -56,7 +57,8 @@ from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
 
 SAMPLE = 1 << 16
-"""Most elements of Top-k's threshold sample (step 1a)."""
+"""Most elements of Top-k's threshold sample (step 1a); at least 1 in 64 elements is sampled
+(a strided read touches a cache line per sampled element)."""
 
 MARGIN = 1.5
 """Candidates aimed for, in multiples of k (step 1a): a sample of s elements estimates the
@@ -71,7 +73,7 @@ def index_dtype(numel: int) -> torch.dtype:
 def _sample_plan(d: int, k: int) -> tuple[int, int] | None:
     """(stride, wanted sample entries) of step 1a, or None where it does not pay (small d,
     or k so large that most entries are candidates anyway)."""
-    size = min(SAMPLE, d // 16)
+    size = min(SAMPLE, d // 64)
     if size < 4096 or 4 * k > d:
         return None
     stride = (d // size) | 1  # odd: does not follow the rows of a power-of-two-wide matrix
@@ -98,10 +100,11 @@ def _pick_numpy(cand: np.ndarray, mags: np.ndarray, k: int) -> np.ndarray:
     if cand.size == k:
         return cand
     v = np.partition(mags, mags.size - k)[mags.size - k]
-    above = mags > v
-    equal = mags == v
-    need = k - int(np.count_nonzero(above))
-    keep = above | (equal & (np.cumsum(equal) <= need))
+    keep = mags >= v
+    if np.count_nonzero(keep) > k:  # ties at v: only the first (k - #above) of them
+        above = mags > v
+        equal = mags == v
+        keep = above | (equal & (np.cumsum(equal) <= k - np.count_nonzero(above)))
     return cand[keep]
 
 
@@ -129,14 +132,15 @@ def _topk_indices_numpy(xn: np.ndarray, k: int, plan: tuple[int, int] | None) ->
         stride, want = plan
         sample = np.abs(xn[::stride])
         t = np.partition(sample, sample.size - want)[sample.size - want]  # 1a
-        buf = np.empty(min(d, 1 << 15), dtype=xn.dtype)
+        size = min(d, BLOCK)
+        a, hit = np.empty(size, xn.dtype), np.empty(size, bool)
         idx: list[np.ndarray] = []
         mags: list[np.ndarray] = []
-        for s, e in blocks(d, buf.size):  # 1b, block by block in cache
-            a = np.abs(xn[s:e], out=buf[:e - s])
-            hit = np.flatnonzero(a >= t)
-            idx.append(hit + s)
-            mags.append(a[hit])
+        for s, e in blocks(d, size):  # 1b, block by block in cache
+            ab = np.abs(xn[s:e], out=a[:e - s])
+            found = np.flatnonzero(np.greater_equal(ab, t, out=hit[:e - s]))
+            idx.append(found + s)
+            mags.append(ab[found])
         cand = np.concatenate(idx)
         if cand.size >= k:
             return _pick_numpy(cand, np.concatenate(mags), k)
@@ -170,13 +174,17 @@ class TopK(Compressor):
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        values, _ = payload
+        values, idx = payload
         # 3. zeros, and the values at their indices
         if out is None:
             out = values.new_zeros(numel)
         else:
             out.zero_()
-        self.decode_add(payload, out, step, key=key)
+        flat = out.view(-1)
+        if is_cpu_float32(flat) and values.dtype == torch.float32:
+            as_numpy(flat)[as_numpy(idx)] = as_numpy(values)
+        else:
+            flat[idx.long()] = values.to(flat.dtype)
         return out
 
     def decode_add(self, payload: Payload, out: torch.Tensor, step: int, *, key: int = 0) -> None:
