@@ -105,9 +105,15 @@ def private_bits(*parts: int) -> np.random.SFC64:
     return np.random.SFC64(mix_seed(*parts))
 
 
+def on_cpu(x: torch.Tensor) -> bool:
+    """Whether ``x`` is in CPU memory, where the numpy fast paths apply (every other device
+    takes the torch path, which is also the fast paths' reference in the tests)."""
+    return x.device.type == "cpu"
+
+
 def is_cpu_float32(x: torch.Tensor) -> bool:
-    """Whether the numpy fast paths apply: a float32 tensor in CPU memory."""
-    return x.device.type == "cpu" and x.dtype == torch.float32
+    """Whether the float32 numpy fast paths apply: a float32 tensor in CPU memory."""
+    return on_cpu(x) and x.dtype == torch.float32
 
 
 def as_numpy(x: torch.Tensor) -> np.ndarray:
@@ -131,7 +137,7 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
 
     On CPU through ``numpy.packbits`` (same layout, ~20x faster than the torch expression); on
     any other device :func:`pack_bits_torch`. The result is on the input's device."""
-    if bits.device.type == "cpu":
+    if on_cpu(bits):
         return torch.from_numpy(np.packbits(as_numpy(bits.reshape(-1).bool())))
     return pack_bits_torch(bits)
 
@@ -148,7 +154,7 @@ def pack_bits_torch(bits: torch.Tensor) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: the first ``numel`` booleans, on the input's device."""
-    if packed.device.type == "cpu":
+    if on_cpu(packed):
         return torch.from_numpy(np.unpackbits(as_numpy(packed), count=numel)).bool()
     return unpack_bits_torch(packed, numel)
 

@@ -43,6 +43,7 @@ from thinwire.compression.base import (
     Payload,
     as_numpy,
     blocks,
+    on_cpu,
     private_bits,
     write_out,
 )
@@ -92,7 +93,7 @@ class QSGD(Compressor):
         norm = torch.linalg.vector_norm(flat)
         n = float(norm)
         c = s / n if n > 0 else 0.0
-        if flat.device.type == "cpu":
+        if on_cpu(flat):
             q = self._levels_cpu(as_numpy(flat), np.float32(c), step, key)
             return (norm.reshape(1), torch.from_numpy(q))
         # 2. stochastic rounding: floor(r + u), u ~ U[0, 1), is r's upper neighbour with
@@ -138,7 +139,7 @@ class QSGD(Compressor):
         norm, q = payload
         # 4. ||x|| level / s
         f = norm.reshape(()) / self.levels
-        if q.device.type == "cpu" and (out is None or (
+        if on_cpu(q) and (out is None or (
                 out.dtype == torch.float32 and out.is_contiguous())):
             res = out if out is not None else torch.empty(numel)
             np.multiply(as_numpy(q), np.float32(float(f)), out=as_numpy(res).reshape(-1),
@@ -181,7 +182,7 @@ class Int8(Compressor):
 
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         flat = x.reshape(-1).float()
-        if flat.device.type != "cpu":
+        if not on_cpu(flat):
             return self._encode_torch(flat)
         c, d = self.chunk, flat.numel()
         rows = d // c
@@ -210,7 +211,7 @@ class Int8(Compressor):
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         q, scale = payload
-        if q.device.type != "cpu" or (out is not None and (
+        if not on_cpu(q) or (out is not None and (
                 out.dtype != torch.float32 or not out.is_contiguous())):
             # 4. q scale per chunk
             return write_out((self._chunks(q.float()) * scale[:, None]).reshape(-1)[:numel], out)

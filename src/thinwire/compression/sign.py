@@ -35,6 +35,7 @@ from thinwire.compression.base import (
     blocks,
     byte_bits,
     is_cpu_float32,
+    on_cpu,
     pack_bits,
     unpack_bits,
     write_out,
@@ -81,7 +82,7 @@ class ScaledSign(Compressor):
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         scale, packed = payload
-        if packed.device.type != "cpu" or (out is not None and (
+        if not on_cpu(packed) or (out is not None and (
                 out.dtype != torch.float32 or not out.is_contiguous())):
             # 3. +scale or -scale per bit, as 2 scale b_i - scale (exact)
             s = scale.reshape(())
@@ -93,7 +94,7 @@ class ScaledSign(Compressor):
 
     def decode_add(self, payload: Payload, out: torch.Tensor, step: int, *, key: int = 0) -> None:
         scale, packed = payload
-        if packed.device.type != "cpu" or out.dtype != torch.float32 or not out.is_contiguous():
+        if not on_cpu(packed) or out.dtype != torch.float32 or not out.is_contiguous():
             super().decode_add(payload, out, step, key=key)
             return
         self._lookup(float(scale), as_numpy(packed), as_numpy(out).reshape(-1), add=True)
