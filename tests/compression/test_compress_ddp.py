@@ -11,9 +11,9 @@ import torch
 from harness import run_workers
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from thinwire.compression import CODECS, build, register
+from thinwire.compression import CODECS, build, ddp_hook, register
 from thinwire.models import build_mlp
-from thinwire.runtime.comm import Comm, wire_estimate
+from thinwire.runtime.comm import Comm, CommError, wire_estimate
 
 IN, HIDDEN, OUT, STEPS = 8, (16, 16), 4, 3
 SHAPES = [(16, 8), (16,), (16, 16), (16,), (4, 16), (4,)]
@@ -56,6 +56,7 @@ def _runs(comm: Comm, specs: list[str | None], same_data: bool) -> dict[str | No
 
 
 def test_every_codec_is_covered() -> None:
+    """Guards the coverage of this file: a codec added to the registry is tested here too."""
     assert {s.partition(":")[0] for s in SPECS} == set(CODECS.names())
 
 
@@ -100,6 +101,30 @@ def test_every_codec_trains_near_the_exact_update(two_ranks: Any) -> None:
         update = two_ranks[0][spec]["params"] - start
         rel = float((update - exact).norm() / exact.norm())
         assert rel < bounds[spec], (spec, rel)
+
+
+def _default_comm(comm: Comm) -> dict[str, Any]:
+    model = build_mlp(IN, HIDDEN, OUT, norm="none", seed=0)
+    ddp = DDP(model)
+    state = register(ddp, "powersgd", rank=1)  # PowerSGD's rank; Comm() binds to the group
+    x, y = _batch(comm.rank, 0)
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    entries = [(e.op, e.payload) for e in state.comm.ledger.entries]
+    del ddp
+    return {"label": state.compressor.describe(), "entries": entries,
+            "world": state.comm.world_size}
+
+
+def test_register_defaults_to_the_process_group_and_its_own_ledger() -> None:
+    """Guards the plain-argument API: ``register(ddp, "powersgd", rank=1)`` binds ``Comm()`` to
+    the default process group lazily, takes ``rank`` as PowerSGD's option (not the worker's),
+    and its ledger records the predicted collectives; without a process group, building the hook
+    is a one-line error instead of a silent single-rank run."""
+    for out in run_workers(_default_comm, 2):
+        assert out["label"] == "powersgd(rank=1,warm_start,ef)" and out["world"] == 2
+        assert out["entries"] == build("powersgd:rank=1").collectives(D, SHAPES)
+    with pytest.raises(CommError, match="init_process_group"):
+        ddp_hook("topk")
 
 
 def test_one_rank_equals_two_ranks_on_identical_data() -> None:

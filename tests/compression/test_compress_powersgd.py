@@ -23,6 +23,7 @@ def _error(comp: PowerSGD, m: torch.Tensor, step: int) -> float:
 
 
 def test_error_decreases_with_rank() -> None:
+    """Guards the rank-r approximation: error falls with r, never beats the truncated SVD."""
     m, sigma = _matrix(lambda j: 0.5 ** j)
     errors = [_error(PowerSGD(r, seed=1), m, 0) for r in (1, 2, 4, 8)]
     assert all(a > b for a, b in zip(errors, errors[1:]))
@@ -33,6 +34,8 @@ def test_error_decreases_with_rank() -> None:
 
 
 def test_error_decreases_with_warm_start_iterations() -> None:
+    """Guards the warm start (step 7): repeated steps are subspace iteration and approach the
+    best rank-2 error; cold starts do not."""
     # slow spectral decay (sigma_j = 1 / (j + 1)): one power iteration is far from the best
     m, sigma = _matrix(lambda j: 1 / (j + 1))
     best = float(sigma[2:].norm())
@@ -45,6 +48,8 @@ def test_error_decreases_with_warm_start_iterations() -> None:
 
 
 def test_layout_compresses_matrices_and_sends_vectors_raw() -> None:
+    """Guards the bucket layout and its traffic description: matrices compressed, vectors and
+    tiny matrices sent raw, the two all-reduces' bytes exactly."""
     comp = PowerSGD(2)
     shapes = [(16, 8), (16,), (4, 16), (4,), (2, 2)]  # (2, 2): r (n + m) = 8 >= 4, raw
     numel = 128 + 16 + 64 + 4 + 4

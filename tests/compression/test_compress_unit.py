@@ -277,6 +277,7 @@ def test_bit_packing_round_trip_and_size(d: int) -> None:
 
 
 def test_bit_packing_layout_is_msb_first() -> None:
+    """Guards the wire layout of packed bits: most significant bit first, zero padding."""
     bits = torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1], dtype=torch.bool)
     assert pack_bits(bits).tolist() == [0b10110000, 0b10000000]
 
@@ -314,6 +315,7 @@ def test_int8_error_within_half_a_step_per_chunk(d: int, chunk: int) -> None:
 
 @pytest.mark.parametrize("wire", [torch.float16, torch.bfloat16])
 def test_casts_round_to_wire_dtype(wire: torch.dtype) -> None:
+    """Guards fp16 / bf16: exactly one rounding to the wire dtype and back."""
     x = torch.randn(100)
     comp = Cast(wire)
     assert torch.equal(comp.decode(comp.encode(x, 0), 100, 0), x.to(wire).float())

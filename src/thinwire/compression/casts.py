@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload, write_out
+from thinwire.compression.base import Compressor, Part, Payload, empty, write_out
 from thinwire.compression.registry import CodecEntry
 from thinwire.options import opt
 
@@ -55,14 +55,15 @@ class Cast(Compressor):
 
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         # 1. round each element to the wire dtype
-        return (x.reshape(-1).to(self.wire),)
+        flat = x.reshape(-1)
+        return (empty(flat.numel(), self.wire, flat.device).copy_(flat),)
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         # 3. back to fp32 (after the all-reduce of step 2), or into out's dtype
-        if out is not None:
-            return write_out(payload[0].reshape(-1), out)
-        return payload[0].reshape(-1).float()
+        wire = payload[0].reshape(-1)
+        return write_out(wire, out if out is not None else empty(numel, torch.float32,
+                                                                  wire.device))
 
 
 @dataclass(frozen=True)

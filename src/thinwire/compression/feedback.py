@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload
+from thinwire.compression.base import Compressor, Part, Payload, empty
 
 
 class ErrorFeedback(Compressor):
@@ -57,7 +57,8 @@ class ErrorFeedback(Compressor):
         e = self.residuals.get(key)
         if e is not None and (e.shape != flat.shape or e.device != flat.device):
             e = None  # a bucket of another layout: start afresh
-        corrected = flat + e if e is not None else flat
+        corrected = flat if e is None else torch.add(
+            flat, e, out=empty(flat.numel(), flat.dtype, flat.device))
         # 2. compress
         payload = self.inner.encode(corrected, step, key=key)
         # 3. keep what this payload does not carry, in the old residual's memory where there is

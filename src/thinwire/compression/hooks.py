@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.compression.base import Compressor
-from thinwire.compression.registry import build
+from thinwire.compression.registry import build_codec
 from thinwire.runtime.comm import Comm
 
 
@@ -109,7 +109,7 @@ def ddp_hook(codec: Union[str, Compressor] = "none", *, comm: Optional[Comm] = N
     """
     comm = comm if comm is not None else Comm()
     if isinstance(codec, str):
-        comp = build(codec, seed=seed, rank=comm.rank, **options)
+        comp = build_codec(codec, options, seed=seed, rank=comm.rank)
     else:
         if options:
             raise TypeError("options go with a codec spec, not with a built codec")

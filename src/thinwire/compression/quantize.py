@@ -38,11 +38,13 @@ import torch
 
 from thinwire.compression.base import (
     BLOCK,
+    NUMPY_DTYPES,
     Compressor,
     Part,
     Payload,
     as_numpy,
     blocks,
+    empty,
     on_cpu,
     private_bits,
     write_out,
@@ -51,7 +53,6 @@ from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
 
 _U24 = np.float32(2.0**-24)
-_NUMPY_INT = {torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32}
 
 
 def level_dtype(levels: int) -> torch.dtype:
@@ -108,11 +109,10 @@ class QSGD(Compressor):
     def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
         """Steps 2-3 on CPU, block by block: trunc(c x + copysign(u, x)), within [-s, s]."""
         s = self.levels
-        dtype = _NUMPY_INT[level_dtype(s)]
-        q = np.empty(xn.size, dtype=dtype)
+        q = np.empty(xn.size, dtype=NUMPY_DTYPES[level_dtype(s)])
         bits = private_bits(self.seed, step, key, self.rank, 0x5EED)
         # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
-        wide = s >= np.iinfo(dtype).max
+        wide = s >= torch.iinfo(level_dtype(s)).max
         size = min(xn.size, BLOCK)
         t, u, sign = np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.uint32)
         for a, b in blocks(xn.size, size):
@@ -141,7 +141,7 @@ class QSGD(Compressor):
         f = norm.reshape(()) / self.levels
         if on_cpu(q) and (out is None or (
                 out.dtype == torch.float32 and out.is_contiguous())):
-            res = out if out is not None else torch.empty(numel)
+            res = out if out is not None else empty(numel, torch.float32)
             np.multiply(as_numpy(q), np.float32(float(f)), out=as_numpy(res).reshape(-1),
                         dtype=np.float32, casting="unsafe")
             return res
@@ -216,7 +216,7 @@ class Int8(Compressor):
             # 4. q scale per chunk
             return write_out((self._chunks(q.float()) * scale[:, None]).reshape(-1)[:numel], out)
         c, rows = self.chunk, numel // self.chunk
-        res = out.view(-1) if out is not None else torch.empty(numel)
+        res = out.view(-1) if out is not None else empty(numel, torch.float32)
         qn, sn, on = as_numpy(q), as_numpy(scale), as_numpy(res)
         per = max(1, BLOCK // c)
         for r0, r1 in blocks(rows, per):  # 4. block by block: cast, then scale in cache

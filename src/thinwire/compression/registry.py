@@ -19,7 +19,7 @@ Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``si
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,16 +64,25 @@ def codec_options(spec: str, **options: Any) -> tuple[CodecEntry, Any]:
 def build(spec: str, *, seed: int = 0, rank: int = 0, **options: Any) -> Compressor:
     """The codec of ``spec`` (``"name"`` or ``"name:key=value,..."``) with ``options``.
 
-    ``seed`` drives shared randomness (identical on all ranks); ``rank`` separates each rank's
-    private randomness. Example::
+    ``seed`` drives shared randomness (identical on all ranks); ``rank`` is this worker's rank,
+    which separates each worker's private randomness. PowerSGD's own ``rank`` option therefore
+    goes in the spec here, or through :func:`build_codec`'s mapping
+    (:func:`~thinwire.compression.hooks.ddp_hook` and ``register`` take the worker's rank from
+    their communicator, so there it may be a keyword). Example::
 
         >>> from thinwire.compression import build
         >>> build("topk:ratio=0.01").describe()
         'topk(ratio=0.01,ef)'
-        >>> build("powersgd", rank=4, ef=False).describe()
+        >>> build("powersgd:rank=4", ef=False, rank=1).describe()   # worker 1
         'powersgd(rank=4,warm_start)'
     """
-    entry, opts = codec_options(spec, **options)
+    return build_codec(spec, options, seed=seed, rank=rank)
+
+
+def build_codec(spec: str, options: Mapping[str, Any] | None = None, *, seed: int = 0,
+                rank: int = 0) -> Compressor:
+    """:func:`build` with the options as a mapping (whose keys may be any option's name)."""
+    entry, opts = codec_options(spec, **(options or {}))
     # 3. the codec itself
     comp = entry.factory(opts, seed, rank)
     # 4. the generic error feedback, where the codec wants it

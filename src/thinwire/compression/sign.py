@@ -34,6 +34,7 @@ from thinwire.compression.base import (
     as_numpy,
     blocks,
     byte_bits,
+    empty,
     is_cpu_float32,
     on_cpu,
     pack_bits,
@@ -88,7 +89,7 @@ class ScaledSign(Compressor):
             s = scale.reshape(())
             bits = unpack_bits(packed, numel).to(s.dtype)
             return write_out(bits.mul_(2 * s).sub_(s), out)
-        res = out if out is not None else torch.empty(numel)
+        res = out if out is not None else empty(numel, torch.float32)
         self._lookup(float(scale), as_numpy(packed), as_numpy(res).reshape(-1), add=False)
         return res
 

@@ -51,6 +51,7 @@ from thinwire.compression.base import (
     as_numpy,
     blocks,
     count_k,
+    empty,
     is_cpu_float32,
 )
 from thinwire.compression.registry import CodecEntry
@@ -176,10 +177,7 @@ class TopK(Compressor):
                out: torch.Tensor | None = None) -> torch.Tensor:
         values, idx = payload
         # 3. zeros, and the values at their indices
-        if out is None:
-            out = values.new_zeros(numel)
-        else:
-            out.zero_()
+        out = (out if out is not None else empty(numel, values.dtype, values.device)).zero_()
         flat = out.view(-1)
         if is_cpu_float32(flat) and values.dtype == torch.float32:
             as_numpy(flat)[as_numpy(idx)] = as_numpy(values)
