@@ -46,7 +46,8 @@ def test_codec_round_trip_on_cuda_matches_cpu(spec: str) -> None:
     codec lives on the input's CUDA device, and the results equal the CPU's where the math
     allows (bitwise for the elementwise codecs, the sign bits exactly and the scale to rounding,
     PowerSGD to matmul rounding; QSGD draws its private rounding on the device, so there it is
-    checked against its definition: each level is floor(r) or floor(r) + 1)."""
+    checked against its definition: each level is floor(r) or floor(r) + 1). Three steps, so
+    error-feedback residuals and warm starts live on the device too."""
     from thinwire.compression import build
 
     d, name = 70_001, spec.partition(":")[0]
@@ -65,9 +66,11 @@ def test_codec_round_trip_on_cuda_matches_cpu(spec: str) -> None:
         if name in BITWISE:
             assert all(torch.equal(a.cpu(), b) for a, b in zip(p_gpu, p_cpu)), spec
             assert torch.equal(out.cpu(), want), spec
-        elif name == "sign":
-            assert torch.equal(p_gpu[1].cpu(), p_cpu[1])
-            assert torch.allclose(out.cpu(), want, rtol=1e-5)
+        elif name == "sign":  # the scales differ by summation order, so (through error
+            # feedback) may the signs of elements within a rounding of zero after step 0
+            flips = (p_gpu[1].cpu() ^ p_cpu[1]).count_nonzero()
+            assert int(flips) == 0 if step == 0 else int(flips) <= 4, (step, int(flips))
+            assert float(p_gpu[0]) == pytest.approx(float(p_cpu[0]), rel=1e-5)
         elif name == "powersgd":
             assert torch.allclose(out.cpu(), want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
         else:  # qsgd
@@ -132,6 +135,7 @@ def test_ddp_hooks_through_nccl() -> None:
     import pickle
 
     from thinwire.compression import build
+    from thinwire.models import build_mlp
     from thinwire.runtime.spawn import free_port
 
     world = min(2, torch.cuda.device_count())
@@ -155,9 +159,8 @@ def test_ddp_hooks_through_nccl() -> None:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    start = torch.cat([p.detach().reshape(-1) for p in
-                       __import__("thinwire.models", fromlist=["build_mlp"])
-                       .build_mlp(8, (64, 64), 4, norm="none", seed=0).parameters()])
+    start = torch.cat([p.detach().reshape(-1)
+                       for p in build_mlp(8, (64, 64), 4, norm="none", seed=0).parameters()])
     for spec in CODECS_ON_GPU:
         got = results[0][spec]
         assert float((got["params"] - start).abs().max()) > 1e-4, spec  # it trained
