@@ -7,10 +7,11 @@ Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory" (NeurIPS 2018); Karimi
   2. payload = C(corrected) (what goes on the wire);
   3. e <- corrected - decode(payload) (what the wire did not carry).
 Nothing is lost, only delayed: with a contractive C (||C(x) - x||^2 <= (1 - delta) ||x||^2) SGD
-with EF converges at SGD's rate. Applied to the biased compressors (top-k, unscaled rand-k, sign,
-int8, fp16, bf16); QSGD is unbiased with variance factor omega that may exceed 1, where EF's
-contraction argument fails, so it runs without. PowerSGD keeps its own residual against the
-*aggregated* approximation, as Vogels et al. do (:mod:`thinwire.compression.powersgd`).
+with EF converges at SGD's rate. The registry wraps a codec when its ``ef`` option is on and the
+codec wants it (:attr:`Compressor.wants_error_feedback`: the biased ones, top-k, unscaled
+rand-k, sign, int8, fp16, bf16); QSGD is unbiased with variance factor omega that may exceed 1,
+where EF's contraction argument fails, so it runs without. PowerSGD keeps its own residual
+against the *aggregated* approximation, as Vogels et al. do (:mod:`thinwire.compression.powersgd`).
 
 Why EF and not EF21 (Richtarik, Sokolov and Fatkhullin, NeurIPS 2021; each rank keeps g_i and
 sends C(grad_i - g_i)): EF21's guarantees are sharper with full gradients, but with stochastic
