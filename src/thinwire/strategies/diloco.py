@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from thinwire.compression import Compressor, average_async, build
+from thinwire.compression import Compressor, average_async, build_codec
 from thinwire.strategies.base import Context, MemoryReport, flat_params, load_flat, optimizer_bytes
 from thinwire.strategies.data_parallel import codec_args
 from thinwire.strategies.local_sgd import LocalSGD
@@ -48,7 +48,8 @@ class DiLoCo(LocalSGD):
         self.compressor: Compressor | None = None
         if m.compressor != "none":
             name, options = codec_args(m)
-            self.compressor = build(name, seed=self.cfg.train.seed, rank=self.comm.rank, **options)
+            self.compressor = build_codec(name, options, seed=self.cfg.train.seed,
+                                          rank=self.comm.rank)
 
     def synchronize(self, step: int) -> None:
         """Steps 2-5, after the H-th inner step of a round (step 1 is LocalSGD's)."""
