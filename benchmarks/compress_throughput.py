@@ -1,14 +1,17 @@
-"""Encode + decode throughput of every compressor, against memcpy, on this machine.
+"""Encode + decode throughput of every codec, against a plain copy, on this machine.
 
-For each compressor (the codec alone: no error feedback, no communication) and each size d of
-fp32 input, time ``decode(encode(x))`` and report GB/s of fp32 input (4 d bytes / seconds, best
-of the repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)``
-into a preallocated buffer, and ``x.clone()``), so a codec's cost reads as a multiple of memcpy.
-Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 10 / 3 / 2 repeats (well under 3 minutes
-on 2 cores), on one torch thread (a DDP worker's share of a small host, and immune to the
-stalls a 2-thread pool shows on a shared machine); ``--sizes 1M`` for a quick run.
+For each codec (the codec alone: no error feedback, no communication) and each size d of fp32
+input, time ``decode(encode(x), out=y)`` -- decoded into a preallocated buffer, as the exchange
+decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / seconds, best of the
+repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)`` into a
+preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
+speed. Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 10 / 3 / 2 repeats, on one
+torch thread (a DDP worker's share of a small host, and immune to the stalls a 2-thread pool
+shows on a shared machine); ``--sizes 1M`` for a quick run; ``--device cuda`` times the device
+paths (synchronised around every call).
 
     python benchmarks/compress_throughput.py [--sizes 1M,16M,64M] [--repeats N] [--threads T]
+                                             [--device cpu|cuda] [--codecs topk,int8,...]
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ MI = 2**20
 
 
 def codecs() -> dict[str, Compressor]:
-    """Each compressor with the config's defaults (ratio 0.01, 16 levels, rank 2). The identity
-    is left out: its encode and decode are views of the input (no bytes move)."""
+    """Each codec with its registry defaults (ratio 0.01, 16 levels, chunk 512, rank 2), without
+    error feedback. The identity is left out: its encode and decode are views of the input."""
     return {
         "fp16": Cast(torch.float16), "bf16": Cast(torch.bfloat16),
         "topk": TopK(0.01), "randk": RandK(0.01), "qsgd": QSGD(16), "int8": Int8(),
@@ -45,11 +48,19 @@ def codecs() -> dict[str, Compressor]:
     }
 
 
-def best_seconds(fn: Callable[[int], object], repeats: int) -> float:
+def sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_seconds(fn: Callable[[int], object], repeats: int,
+                 device: torch.device | None = None) -> float:
     best = float("inf")
     for i in range(repeats):
+        sync(device)
         t0 = time.perf_counter()
         fn(i)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -62,16 +73,18 @@ def parse_sizes(text: str) -> list[int]:
     return [int(float(s.strip().upper().rstrip("M")) * MI) for s in text.split(",") if s.strip()]
 
 
-def measure(numel: int, repeats: int) -> dict[str, float]:
-    """GB/s of fp32 input for memcpy and each codec at one size."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+def measure(numel: int, repeats: int, chosen: dict[str, Compressor],
+            device: torch.device) -> dict[str, float]:
+    """GB/s of fp32 input for a copy and each codec at one size."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
     y = torch.empty_like(x)
     y.copy_(x)
     gb = 4 * numel / 1e9
-    out = {"memcpy (copy_)": gb / best_seconds(lambda i: y.copy_(x), 10),
-           "memcpy (clone)": gb / best_seconds(lambda i: x.clone(), 10)}
-    for name, comp in codecs().items():
-        out[name] = gb / best_seconds(lambda i, c=comp: c.decode(c.encode(x, i), numel, i), repeats)
+    out = {"memcpy (copy_)": gb / best_seconds(lambda i: y.copy_(x), 10, device),
+           "memcpy (clone)": gb / best_seconds(lambda i: x.clone(), 10, device)}
+    for name, comp in chosen.items():
+        out[name] = gb / best_seconds(
+            lambda i, c=comp: c.decode(c.encode(x, i), numel, i, out=y), repeats, device)
     return out
 
 
@@ -81,22 +94,32 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=0, help="repeats per cell (0: 10/3/2 by size)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: as one worker of a loaded host; copy uses the same)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
+    ap.add_argument("--codecs", default="", help="comma-separated subset (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     sizes = parse_sizes(args.sizes)
-    for comp in codecs().values():  # warm-up: first calls allocate and load kernels
-        comp.decode(comp.encode(torch.randn(4096), 0), 4096, 0)
-    ratios = {name: comp.nominal_ratio(sizes[0]) for name, comp in codecs().items()}
+    chosen = codecs()
+    if args.codecs:
+        chosen = {n: chosen[n] for n in args.codecs.split(",")}
+    for comp in chosen.values():  # warm-up: first calls allocate and load kernels
+        w = torch.randn(4096, device=device)
+        comp.decode(comp.encode(w, 0), 4096, 0, out=torch.empty_like(w))
+    ratios = {name: comp.nominal_ratio(sizes[0]) for name, comp in chosen.items()}
     rows: dict[str, list[float]] = {}
     for numel in sizes:
-        for name, speed in measure(numel, args.repeats or default_repeats(numel)).items():
+        speeds = measure(numel, args.repeats or default_repeats(numel), chosen, device)
+        for name, speed in speeds.items():
             rows.setdefault(name, []).append(speed)
     copy = rows["memcpy (copy_)"]
     labels = [f"{n / MI:g}M" for n in sizes]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} cores, "
-          f"{platform.machine()}, load average {os.getloadavg()[0]:.1f}; GB/s of fp32 input "
-          f"(encode + decode, best of {args.repeats or '10/3/2'} by size); ratio at {labels[0]}; "
-          f"in brackets: fraction of copy_")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    print(f"torch {torch.__version__}, {device.type} ({where}), {torch.get_num_threads()} "
+          f"thread(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; GB/s of "
+          f"fp32 input (encode + decode into a preallocated buffer, best of "
+          f"{args.repeats or '10/3/2'} by size); ratio at {labels[0]}; in brackets: fraction "
+          f"of copy_")
     print()
     print("| compressor | ratio | " + " | ".join(labels) + " |")
     print("|---|---:|" + "---:|" * len(sizes))

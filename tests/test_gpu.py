@@ -1,4 +1,4 @@
-"""GPU smoke tests (marker ``gpu``): the same strategies on CUDA with nccl.
+"""GPU smoke tests (marker ``gpu``): the same strategies and every codec on CUDA with nccl.
 
 Skipped where no CUDA device is visible. With one device a single worker runs (nccl needs one
 device per rank); with two or more, two workers run and must agree.
@@ -7,6 +7,7 @@ device per rank); with two or more, two workers run and must agree.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,3 +29,143 @@ def test_strategy_trains_on_cuda_with_nccl(method: str, tmp_path: Path) -> None:
     assert summary["final"]["accuracy"] > 0.5
     if workers > 1:
         assert summary["bytes"]["sent_per_worker_max"] > 0
+
+
+# --- codecs on CUDA ------------------------------------------------------------------------------
+
+CODECS_ON_GPU = ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1",
+                 "randk:ratio=0.1,ef=false", "qsgd", "int8", "sign", "powersgd:rank=2"]
+# codecs whose payload is a function of x alone with elementwise IEEE arithmetic: the GPU's bytes
+# are the CPU's (Top-k's tie rule and Rand-k's CPU-drawn indices make the selections agree)
+BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8"}
+
+
+@pytest.mark.parametrize("spec", CODECS_ON_GPU)
+def test_codec_round_trip_on_cuda_matches_cpu(spec: str) -> None:
+    """Guards device-following: every payload tensor, generator draw, table and residual of a
+    codec lives on the input's CUDA device, and the results equal the CPU's where the math
+    allows (bitwise for the elementwise codecs, the sign bits exactly and the scale to rounding,
+    PowerSGD to matmul rounding; QSGD draws its private rounding on the device, so there it is
+    checked against its definition: each level is floor(r) or floor(r) + 1). Three steps, so
+    error-feedback residuals and warm starts live on the device too."""
+    from thinwire.compression import build
+
+    d, name = 70_001, spec.partition(":")[0]
+    dev = torch.device("cuda")
+    cpu, gpu = build(spec, seed=3), build(spec, seed=3)
+    for step in range(3):  # error feedback and warm starts carry state across steps
+        x = torch.randn(d, generator=torch.Generator().manual_seed(step))
+        p_cpu, p_gpu = cpu.encode(x, step, key=1), gpu.encode(x.to(dev), step, key=1)
+        assert all(t.device.type == "cuda" for t in p_gpu), spec
+        assert [(t.numel(), t.dtype) for t in p_gpu] == \
+            [(p.numel, p.dtype) for p in gpu.spec(d)], spec
+        out = torch.full((d,), float("nan"), device=dev)
+        got = gpu.decode(p_gpu, d, step, key=1, out=out)
+        assert got is out and bool(torch.isfinite(out).all()), spec
+        want = cpu.decode(p_cpu, d, step, key=1)
+        if name in BITWISE:
+            assert all(torch.equal(a.cpu(), b) for a, b in zip(p_gpu, p_cpu)), spec
+            assert torch.equal(out.cpu(), want), spec
+        elif name == "sign":  # the scales differ by summation order, so (through error
+            # feedback) may the signs of elements within a rounding of zero after step 0
+            flips = (p_gpu[1].cpu() ^ p_cpu[1]).count_nonzero()
+            assert int(flips) == 0 if step == 0 else int(flips) <= 4, (step, int(flips))
+            assert float(p_gpu[0]) == pytest.approx(float(p_cpu[0]), rel=1e-5)
+        elif name == "powersgd":
+            assert torch.allclose(out.cpu(), want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+        else:  # qsgd
+            norm, q = p_gpu
+            r = x.double().abs() * gpu.levels / float(norm)
+            lv = q.cpu().double().abs()
+            assert torch.all((lv == r.floor()) | (lv == r.floor() + 1))
+        acc = torch.zeros(d, device=dev)
+        gpu.decode_add(p_gpu, acc, step, key=1)
+        assert torch.equal(acc, out), spec
+
+
+def _nccl_rank(rank: int, world: int, port: int, specs: list[str], queue: Any) -> None:
+    """One nccl rank: a small MLP on cuda:rank through DDP with each codec's hook."""
+    import pickle
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from thinwire.compression import register
+    from thinwire.models import build_mlp
+    from thinwire.runtime.comm import Comm
+
+    try:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=60))
+        dev = torch.device("cuda", rank)
+        comm = Comm()
+        out = {}
+        for spec in specs:
+            model = build_mlp(8, (64, 64), 4, norm="none", seed=0).to(dev)
+            ddp = DDP(model, device_ids=[rank])
+            state = register(ddp, spec, comm=comm, seed=2)
+            mark = comm.ledger.mark()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(3):
+                g = torch.Generator().manual_seed(100 * rank + step)
+                x, y = torch.randn(32, 8, generator=g), torch.randint(0, 4, (32,), generator=g)
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(ddp(x.to(dev)), y.to(dev)).backward()
+                opt.step()
+            torch.cuda.synchronize()
+            out[spec] = {
+                "params": torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]),
+                "shapes": [tuple(p.shape) for p in model.parameters()],
+                "entries": [(e.op, e.payload) for e in comm.ledger.entries[mark:]],
+                "encoded": state.encoded_bytes}
+            del ddp
+        dist.destroy_process_group()
+        queue.put((rank, pickle.dumps(out)))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, pickle.dumps(RuntimeError(f"rank {rank}: {exc!r}"))))
+
+
+def test_ddp_hooks_through_nccl() -> None:
+    """Guards the hooks on GPUs: every codec's hook runs through nccl on cuda tensors (two ranks
+    where two GPUs exist, else one), the ranks agree, the weights move, and the ledger holds the
+    collectives ``collectives`` predicts for the bucket."""
+    import multiprocessing as mp
+    import pickle
+
+    from thinwire.compression import build
+    from thinwire.models import build_mlp
+    from thinwire.runtime.spawn import free_port
+
+    world = min(2, torch.cuda.device_count())
+    ctx = mp.get_context("spawn")  # CUDA cannot follow a fork
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_nccl_rank, args=(r, world, port, CODECS_ON_GPU, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        results: dict[int, Any] = {}
+        for _ in range(world):
+            rank, blob = queue.get(timeout=240)
+            value = pickle.loads(blob)
+            if isinstance(value, BaseException):
+                raise AssertionError(str(value))
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    start = torch.cat([p.detach().reshape(-1)
+                       for p in build_mlp(8, (64, 64), 4, norm="none", seed=0).parameters()])
+    for spec in CODECS_ON_GPU:
+        got = results[0][spec]
+        assert float((got["params"] - start).abs().max()) > 1e-4, spec  # it trained
+        want = build(spec).collectives(got["params"].numel(), got["shapes"]) * 3
+        assert sorted(got["entries"]) == (sorted(want) if world > 1 else []), spec
+        assert got["encoded"] == sum(b for _, b in want), spec
+        for r in range(1, world):
+            assert torch.equal(results[r][spec]["params"], got["params"]), (spec, r)

@@ -54,6 +54,9 @@ def _runs(comm: Comm) -> dict[str, Any]:
 
 
 def test_diloco_reduces_to_local_sgd_and_ranks_agree() -> None:
+    """Guards DiLoCo's outer step and its compressed pseudo-gradient exchange: outer lr 1 and
+    momentum 0 is local SGD, Nesterov differs, ranks agree, and the ledger holds one average a
+    round (the all-gather of Top-k's 8k bytes when compressed)."""
     out = run_workers(_runs, 2, timeout=240)
     d = out[0]["localsgd"]["params"].numel()
     local = out[0]["localsgd"]["params"]
@@ -72,6 +75,8 @@ def test_diloco_reduces_to_local_sgd_and_ranks_agree() -> None:
 
 
 def test_state_dict_round_trip_resumes_exactly() -> None:
+    """Guards checkpointing with a codec's state (error-feedback residuals): a resumed run
+    continues bit for bit."""
     comm = Comm.local()  # one process: collectives are local no-ops
     cfg = _cfg("diloco", **{"method.compressor": "sign"})
     a, model_a = _build(comm, cfg)

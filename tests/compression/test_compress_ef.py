@@ -32,9 +32,11 @@ def _distance_to_optimum(mode: str, steps: int = 2000) -> float:
 
 
 def test_sign_with_error_feedback_reaches_optimum() -> None:
+    """Guards error feedback (Karimireddy et al. 2019): with EF, scaled sign converges."""
     assert _distance_to_optimum("exact") < 1e-3  # uncompressed: the step schedule suffices
     assert _distance_to_optimum("sign+ef") < 0.02
 
 
 def test_sign_without_error_feedback_stalls() -> None:
+    """Guards the need for EF: the same signs without it stall far from the optimum."""
     assert _distance_to_optimum("sign") > 0.3

@@ -23,6 +23,7 @@ def _error(comp: PowerSGD, m: torch.Tensor, step: int) -> float:
 
 
 def test_error_decreases_with_rank() -> None:
+    """Guards the rank-r approximation: error falls with r, never beats the truncated SVD."""
     m, sigma = _matrix(lambda j: 0.5 ** j)
     errors = [_error(PowerSGD(r, seed=1), m, 0) for r in (1, 2, 4, 8)]
     assert all(a > b for a, b in zip(errors, errors[1:]))
@@ -33,6 +34,8 @@ def test_error_decreases_with_rank() -> None:
 
 
 def test_error_decreases_with_warm_start_iterations() -> None:
+    """Guards the warm start (step 7): repeated steps are subspace iteration and approach the
+    best rank-2 error; cold starts do not."""
     # slow spectral decay (sigma_j = 1 / (j + 1)): one power iteration is far from the best
     m, sigma = _matrix(lambda j: 1 / (j + 1))
     best = float(sigma[2:].norm())
@@ -45,17 +48,23 @@ def test_error_decreases_with_warm_start_iterations() -> None:
 
 
 def test_layout_compresses_matrices_and_sends_vectors_raw() -> None:
+    """Guards the bucket layout and its traffic description: matrices compressed, vectors and
+    tiny matrices sent raw, the two all-reduces' bytes exactly."""
     comp = PowerSGD(2)
     shapes = [(16, 8), (16,), (4, 16), (4,), (2, 2)]  # (2, 2): r (n + m) = 8 >= 4, raw
     numel = 128 + 16 + 64 + 4 + 4
     segs = comp.layout(numel, shapes)
     assert [nm for _, _, nm in segs] == [(16, 8), None, (4, 16), None, None]
-    assert comp.payload_bytes_for(numel, shapes) == 4 * (2 * 24 + 16 + 2 * 20 + 4 + 4)
+    assert comp.collectives(numel, shapes) == [("all_reduce", 4 * (2 * 16 + 16 + 2 * 4 + 4 + 4)),
+                                               ("all_reduce", 4 * (2 * 8 + 2 * 16))]
+    assert comp.exchange_bytes(numel, shapes) == 4 * (2 * 24 + 16 + 2 * 20 + 4 + 4)
     # a flat tensor of the planner: near-square 32 x 32 for 1000 elements (zero-padded)
     assert comp.payload_bytes(1000) == 4 * 2 * (32 + 32)
 
 
 def test_single_rank_average_is_the_projection_with_error_feedback() -> None:
+    """Guards steps 0-8 at world size 1: the average is the rank-2 projection, the residual is
+    exactly what it left out, and the next step projects input plus residual on the warm Q."""
     m, _ = _matrix(lambda j: 0.5 ** j, n=16)
     comp = PowerSGD(2, seed=1)
     comm = Comm.local()  # world size 1: no process group, the collectives are local no-ops
@@ -64,7 +73,12 @@ def test_single_rank_average_is_the_projection_with_error_feedback() -> None:
     assert sent == 4 * 2 * (16 + 16)
     assert torch.linalg.matrix_rank(out) == 2
     # step 8: the residual is exactly what the approximation left out
-    assert torch.allclose(comp.residuals[0].view(16, 16) + out, m, atol=1e-6)
-    # step 0 next time: the residual is added back before compressing
+    e = comp.residuals[0].view(16, 16).clone()
+    assert torch.allclose(e + out, m, atol=1e-6)
+    # step 0 next time: a zero gradient sends the residual's projection on span(M Q_warm)
+    q_warm = comp.qs[(0, 0)].clone()
     fut, _ = comp.average_async(comm, torch.zeros(256), 1, shapes=[(16, 16)])
-    assert float(fut.wait().norm()) > 0
+    got = fut.wait().view(16, 16)
+    p_hat = torch.linalg.qr(e @ q_warm).Q
+    assert torch.allclose(got, p_hat @ p_hat.T @ e, atol=1e-6)
+    assert torch.allclose(got + comp.residuals[0].view(16, 16), e, atol=1e-6)  # nothing lost

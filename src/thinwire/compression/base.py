@@ -1,37 +1,71 @@
 """The Compressor interface, wire-format helpers and shared randomness.
 
-A compressor maps a flat tensor x of d elements to a *payload*: a tuple of tensors in their real
-wire dtypes (values, int32 indices, int8 levels, uint8 packed bits, fp32 scales), and back:
+A compressor (a *codec*) maps a flat tensor x of d elements to a *payload*: a tuple of tensors in
+their real wire dtypes (values, int32 indices, int8 levels, uint8 packed bits, fp32 scales), and
+back:
 
-    payload = C.encode(x, step, key=bucket)      # on the sender
-    x_hat   = C.decode(payload, d, step, key=bucket)  # on every receiver
+    payload = C.encode(x, step, key=bucket)            # on the sender
+    x_hat   = C.decode(payload, d, step, key=bucket)   # on every receiver
 
 ``C.spec(d, dtype)`` lists the payload's parts (count and dtype of each) without running it, so
-``payload_bytes`` and ``nominal_ratio`` (input bytes / payload bytes) are known to the planner in
-advance. ``linear`` says that payloads can be *summed* by an all-reduce and decoded once
-(``decode(sum_i p_i) = sum_i decode(p_i)``): those compressors exchange with all-reduce, the rest
-with all-gather followed by one decode per rank.
+``payload_bytes`` and ``nominal_ratio`` (input bytes / payload bytes) are known in advance.
 
-Randomness is never sent. Randomness every rank must agree on (Rand-k's indices, PowerSGD's
-initial Q) comes from :meth:`Compressor.shared_generator`, a ``torch.Generator`` seeded with
-(seed, step, key); randomness each rank draws for itself (QSGD's stochastic rounding) from
-:meth:`Compressor.private_generator`, which also mixes in the rank, so draws are independent
-across ranks yet reproducible.
+The whole exchange belongs to the codec: :meth:`Compressor.average_async` averages a tensor over
+all ranks through :class:`~thinwire.runtime.comm.Comm`, and :meth:`Compressor.collectives` lists
+the collectives one such exchange issues, with their payload bytes, without running anything (so
+a planner or a method's traffic formula gets the ledger's bytes exactly). The defaults:
+
+- ``linear`` codecs, whose payloads may be *summed* by an all-reduce and decoded once
+  (``decode(sum_i p_i) = sum_i decode(p_i)``): 1. divide x by the world size n; 2. encode;
+  3. one all-reduce of the single payload tensor; 4. decode the sum once: the average;
+- the others: 1. encode; 2. view the payload's tensors as bytes and all-gather exactly those
+  bytes; 3. decode every rank's payload and sum them in rank order (so every rank computes the
+  same sum); 4. divide by n.
+
+PowerSGD overrides both (two all-reduces, per tensor of a bucket). Whether a codec wants the
+generic error feedback wrapper is the codec's property :attr:`Compressor.wants_error_feedback`.
+
+Devices: every tensor, buffer and generator follows the input's device. Randomness is never
+sent. Randomness every rank must agree on (Rand-k's indices, PowerSGD's first Q) comes from
+:meth:`Compressor.shared_generator`, a CPU ``torch.Generator`` seeded with (seed, step, key):
+it is drawn on the CPU (O(k) or O(m r) numbers) and moved to the input's device, so ranks agree
+whatever device each of them computes on, and results are identical across devices.
+Randomness each rank draws for itself (QSGD's stochastic rounding, O(d) numbers) comes from
+:meth:`Compressor.private_generator` on the input's device (and, for float32 CPU tensors, from
+the faster numpy stream of :func:`private_bits`); it also mixes in the rank, so draws are
+independent across ranks yet reproducible on one device. A CPU and a CUDA rank therefore draw
+different (equally distributed) roundings.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 import torch
 
+from thinwire.runtime.comm import Comm, nbytes
+
 Payload = tuple[torch.Tensor, ...]
+"""The encoded form of a tensor: its parts, in their wire dtypes."""
+
+Collective = tuple[str, int]
+"""``(op, payload bytes)``: one collective an exchange issues ("all_reduce" or "all_gather")."""
+
+Shapes = Sequence[Sequence[int]]
 
 _MASK64 = (1 << 64) - 1
+
+BLOCK = 1 << 16
+"""Elements per block of the CPU fast paths: a block and its temporaries stay in the caches, so
+the input is read from memory once and the output written once, however many operations a
+codec applies in between (and blocks are large enough that numpy's per-call overhead stays
+small)."""
 
 
 @dataclass(frozen=True)
@@ -61,39 +95,91 @@ def mix_seed(*parts: int) -> int:
     return h >> 1
 
 
-def generator(*parts: int) -> torch.Generator:
-    return torch.Generator().manual_seed(mix_seed(*parts))
+def generator(*parts: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with :func:`mix_seed` of ``parts``."""
+    return torch.Generator(device=device).manual_seed(mix_seed(*parts))
+
+
+def private_bits(*parts: int) -> np.random.SFC64:
+    """A numpy SFC64 bit stream seeded with ``parts``: the private randomness of the CPU fast
+    paths (about 7x faster than ``torch.rand``'s Mersenne twister on one core)."""
+    return np.random.SFC64(mix_seed(*parts))
+
+
+def on_cpu(x: torch.Tensor) -> bool:
+    """Whether ``x`` is in CPU memory, where the numpy fast paths apply (every other device
+    takes the torch path, which is also the fast paths' reference in the tests)."""
+    return x.device.type == "cpu"
+
+
+def is_cpu_float32(x: torch.Tensor) -> bool:
+    """Whether the float32 numpy fast paths apply: a float32 tensor in CPU memory."""
+    return on_cpu(x) and x.dtype == torch.float32
+
+
+def as_numpy(x: torch.Tensor) -> np.ndarray:
+    """The numpy view of a CPU tensor (no copy; autograd's flag dropped)."""
+    return x.detach().numpy()
+
+
+NUMPY_DTYPES = MappingProxyType({
+    torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+    torch.bfloat16: np.uint16, torch.int8: np.int8, torch.uint8: np.uint8,
+    torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+})
+"""Torch dtypes -> numpy dtypes of the same width (bfloat16's bits as uint16)."""
+
+
+def empty(numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """An uninitialised flat tensor on ``device``. On the CPU numpy allocates it: numpy asks the
+    kernel for huge pages for large buffers, so a fresh 64 MB output costs about half as much
+    to touch as one from torch's allocator."""
+    if torch.device(device).type != "cpu" or dtype not in NUMPY_DTYPES:
+        return torch.empty(numel, dtype=dtype, device=device)
+    return torch.from_numpy(np.empty(numel, NUMPY_DTYPES[dtype])).view(dtype)
+
+
+def blocks(numel: int, block: int = BLOCK) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of consecutive blocks covering ``range(numel)``."""
+    for start in range(0, numel, block):
+        yield start, min(start + block, numel)
+
+
+def byte_bits() -> np.ndarray:
+    """(256, 8) booleans: row b holds the bits of byte b, most significant first."""
+    return np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(bool)
 
 
 def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     """Booleans -> uint8, 8 to a byte, most significant bit first: exactly ceil(d / 8) bytes.
 
-    On CPU through ``numpy.packbits`` (same layout, ~20x faster than the torch expression)."""
-    if bits.device.type == "cpu":
-        return torch.from_numpy(np.packbits(bits.reshape(-1).bool().numpy()))
+    On CPU through ``numpy.packbits`` (same layout, ~20x faster than the torch expression); on
+    any other device :func:`pack_bits_torch`. The result is on the input's device."""
+    if on_cpu(bits):
+        return torch.from_numpy(np.packbits(as_numpy(bits.reshape(-1).bool())))
     return pack_bits_torch(bits)
 
 
 def pack_bits_torch(bits: torch.Tensor) -> torch.Tensor:
-    """:func:`pack_bits` in torch operations (any device)."""
+    """:func:`pack_bits` in torch operations (any device; the bit weights live on it too)."""
     flat = bits.reshape(-1).to(torch.uint8)
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8, device=flat.device)
     return (flat.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``numel`` booleans."""
-    if packed.device.type == "cpu":
-        return torch.from_numpy(np.unpackbits(packed.numpy(), count=numel)).bool()
+    """Inverse of :func:`pack_bits`: the first ``numel`` booleans, on the input's device."""
+    if on_cpu(packed):
+        return torch.from_numpy(np.unpackbits(as_numpy(packed), count=numel)).bool()
     return unpack_bits_torch(packed, numel)
 
 
 def unpack_bits_torch(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    """:func:`unpack_bits` in torch operations (any device)."""
-    shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
+    """:func:`unpack_bits` in torch operations (any device; the shifts live on it too)."""
+    shifts = torch.arange(7, -1, -1, dtype=torch.uint8, device=packed.device)
     bits = (packed.reshape(-1, 1) >> shifts) & 1
     return bits.reshape(-1)[:numel].bool()
 
@@ -104,11 +190,15 @@ def to_bytes(payload: Payload) -> torch.Tensor:
 
 
 def from_bytes(buf: torch.Tensor, spec: Sequence[Part]) -> Payload:
-    """Split a :func:`to_bytes` buffer back into typed tensors (copies, so each is aligned)."""
+    """Split a :func:`to_bytes` buffer back into typed tensors: views where the offset is aligned
+    to the part's dtype, aligned copies where it is not."""
     out: list[torch.Tensor] = []
     offset = 0
+    start = buf.storage_offset()
     for part in spec:
-        out.append(buf[offset:offset + part.nbytes].clone().view(part.dtype))
+        piece = buf[offset:offset + part.nbytes]
+        aligned = (start + offset) % part.dtype.itemsize == 0
+        out.append(piece.view(part.dtype) if aligned else piece.clone().view(part.dtype))
         offset += part.nbytes
     if offset != buf.numel():
         raise ValueError(f"payload of {buf.numel()} bytes does not match its spec ({offset} bytes)")
@@ -120,19 +210,52 @@ def count_k(ratio: float, numel: int) -> int:
     return max(1, min(numel, math.ceil(ratio * numel - 1e-9)))
 
 
+def _format(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def done(value: torch.Tensor) -> torch.futures.Future:
+    """A Future already holding ``value``."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
 class Compressor(ABC):
-    """Encode a flat tensor into a payload of typed tensors and decode it back."""
+    """Encode a flat tensor into a payload of typed tensors, decode it back, and average a
+    tensor over all ranks through a :class:`~thinwire.runtime.comm.Comm`."""
 
     name: str = ""
     #: payloads may be summed by all-reduce and decoded once
     linear: bool = False
-    #: E[decode(encode(x))] = x; biased compressors want error feedback
+    #: E[decode(encode(x))] = x
     unbiased: bool = False
 
     def __init__(self, *, seed: int = 0, rank: int = 0) -> None:
         self.seed = seed
         self.rank = rank
 
+    # --- what the codec is ---------------------------------------------------------------------
+    @property
+    def wants_error_feedback(self) -> bool:
+        """Whether the generic error feedback (:class:`~.feedback.ErrorFeedback`) should wrap
+        this codec when EF is on: the biased codecs that keep no residual of their own."""
+        return not self.unbiased
+
+    def params(self) -> dict[str, Any]:
+        """The settings that make this codec what it is (for :meth:`describe`)."""
+        return {}
+
+    def describe(self) -> str:
+        """A label such as ``topk(ratio=0.01,ef)``: true flags by name, false ones left out."""
+        items = [k if v is True else f"{k}={_format(v)}" for k, v in self.params().items()
+                 if v is not False]
+        return f"{self.name}({','.join(items)})" if items else self.name
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    # --- the wire format -----------------------------------------------------------------------
     @abstractmethod
     def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
         """The payload's parts for an input of ``numel`` elements of ``dtype``."""
@@ -142,8 +265,14 @@ class Compressor(ABC):
         """The payload of flat ``x`` at ``step`` (``key``: the bucket, for shared randomness)."""
 
     @abstractmethod
-    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
-        """The flat tensor of ``numel`` elements a payload stands for."""
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """The flat tensor of ``numel`` elements a payload stands for; written into ``out``
+        (any float dtype, on the payload's device) and returned when it is given."""
+
+    def decode_add(self, payload: Payload, out: torch.Tensor, step: int, *, key: int = 0) -> None:
+        """``out += decode(payload)`` (sparse codecs add in place, without a dense temporary)."""
+        out.add_(self.decode(payload, out.numel(), step, key=key))
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return sum(p.nbytes for p in self.spec(numel, dtype))
@@ -152,14 +281,72 @@ class Compressor(ABC):
         """Input bytes over payload bytes (> 1 is a saving), computed without running."""
         return numel * dtype.itemsize / self.payload_bytes(numel, dtype)
 
+    # --- the exchange --------------------------------------------------------------------------
+    def collectives(self, numel: int, shapes: Shapes | None = None,
+                    dtype: torch.dtype = torch.float32) -> list[Collective]:
+        """The collectives one :meth:`average_async` of ``numel`` elements (the tensors of
+        ``shapes``, flattened and concatenated) issues, with the payload bytes this rank hands to
+        each: what the ledger records, computed without running anything."""
+        del shapes  # only PowerSGD's layout depends on the tensors' shapes
+        return [("all_reduce" if self.linear else "all_gather", self.payload_bytes(numel, dtype))]
+
+    def exchange_bytes(self, numel: int, shapes: Shapes | None = None,
+                       dtype: torch.dtype = torch.float32) -> int:
+        """Payload bytes this rank hands to collectives per exchange (sum of
+        :meth:`collectives`)."""
+        return sum(b for _, b in self.collectives(numel, shapes, dtype))
+
+    def average_async(self, comm: Comm, x: torch.Tensor, step: int, *, key: int = 0,
+                      tag: str = "grad", shapes: Shapes | None = None
+                      ) -> tuple[torch.futures.Future, int]:
+        """Future of the all-rank mean of ``x`` (``x``'s shape, dtype and device) and the
+        payload bytes this rank handed to collectives. ``x`` is
+        overwritten when contiguous (the mean is decoded into it). ``shapes``: the tensors ``x`` concatenates
+        (DDP's bucket), used by codecs with a per-tensor layout."""
+        del shapes
+        world, numel = comm.world_size, x.numel()
+        flat = x.reshape(-1)
+        if self.linear:
+            # 1. divide; 2. encode
+            payload = self.encode(flat.div_(world), step, key=key)
+            if len(payload) != 1:
+                raise TypeError(f"{self.describe()}: a linear codec's payload is one tensor")
+            (wire,) = payload
+
+            def decode_sum(f: torch.futures.Future) -> torch.Tensor:
+                # 4. decode the sum once, into x
+                return self.decode((f.value(),), numel, step, key=key, out=flat).view_as(x)
+
+            # 3. sum the payloads
+            return comm.all_reduce_async(wire, tag=tag).then(decode_sum), nbytes(wire)
+        # 1. encode (x is free afterwards)
+        wire = to_bytes(self.encode(flat, step, key=key))
+        spec = self.spec(numel, x.dtype)
+
+        def decode_all(f: torch.futures.Future) -> torch.Tensor:
+            # 3. decode every rank's payload, summed in rank order; 4. divide
+            rows = f.value().view(world, -1)
+            self.decode(from_bytes(rows[0], spec), numel, step, key=key, out=flat)
+            for r in range(1, world):
+                self.decode_add(from_bytes(rows[r], spec), flat, step, key=key)
+            return flat.div_(world).view_as(x)
+
+        # 2. gather every rank's exact bytes
+        return comm.all_gather_async(wire, tag=tag).then(decode_all), nbytes(wire)
+
+    # --- randomness ----------------------------------------------------------------------------
     def shared_generator(self, step: int, key: int = 0) -> torch.Generator:
-        """Randomness every rank draws identically at (step, key)."""
+        """Randomness every rank draws identically at (step, key): a CPU generator, whose draws
+        are moved to the input's device (identical on every device)."""
         return generator(self.seed, step, key)
 
-    def private_generator(self, step: int, key: int = 0) -> torch.Generator:
-        """Randomness of this rank alone at (step, key), independent across ranks."""
-        return generator(self.seed, step, key, self.rank, 0x5EED)
+    def private_generator(self, step: int, key: int = 0,
+                          device: torch.device | str = "cpu") -> torch.Generator:
+        """Randomness of this rank alone at (step, key), on ``device``, independent across
+        ranks."""
+        return generator(self.seed, step, key, self.rank, 0x5EED, device=device)
 
+    # --- state ---------------------------------------------------------------------------------
     def reset(self, key: int | None = None) -> None:
         """Forget per-key state (residuals, warm starts): all of it when ``key`` is None."""
         del key  # stateless by default
@@ -170,5 +357,12 @@ class Compressor(ABC):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         del state
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name})"
+
+def write_out(values: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``values`` as the decoded result: copied into ``out`` when given (unless it is ``out``)."""
+    if out is None:
+        return values
+    target = out.view(-1)
+    if values.data_ptr() != target.data_ptr() or values.dtype != target.dtype:
+        target.copy_(values.reshape(-1))
+    return out

@@ -1,22 +1,27 @@
-"""Identity and precision casts: the linear compressors that are exact or nearly so.
+"""Identity and precision casts: the linear codecs that are exact or nearly so.
 
 - ``none`` (identity): the payload is the tensor itself. Through the hook it reproduces DDP's
   all-reduce averaging bit for bit (the bucket is divided by n, then summed, as DDP does).
 - ``fp16`` / ``bf16``: 1. cast to half precision (2 bytes an element, ratio 2); 2. all-reduce
-  the halves (the hook divides by n first, so the sum cannot overflow where the mean does not);
-  3. cast the sum back. As torch's ``fp16_compress_hook`` / ``bf16_compress_hook``, but through
-  the ledger. Round-to-nearest is biased in the last bit; error feedback removes that bias.
+  the halves (the exchange divides by n first, so the sum cannot overflow where the mean does
+  not); 3. cast the sum back. As torch's ``fp16_compress_hook`` / ``bf16_compress_hook``, but
+  through the ledger. Round-to-nearest is biased in the last bit; error feedback (Stich et al.
+  2018, :mod:`.feedback`) removes that bias, and is on by default (``ef``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload
+from thinwire.compression.base import Compressor, Part, Payload, empty, write_out
+from thinwire.compression.registry import CodecEntry
+from thinwire.options import opt
 
 
 class Identity(Compressor):
-    """No compression: the reference every other compressor is measured against."""
+    """No compression: the reference every other codec is measured against."""
 
     name = "none"
     linear = True
@@ -28,8 +33,9 @@ class Identity(Compressor):
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         return (x.reshape(-1),)
 
-    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
-        return payload[0].reshape(-1)
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        return write_out(payload[0].reshape(-1), out)
 
 
 class Cast(Compressor):
@@ -49,8 +55,29 @@ class Cast(Compressor):
 
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         # 1. round each element to the wire dtype
-        return (x.reshape(-1).to(self.wire),)
+        flat = x.reshape(-1)
+        return (empty(flat.numel(), self.wire, flat.device).copy_(flat),)
 
-    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
-        # 3. back to fp32 (after the all-reduce of step 2)
-        return payload[0].reshape(-1).float()
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        # 3. back to fp32 (after the all-reduce of step 2), or into out's dtype
+        wire = payload[0].reshape(-1)
+        return write_out(wire, out if out is not None else empty(numel, torch.float32,
+                                                                  wire.device))
+
+
+@dataclass(frozen=True)
+class CastOptions:
+    """Options of ``fp16`` and ``bf16``."""
+
+    ef: bool = opt(True, "error feedback: add back what rounding dropped, next step")
+
+
+NONE = CodecEntry(name="none", summary="no compression: the plain all-reduce average",
+                  factory=lambda o, seed, rank: Identity(seed=seed, rank=rank))
+FP16 = CodecEntry(name="fp16", summary="cast to float16 and all-reduce (2x)",
+                  options=CastOptions,
+                  factory=lambda o, seed, rank: Cast(torch.float16, seed=seed, rank=rank))
+BF16 = CodecEntry(name="bf16", summary="cast to bfloat16 and all-reduce (2x)",
+                  options=CastOptions,
+                  factory=lambda o, seed, rank: Cast(torch.bfloat16, seed=seed, rank=rank))

@@ -7,10 +7,11 @@ Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory" (NeurIPS 2018); Karimi
   2. payload = C(corrected) (what goes on the wire);
   3. e <- corrected - decode(payload) (what the wire did not carry).
 Nothing is lost, only delayed: with a contractive C (||C(x) - x||^2 <= (1 - delta) ||x||^2) SGD
-with EF converges at SGD's rate. Applied to the biased compressors (top-k, unscaled rand-k, sign,
-int8, fp16, bf16); QSGD is unbiased with variance factor omega that may exceed 1, where EF's
-contraction argument fails, so it runs without. PowerSGD keeps its own residual against the
-*aggregated* approximation, as Vogels et al. do (:mod:`thinwire.compression.powersgd`).
+with EF converges at SGD's rate. The registry wraps a codec when its ``ef`` option is on and the
+codec wants it (:attr:`Compressor.wants_error_feedback`: the biased ones, top-k, unscaled
+rand-k, sign, int8, fp16, bf16); QSGD is unbiased with variance factor omega that may exceed 1,
+where EF's contraction argument fails, so it runs without. PowerSGD keeps its own residual
+against the *aggregated* approximation, as Vogels et al. do (:mod:`thinwire.compression.powersgd`).
 
 Why EF and not EF21 (Richtarik, Sokolov and Fatkhullin, NeurIPS 2021; each rank keeps g_i and
 sends C(grad_i - g_i)): EF21's guarantees are sharper with full gradients, but with stochastic
@@ -22,13 +23,15 @@ with, keeps the hook stateless apart from e, and is exact for the identity.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload
+from thinwire.compression.base import Compressor, Part, Payload, empty
 
 
 class ErrorFeedback(Compressor):
-    """Wrap a compressor with a residual per key; decode is the inner compressor's."""
+    """Wrap a codec with a residual per key; the wire format and decode are the inner codec's."""
 
     unbiased = False
 
@@ -39,6 +42,13 @@ class ErrorFeedback(Compressor):
         self.linear = inner.linear
         self.residuals: dict[int, torch.Tensor] = {}
 
+    @property
+    def wants_error_feedback(self) -> bool:
+        return False  # it is the error feedback
+
+    def params(self) -> dict[str, Any]:
+        return {**self.inner.params(), "ef": True}
+
     def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
         return self.inner.spec(numel, dtype)
 
@@ -46,16 +56,28 @@ class ErrorFeedback(Compressor):
         flat = x.reshape(-1)
         # 1. add back what earlier steps did not send
         e = self.residuals.get(key)
-        corrected = flat + e if e is not None and e.shape == flat.shape else flat
+        if e is not None and (e.shape != flat.shape or e.device != flat.device):
+            e = None  # a bucket of another layout: start afresh
+        corrected = flat if e is None else torch.add(
+            flat, e, out=empty(flat.numel(), flat.dtype, flat.device))
         # 2. compress
         payload = self.inner.encode(corrected, step, key=key)
-        # 3. keep what this payload does not carry
-        decoded = self.inner.decode(payload, flat.numel(), step, key=key)
-        self.residuals[key] = corrected - decoded.to(corrected.dtype)
+        # 3. keep what this payload does not carry, in the old residual's memory where there is
+        #    one (corrected is then a new tensor, so no payload aliases that memory)
+        buf = e if e is not None and e.dtype == corrected.dtype else None
+        decoded = self.inner.decode(payload, flat.numel(), step, key=key, out=buf)
+        if buf is None:
+            self.residuals[key] = corrected - decoded.to(corrected.dtype)
+        else:
+            self.residuals[key] = torch.sub(corrected, decoded, out=buf)
         return payload
 
-    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
-        return self.inner.decode(payload, numel, step, key=key)
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.inner.decode(payload, numel, step, key=key, out=out)
+
+    def decode_add(self, payload: Payload, out: torch.Tensor, step: int, *, key: int = 0) -> None:
+        self.inner.decode_add(payload, out, step, key=key)
 
     def reset(self, key: int | None = None) -> None:
         if key is None:
@@ -70,7 +92,3 @@ class ErrorFeedback(Compressor):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.residuals = {int(k.split(".", 1)[1]): v.clone() for k, v in state.items()
                           if k.startswith("residual.")}
-
-    def __repr__(self) -> str:
-        return f"ErrorFeedback({self.inner!r})"
-

@@ -1,75 +1,61 @@
-"""Compressed data parallelism: any compressor as a DDP communication hook, through the ledger.
+"""Compressed data parallelism in your own training loop: any codec as a DDP communication hook,
+every byte through the ledger.
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from thinwire.compression import register
+
+    dist.init_process_group("gloo")                 # or torchrun's environment
+    ddp = DDP(model)
+    state = register(ddp, "topk", ratio=0.01)       # or "powersgd:rank=2", "sign", ...
+    ...                                             # train as usual
+    print(state.compressor.describe(), state.comm.ledger.totals())
 
 ``hook(state, bucket) -> Future[Tensor]``: DDP hands over each bucket of gradients
 (``bucket.buffer()``, flat) and waits for the future of their average. Per bucket and step:
   1. note the bucket's layout and its step counter (the ``step`` of every shared random draw;
      all ranks call the hook for the same buckets in the same order, so counters agree). When
-     DDP rebuilds its buckets after the first iteration, the compressor state of a bucket whose
+     DDP rebuilds its buckets after the first iteration, the codec state of a bucket whose
      parameters changed is reset;
-  2. linear compressors (identity, fp16, bf16, Rand-k with shared indices): divide the bucket by
-     the world size n, encode (with error feedback where configured), all-reduce the single
-     payload tensor (``Comm.all_reduce_async``: the sum of the payloads encodes the sum of the
-     inputs) and decode once: the average;
-  3. other compressors (Top-k, QSGD, int8, sign): encode (with error feedback), view the
-     payload's tensors as bytes and concatenate them, all-gather those bytes
-     (``Comm.all_gather_async``: the ledger counts exactly the encoded indices, values, scales
-     and packed bits), split each rank's bytes back into typed tensors, decode each and average
-     in rank order (so every rank computes the same sum);
-  4. PowerSGD: its own two all-reduces (P, then Q) with error feedback and warm start, per
-     tensor of the bucket (:meth:`PowerSGD.average_async`).
-Every exchange is tagged ``grad``. :func:`average_async` is the same exchange for any flat
-tensor (DiLoCo's pseudo-gradient uses it, tagged ``average``).
+  2. the codec's exchange, :meth:`Compressor.average_async`, tagged ``grad``: linear codecs
+     all-reduce their payload and decode once, the others all-gather their exact payload bytes
+     and decode each rank's, PowerSGD runs its two all-reduces per tensor of the bucket; the
+     average is decoded into the bucket's buffer.
+:func:`average_async` is the same exchange for any flat tensor (DiLoCo's pseudo-gradient uses
+it, tagged ``average``).
 
 No ``from __future__ import annotations`` here: DDP's ``register_comm_hook`` compares the hook's
 annotations with ``dist.GradBucket`` and ``Future[Tensor]`` as objects, not strings.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
 
-from thinwire.compression.base import Compressor, from_bytes, to_bytes
-from thinwire.compression.powersgd import PowerSGD
-from thinwire.runtime.comm import Comm, nbytes
+from thinwire.compression.base import Compressor
+from thinwire.compression.registry import build_codec
+from thinwire.runtime.comm import Comm
 
 
 def average_async(comm: Comm, compressor: Compressor, x: torch.Tensor, step: int, *,
                   key: int = 0, tag: str = "grad",
-                  shapes: Sequence[Sequence[int]] | None = None
+                  shapes: Optional[Sequence[Sequence[int]]] = None
                   ) -> tuple[torch.futures.Future, int]:
     """Future of the all-rank average of flat ``x`` through ``compressor``, and the payload
-    bytes this rank handed to collectives. ``x`` may be overwritten (it is, for linear ones)."""
-    if isinstance(compressor, PowerSGD):
-        return compressor.average_async(comm, x, step, key=key, tag=tag, shapes=shapes)
-    world, numel, dtype = comm.world_size, x.numel(), x.dtype
-    if compressor.linear:
-        # 2. divide, encode, sum the payload, decode once
-        (wire,) = compressor.encode(x.div_(world), step, key=key)
-
-        def decode_sum(f: torch.futures.Future) -> torch.Tensor:
-            out = compressor.decode((f.value(),), numel, step, key=key)
-            return out.to(dtype).view_as(x)
-
-        return comm.all_reduce_async(wire, tag=tag).then(decode_sum), nbytes(wire)
-    # 3. encode, gather every rank's bytes, decode each, average
-    wire = to_bytes(compressor.encode(x, step, key=key))
-    spec = compressor.spec(numel, dtype)
-
-    def decode_all(f: torch.futures.Future) -> torch.Tensor:
-        rows = f.value().view(world, -1)
-        total = compressor.decode(from_bytes(rows[0], spec), numel, step, key=key).to(dtype)
-        for r in range(1, world):
-            total = total + compressor.decode(from_bytes(rows[r], spec), numel, step, key=key)
-        return total.div_(world).view_as(x)
-
-    return comm.all_gather_async(wire, tag=tag).then(decode_all), nbytes(wire)
+    bytes this rank handed to collectives: :meth:`Compressor.average_async`. ``x`` may be
+    overwritten."""
+    return compressor.average_async(comm, x, step, key=key, tag=tag, shapes=shapes)
 
 
 @dataclass
 class HookState:
-    """What the hook keeps between calls; error-feedback residuals live in the compressor."""
+    """What the hook keeps between calls; error-feedback residuals live in the codec.
+
+    ``comm.ledger`` records every collective the hook issues; ``encoded_bytes`` sums the
+    payload bytes this rank handed to them."""
 
     comm: Comm
     compressor: Compressor
@@ -82,7 +68,7 @@ class HookState:
     encoded_bytes: int = 0
 
     def begin(self, key: int, layout: tuple[int, ...]) -> int:
-        """Step 1: this bucket's step; reset its compressor state if its parameters changed."""
+        """Step 1: this bucket's step; reset its codec state if its parameters changed."""
         if self.layouts.get(key, layout) != layout:
             self.compressor.reset(key)
         self.layouts[key] = layout
@@ -98,8 +84,48 @@ def compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.
     # 1. layout and step
     step = state.begin(key, tuple(id(p) for p in bucket.parameters()))
     shapes = [tuple(g.shape) for g in bucket.gradients()]
-    # 2-4. exchange through the ledger
-    fut, sent = average_async(state.comm, state.compressor, buf, step, key=key, tag=state.tag,
-                              shapes=shapes)
+    # 2. the codec's exchange, through the ledger
+    fut, sent = state.compressor.average_async(state.comm, buf, step, key=key, tag=state.tag,
+                                               shapes=shapes)
     state.encoded_bytes += sent
     return fut
+
+
+Hook = Callable[[HookState, dist.GradBucket], torch.futures.Future]
+
+
+def ddp_hook(codec: Union[str, Compressor] = "none", *, comm: Optional[Comm] = None,
+             seed: int = 0, **options: Any) -> tuple[HookState, Hook]:
+    """``(state, hook)`` for ``DDP.register_comm_hook``: ``codec`` (a spec such as ``"topk"``
+    or ``"powersgd:rank=2,ef=false"`` with ``options`` as keywords, or a built
+    :class:`Compressor`) on every bucket, through ``comm`` (default ``Comm()``: the default
+    process group, so call it after ``init_process_group``). ``seed`` must be the same on every
+    rank (shared randomness); the codec's private randomness uses the rank. Example::
+
+        state, hook = ddp_hook("powersgd", rank=2)
+        ddp_model.register_comm_hook(state, hook)
+        ...
+        state.comm.ledger.totals()["payload_bytes"]
+    """
+    comm = comm if comm is not None else Comm()
+    if isinstance(codec, str):
+        comp = build_codec(codec, options, seed=seed, rank=comm.rank)
+    else:
+        if options:
+            raise TypeError("options go with a codec spec, not with a built codec")
+        comp = codec
+    return HookState(comm, comp), compressed_hook
+
+
+def register(ddp_model: Any, codec: Union[str, Compressor] = "none", *,
+             comm: Optional[Comm] = None, seed: int = 0, **options: Any) -> HookState:
+    """Register ``codec`` as ``ddp_model``'s communication hook (:func:`ddp_hook`) and return
+    its state (``state.comm.ledger`` holds the bytes). Example::
+
+        ddp = DDP(model)
+        state = register(ddp, "topk", ratio=0.01)
+        print(state.compressor.describe())   # topk(ratio=0.01,ef)
+    """
+    state, hook = ddp_hook(codec, comm=comm, seed=seed, **options)
+    ddp_model.register_comm_hook(state, hook)
+    return state

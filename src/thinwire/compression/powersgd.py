@@ -23,16 +23,34 @@ carries r (n + m) values per compressed matrix plus the uncompressed tensors, in
 Given only a flat tensor (the :class:`Compressor` interface, the planner's ``nominal_ratio``),
 it is reshaped to a near-square matrix ceil(sqrt(d)) x ceil(d / ceil(sqrt(d))), zero-padded;
 ``encode``/``decode`` there are the single-worker algorithm (steps 1, 3, 4, 6, 7).
+:meth:`PowerSGD.collectives` lists the two all-reduces with their bytes, without running.
+
+Devices and dtypes: the first Q is drawn on the CPU from the shared generator (every rank,
+whatever its device, starts from the same Q) and moved to the input's device and dtype; the
+QR factorisation runs in float32 at least (half precision has none) and returns to the input's
+dtype. Error feedback is the codec's own (``ef``), never the generic wrapper.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload
+from thinwire.compression.base import (
+    Collective,
+    Compressor,
+    Part,
+    Payload,
+    Shapes,
+    done,
+    write_out,
+)
+from thinwire.compression.registry import CodecEntry
+from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm, nbytes
 
 # (offset, numel, (n, m) or None for a tensor sent uncompressed)
@@ -40,8 +58,10 @@ Segment = tuple[int, int, tuple[int, int] | None]
 
 
 def orthogonalize(p: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis of the columns of p (reduced QR; deterministic, so ranks agree)."""
-    return torch.linalg.qr(p, mode="reduced").Q
+    """An orthonormal basis of the columns of p (reduced QR; deterministic, so ranks agree),
+    computed in float32 at least and returned in p's dtype."""
+    work = p if p.dtype in (torch.float32, torch.float64) else p.float()
+    return torch.linalg.qr(work, mode="reduced").Q.to(p.dtype)
 
 
 def square_shape(numel: int) -> tuple[int, int]:
@@ -50,7 +70,7 @@ def square_shape(numel: int) -> tuple[int, int]:
 
 
 class PowerSGD(Compressor):
-    """Rank-``r`` PowerSGD (``rank`` is this worker's rank, as for every compressor)."""
+    """Rank-``r`` PowerSGD (``rank`` is this worker's rank, as for every codec)."""
 
     name = "powersgd"
 
@@ -65,6 +85,13 @@ class PowerSGD(Compressor):
         self.residuals: dict[int, torch.Tensor] = {}
         self.qs: dict[tuple[int, int], torch.Tensor] = {}
 
+    @property
+    def wants_error_feedback(self) -> bool:
+        return False  # its own residual, against the aggregated approximation (step 8)
+
+    def params(self) -> dict[str, Any]:
+        return {"rank": self.r, "warm_start": self.warm_start, "ef": self.error_feedback}
+
     # --- layout --------------------------------------------------------------------------------
     def rank_for(self, n: int, m: int) -> int:
         return min(self.r, n, m)
@@ -72,7 +99,7 @@ class PowerSGD(Compressor):
     def compressible(self, n: int, m: int) -> bool:
         return n > 1 and m > 1 and self.rank_for(n, m) * (n + m) < n * m
 
-    def layout(self, numel: int, shapes: Sequence[Sequence[int]] | None = None) -> list[Segment]:
+    def layout(self, numel: int, shapes: Shapes | None = None) -> list[Segment]:
         """Segments of a flat buffer: per tensor of ``shapes``, or one near-square matrix."""
         sizes = [math.prod(s) for s in shapes] if shapes is not None else []
         if shapes is None or sum(sizes) != numel:
@@ -86,12 +113,17 @@ class PowerSGD(Compressor):
             offset += size
         return out
 
-    def payload_bytes_for(self, numel: int, shapes: Sequence[Sequence[int]] | None = None,
-                          dtype: torch.dtype = torch.float32) -> int:
-        """Bytes a rank sends per step for a buffer of these tensors (P, Q and the raw ones)."""
-        elems = sum(s if nm is None else self.rank_for(*nm) * (nm[0] + nm[1])
-                    for _, s, nm in self.layout(numel, shapes))
-        return elems * dtype.itemsize
+    def collectives(self, numel: int, shapes: Shapes | None = None,
+                    dtype: torch.dtype = torch.float32) -> list[Collective]:
+        """Step 2's all-reduce (the raw tensors and every P), then step 5's (every Q), when
+        there is a matrix to compress; bytes in the input dtype."""
+        segs = self.layout(numel, shapes)
+        first = sum(s if nm is None else nm[0] * self.rank_for(*nm) for _, s, nm in segs)
+        second = sum(nm[1] * self.rank_for(*nm) for _, _, nm in segs if nm is not None)
+        out: list[Collective] = [("all_reduce", first * dtype.itemsize)]
+        if second:
+            out.append(("all_reduce", second * dtype.itemsize))
+        return out
 
     def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
         ((_, _, nm),) = self.layout(numel)
@@ -105,15 +137,17 @@ class PowerSGD(Compressor):
         pad = n * m - flat.numel()
         return (torch.cat([flat, flat.new_zeros(pad)]) if pad else flat).view(n, m)
 
-    def _q(self, key: int, j: int, nm: tuple[int, int], draw: list[torch.Generator],
-           step: int) -> torch.Tensor:
+    def _q(self, key: int, j: int, like: torch.Tensor, nm: tuple[int, int],
+           draw: list[torch.Generator], step: int) -> torch.Tensor:
+        """Step 1's Q: the warm one, or a standard normal draw from the shared generator, on
+        the CPU (so every rank draws the same), then on ``like``'s device and dtype."""
         shape = (nm[1], self.rank_for(*nm))
         q = self.qs.get((key, j)) if self.warm_start else None
         if q is None or tuple(q.shape) != shape:
             if not draw:
                 draw.append(self.shared_generator(step, key))
             q = torch.randn(shape, generator=draw[0])
-        return q
+        return q.to(device=like.device, dtype=like.dtype)
 
     # --- single worker (the Compressor interface) ----------------------------------------------
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
@@ -122,37 +156,43 @@ class PowerSGD(Compressor):
         if nm is None:
             return (flat.clone(),)
         m_ = self._matrix(flat, nm)
-        p = orthogonalize(m_ @ self._q(key, 0, nm, [], step))  # 1, 3
+        p = orthogonalize(m_ @ self._q(key, 0, m_, nm, [], step))  # 1, 3
         q = m_.T @ p  # 4
         if self.warm_start:
             self.qs[(key, 0)] = q  # 7
         return (p.reshape(-1), q.reshape(-1))
 
-    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         if len(payload) == 1:
-            return payload[0].reshape(-1)
+            return write_out(payload[0].reshape(-1), out)
         ((_, _, nm),) = self.layout(numel)
         assert nm is not None
         r = self.rank_for(*nm)
         p, q = payload[0].view(nm[0], r), payload[1].view(nm[1], r)
-        return (p @ q.T).reshape(-1)[:numel]  # 6
+        return write_out((p @ q.T).reshape(-1)[:numel], out)  # 6
 
     # --- many workers, through the ledger ------------------------------------------------------
     def average_async(self, comm: Comm, x: torch.Tensor, step: int, *, key: int = 0,
                       tag: str = "grad", shapes: Sequence[Sequence[int]] | None = None
                       ) -> tuple[torch.futures.Future, int]:
-        """The all-rank average of ``x`` (Future) and the bytes this rank sent (steps 0-8)."""
+        """The all-rank average of ``x`` (Future) and the bytes this rank sent (steps 0-8);
+        the collectives are :meth:`collectives`'."""
         world = comm.world_size
         flat = x.reshape(-1)
         segs = self.layout(flat.numel(), shapes)
         # 0. error feedback
         e = self.residuals.get(key) if self.error_feedback else None
-        mem = flat + e if e is not None and e.shape == flat.shape else flat
+        usable = e is not None and e.shape == flat.shape and e.device == flat.device
+        if usable and e is not None:
+            mem = flat + e
+        else:  # x receives the average in place: keep M apart when the residual needs it
+            mem = flat.clone() if self.error_feedback else flat
         raw = [mem[o:o + s] for o, s, nm in segs if nm is None]
         mats = [(o, s, nm, self._matrix(mem[o:o + s], nm)) for o, s, nm in segs if nm is not None]
         draw: list[torch.Generator] = []
         # 1. P = M Q
-        ps = [m_ @ self._q(key, j, nm, draw, step) for j, (_, _, nm, m_) in enumerate(mats)]
+        ps = [m_ @ self._q(key, j, m_, nm, draw, step) for j, (_, _, nm, m_) in enumerate(mats)]
         # 2. one all-reduce of the raw tensors and every P
         first = torch.cat([*raw, *(p.reshape(-1) for p in ps)])
         comm.all_reduce(first, tag=tag)
@@ -163,14 +203,14 @@ class PowerSGD(Compressor):
             # 3. orthogonalise
             p_hats.append(orthogonalize(first[offset:offset + p.numel()].view_as(p)))
             offset += p.numel()
-        # 4. Q = M^T P_hat; 5. all-reduce Q
+        # 4. Q = M^T P_hat
         qs = [m_.T @ p for (_, _, _, m_), p in zip(mats, p_hats)]
         second = torch.cat([q.reshape(-1) for q in qs]) if qs else flat.new_zeros(0)
         sent = nbytes(first) + nbytes(second)
 
         def finish(q_sum: torch.Tensor) -> torch.Tensor:
-            q_avg = q_sum / world
-            out = torch.empty_like(flat)
+            q_avg = q_sum / world  # 5. the mean Q
+            out = flat  # x is free: the average goes into it
             at = 0
             for o, s, nm in segs:  # the raw averages, back in place
                 if nm is None:
@@ -184,13 +224,12 @@ class PowerSGD(Compressor):
                 if self.warm_start:
                     self.qs[(key, j)] = q  # 7. warm start
             if self.error_feedback:
-                self.residuals[key] = mem - out  # 8. residual
+                self.residuals[key] = mem.sub_(out)  # 8. residual
             return out.view_as(x)
 
         if not qs:
-            done: torch.futures.Future = torch.futures.Future()
-            done.set_result(finish(second))
-            return done, sent
+            return done(finish(second)), sent
+        # 5. all-reduce Q
         fut = comm.all_reduce_async(second, tag=tag)
         return fut.then(lambda f: finish(f.value())), sent
 
@@ -217,3 +256,22 @@ class PowerSGD(Compressor):
                 self.residuals[int(idx[0])] = v.clone()
             elif kind == "q":
                 self.qs[(int(idx[0]), int(idx[1]))] = v.clone()
+
+
+@dataclass(frozen=True)
+class PowerSGDOptions:
+    """Options of ``powersgd``."""
+
+    rank: int = opt(2, "rank r of the approximation P Q^T of each matrix")
+    warm_start: bool = opt(True, "start each step's power iteration from the previous Q")
+    ef: bool = opt(True, "error feedback against the aggregated approximation (its own)")
+
+    def __post_init__(self) -> None:
+        check(self.rank >= 1, "powersgd.rank", f"got {self.rank}; use 1 or more")
+
+
+POWERSGD = CodecEntry(
+    name="powersgd", summary="rank-r P Q^T per matrix, warm-started, two all-reduces",
+    options=PowerSGDOptions,
+    factory=lambda o, seed, rank: PowerSGD(o.rank, error_feedback=o.ef, warm_start=o.warm_start,
+                                           seed=seed, rank=rank))

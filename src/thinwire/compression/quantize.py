@@ -4,29 +4,55 @@ QSGD -- Alistarh, Grubic, Li, Tomioka and Vojnovic, "QSGD: Communication-Efficie
 Gradient Quantization and Encoding" (NeurIPS 2017), with s levels:
   1. send the norm ||x||_2 (one fp32);
   2. r_i = s |x_i| / ||x||_2 in [0, s]; round r_i up with probability r_i - floor(r_i), down
-     otherwise (each rank draws its own rounding, from its private generator), so
-     E[level_i] = r_i;
+     otherwise: level_i = floor(r_i + u_i) with u_i uniform on the 2^24-point grid of [0, 1)
+     (the resolution of ``torch.rand``'s float32), each rank drawing its own u from its private
+     randomness, so E[level_i] = r_i up to that grid;
   3. send sign(x_i) x level_i as one signed integer in the smallest dtype that holds [-s, s]
      (int8 for s <= 127: 1 byte an element, less than separate sign bits plus uint8 levels;
      int16 up to 32767; int32 above);
   4. decode x_hat_i = ||x||_2 level_i / s: unbiased, E[x_hat] = x, with
      E||x_hat - x||^2 <= min(d / s^2, sqrt(d) / s) ||x||^2 (their Lemma 3.1).
-  Not linear (norms differ by rank): the hook all-gathers and decodes each rank's payload.
+  Not linear (norms differ by rank): the exchange all-gathers and decodes each rank's payload.
+  On CPU, steps 2-3 run block by block in cache as t_i = c x_i + copysign(u_i, x_i) with
+  c = s / ||x||_2, whose truncation toward zero is sign(x_i) level_i; u comes from a numpy
+  SFC64 stream there (``torch.rand`` on one core costs ~8x a copy of x), from the device's
+  ``torch.Generator`` elsewhere.
 
-int8 (blockwise absmax, as in hivemind's and bitsandbytes' blockwise codecs):
+int8 (blockwise absmax scaling):
   1. cut x into chunks of ``chunk`` elements (512: a 4-byte scale costs 0.8 %);
   2. per chunk, scale = max |x_i| / 127 (sent as fp32);
-  3. send round(x_i / scale) as int8; the error is at most scale / 2 per element.
-  Deterministic rounding is biased (slightly); error feedback removes the bias.
+  3. send round(x_i / scale) as int8 (half to even); the error is at most scale / 2 per element;
+  4. decode q_i scale.
+  Deterministic rounding is biased (slightly); error feedback removes the bias (``ef``, on by
+  default). On CPU, steps 2-4 run block by block of whole chunks, in cache.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload
+from thinwire.compression.base import (
+    BLOCK,
+    NUMPY_DTYPES,
+    Compressor,
+    Part,
+    Payload,
+    as_numpy,
+    blocks,
+    empty,
+    on_cpu,
+    private_bits,
+    write_out,
+)
+from thinwire.compression.registry import CodecEntry
+from thinwire.options import check, opt
+
+_U24 = np.float32(2.0**-24)
 
 
 def level_dtype(levels: int) -> torch.dtype:
@@ -39,7 +65,7 @@ def level_dtype(levels: int) -> torch.dtype:
 
 
 class QSGD(Compressor):
-    """Stochastic quantization to s levels of |x_i| / ||x||_2, unbiased."""
+    """Stochastic quantization to s levels of |x_i| / ||x||_2, unbiased (Alistarh et al. 2017)."""
 
     name = "qsgd"
     unbiased = True
@@ -49,6 +75,9 @@ class QSGD(Compressor):
         if levels < 1:
             raise ValueError(f"qsgd needs at least 1 level, got {levels}")
         self.levels = levels
+
+    def params(self) -> dict[str, Any]:
+        return {"levels": self.levels}
 
     def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
         return (Part(1, torch.float32), Part(numel, level_dtype(self.levels)))
@@ -62,21 +91,61 @@ class QSGD(Compressor):
         flat = x.reshape(-1).float()
         s = self.levels
         # 1. the norm
-        norm = flat.norm()
+        norm = torch.linalg.vector_norm(flat)
         n = float(norm)
+        c = s / n if n > 0 else 0.0
+        if on_cpu(flat):
+            q = self._levels_cpu(as_numpy(flat), np.float32(c), step, key)
+            return (norm.reshape(1), torch.from_numpy(q))
         # 2. stochastic rounding: floor(r + u), u ~ U[0, 1), is r's upper neighbour with
         #    probability r - floor(r)
-        r = flat.abs().mul_(s / n if n > 0 else 0.0)
-        r.add_(torch.rand(flat.numel(), generator=self.private_generator(step, key)))
+        r = flat.abs().mul_(c)
+        g = self.private_generator(step, key, flat.device)
+        r.add_(torch.rand(flat.numel(), generator=g, device=flat.device))
         level = r.floor_().clamp_(max=s)
         # 3. sign and level in one signed integer
-        q = torch.copysign(level, flat).to(level_dtype(s))
-        return (norm.reshape(1), q)
+        return (norm.reshape(1), torch.copysign(level, flat).to(level_dtype(s)))
 
-    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
+    def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
+        """Steps 2-3 on CPU, block by block: trunc(c x + copysign(u, x)), within [-s, s]."""
+        s = self.levels
+        q = np.empty(xn.size, dtype=NUMPY_DTYPES[level_dtype(s)])
+        bits = private_bits(self.seed, step, key, self.rank, 0x5EED)
+        # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
+        wide = s >= torch.iinfo(level_dtype(s)).max
+        size = min(xn.size, BLOCK)
+        t, u, sign = np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.uint32)
+        for a, b in blocks(xn.size, size):
+            m = b - a
+            tb, ub, sb = t[:m], u[:m], sign[:m]
+            np.multiply(xn[a:b], c, out=tb)  # 2. c x_i, signed: |c x_i| = r_i
+            raw = bits.random_raw((m + 1) // 2).view(np.uint32)[:m]
+            np.right_shift(raw, 8, out=raw)  # 24 random bits
+            ub[:] = raw.view(np.int32)  # exact: < 2^24
+            ub *= _U24  # u on the 2^24-point grid of [0, 1)
+            # copysign(u, c x_i) through the bits (numpy's copysign is 3x slower)
+            np.bitwise_and(tb.view(np.uint32), np.uint32(0x80000000), out=sb)
+            np.bitwise_or(ub.view(np.uint32), sb, out=ub.view(np.uint32))
+            tb += ub  # |t| = r_i + u_i
+            if wide:  # s + 1 would not fit the level dtype: clip before narrowing
+                np.clip(tb, -s, s, out=tb)
+            q[a:b] = tb  # 3. truncation toward zero: sign(x_i) floor(r_i + u_i)
+        if not wide:
+            np.clip(q, -s, s, out=q)  # cheaper on the narrow levels
+        return q
+
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         norm, q = payload
         # 4. ||x|| level / s
-        return q.float() * (norm / self.levels)
+        f = norm.reshape(()) / self.levels
+        if on_cpu(q) and (out is None or (
+                out.dtype == torch.float32 and out.is_contiguous())):
+            res = out if out is not None else empty(numel, torch.float32)
+            np.multiply(as_numpy(q), np.float32(float(f)), out=as_numpy(res).reshape(-1),
+                        dtype=np.float32, casting="unsafe")
+            return res
+        return write_out(q.float() * f, out)
 
 
 class Int8(Compressor):
@@ -90,6 +159,9 @@ class Int8(Compressor):
             raise ValueError(f"int8 chunk must be >= 1, got {chunk}")
         self.chunk = chunk
 
+    def params(self) -> dict[str, Any]:
+        return {"chunk": self.chunk}
+
     def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
         return (Part(numel, torch.int8), Part(math.ceil(numel / self.chunk), torch.float32))
 
@@ -99,17 +171,87 @@ class Int8(Compressor):
             flat = torch.cat([flat, flat.new_zeros(pad)])
         return flat.view(-1, self.chunk)
 
-    def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
-        flat = x.reshape(-1).float()
+    def _encode_torch(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # 1. chunks; 2. absmax scale per chunk
         chunks = self._chunks(flat)
         scale = chunks.abs().amax(dim=1) / 127
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        # 3. round to int8
-        q = torch.round(chunks / safe[:, None]).clamp_(-127, 127).to(torch.int8)
-        return (q.reshape(-1)[:flat.numel()], scale)
+        # 3. round to int8 (|x / scale| <= 127 up to a rounding: no clamp needed)
+        q = torch.round(chunks / safe[:, None]).to(torch.int8)
+        return q.reshape(-1)[:flat.numel()], scale
 
-    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
+        flat = x.reshape(-1).float()
+        if not on_cpu(flat):
+            return self._encode_torch(flat)
+        c, d = self.chunk, flat.numel()
+        rows = d // c
+        xn = as_numpy(flat)
+        q = np.empty(d, np.int8)
+        scale = np.empty(math.ceil(d / c), np.float32)
+        per = max(1, BLOCK // c)  # whole chunks per block
+        buf = np.empty(min(per, rows) * c, np.float32)
+        for r0, r1 in blocks(rows, per):
+            xb, a = xn[r0 * c:r1 * c], buf[:(r1 - r0) * c]
+            # 2. absmax scale per chunk
+            np.abs(xb, out=a)
+            sc = np.maximum.reduceat(a, np.arange(0, a.size, c)) / np.float32(127)
+            scale[r0:r1] = sc
+            # 3. round x / scale to the nearest integer (half to even), stored as int8
+            np.divide(xb.reshape(-1, c), np.where(sc > 0, sc, np.float32(1))[:, None],
+                      out=a.reshape(-1, c))
+            np.rint(a, out=a)
+            q[r0 * c:r1 * c] = a
+        if rows * c < d:  # the last, partial chunk
+            tq, ts = self._encode_torch(flat[rows * c:])
+            q[rows * c:] = as_numpy(tq)
+            scale[rows:] = as_numpy(ts)
+        return (torch.from_numpy(q), torch.from_numpy(scale))
+
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         q, scale = payload
-        chunks = self._chunks(q.float())
-        return (chunks * scale[:, None]).reshape(-1)[:numel]
+        if not on_cpu(q) or (out is not None and (
+                out.dtype != torch.float32 or not out.is_contiguous())):
+            # 4. q scale per chunk
+            return write_out((self._chunks(q.float()) * scale[:, None]).reshape(-1)[:numel], out)
+        c, rows = self.chunk, numel // self.chunk
+        res = out.view(-1) if out is not None else empty(numel, torch.float32)
+        qn, sn, on = as_numpy(q), as_numpy(scale), as_numpy(res)
+        per = max(1, BLOCK // c)
+        for r0, r1 in blocks(rows, per):  # 4. block by block: cast, then scale in cache
+            ob = on[r0 * c:r1 * c].reshape(-1, c)
+            ob[...] = qn[r0 * c:r1 * c].reshape(-1, c)
+            ob *= sn[r0:r1, None]
+        if rows * c < numel:
+            on[rows * c:] = qn[rows * c:] * sn[rows]
+        return out if out is not None else res
+
+
+@dataclass(frozen=True)
+class QSGDOptions:
+    """Options of ``qsgd`` (unbiased: no error feedback)."""
+
+    levels: int = opt(16, "quantization levels s (int8 on the wire up to 127, int16 up to 32767)")
+
+    def __post_init__(self) -> None:
+        check(1 <= self.levels < 2**31, "qsgd.levels", f"got {self.levels}; use 1 to 2**31 - 1")
+
+
+@dataclass(frozen=True)
+class Int8Options:
+    """Options of ``int8``."""
+
+    chunk: int = opt(512, "elements per fp32 absmax scale")
+    ef: bool = opt(True, "error feedback: add back what rounding dropped, next step")
+
+    def __post_init__(self) -> None:
+        check(self.chunk >= 1, "int8.chunk", f"got {self.chunk}; use 1 or more")
+
+
+QSGD_ENTRY = CodecEntry(
+    name="qsgd", summary="stochastic rounding to s levels of |x| / ||x||, unbiased, all-gathered",
+    options=QSGDOptions, factory=lambda o, seed, rank: QSGD(o.levels, seed=seed, rank=rank))
+INT8 = CodecEntry(
+    name="int8", summary="int8 with one fp32 absmax scale per chunk, all-gathered",
+    options=Int8Options, factory=lambda o, seed, rank: Int8(o.chunk, seed=seed, rank=rank))

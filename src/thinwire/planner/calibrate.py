@@ -262,8 +262,7 @@ def _probe(comm: Any, p: Probe) -> Rows:
     """One calibration process: (x1, x2, timings) per measurement, keyed by kind."""
     import torch
 
-    from thinwire.compression import build_compressor
-    from thinwire.config import MethodConfig
+    from thinwire.compression import build
     from thinwire.models import build_mlp
 
     torch.set_num_threads(p.threads)
@@ -305,7 +304,7 @@ def _probe(comm: Any, p: Probe) -> Rows:
         out.setdefault("p2p", []).append((n - 1, (n - 1) * size, [t / 2 for t in ts]))
     if p.topk is not None:  # 3. codecs
         buckets, keep = p.topk
-        comp = build_compressor(MethodConfig(compressor="topk", ratio=keep))
+        comp = build("topk", ratio=keep)
         for numel in buckets:
             comm.barrier()
             ts = _timed(_topk_codec, p.reps, comp, torch.randn(numel), comp.spec(numel), n)
