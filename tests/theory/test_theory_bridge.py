@@ -49,9 +49,9 @@ def test_spec_steps_are_multiples_of_the_period_and_keep_lr_times_steps():
         assert spec.steps(lr) == spec.every(lr) * spec.points
         assert spec.steps(lr) * lr == pytest.approx(spec.horizon, rel=0.15)
     cfg = exp_bridge.run_config_for(spec, "ist", "skew", 0.1, 3, Path("x"))
-    assert (cfg.method.name, cfg.method.scale, cfg.model.norm) == ("ist", "dropout", "none")
+    assert (cfg.method.name, cfg.method.options.scale, cfg.model.options.norm) == ("ist", "dropout", "none")
     assert (cfg.data.shard, cfg.data.skew, cfg.train.seed) == ("skew", 1.0, 3)
-    assert cfg.train.weight_decay == spec.weight_decay and cfg.method.deployment == "central"
+    assert cfg.train.weight_decay == spec.weight_decay and cfg.method.options.deployment == "central"
 
 
 def test_fit_floor_recovers_a_floor_and_a_slope():
@@ -68,15 +68,15 @@ def test_checkpoint_reassembly_matches_the_full_model(tmp_path):
 
     cfg = config.load(None, {"model.hidden": "6", "model.norm": "none", "train.seed": 1})
     model = build_mlp(5, (6,), 3, norm="none", seed=7)
-    store = {f"{n}:0": p.detach().clone() for n, p in model.named_parameters()}
-    store |= {f"{n}:1": torch.zeros_like(p) for n, p in model.named_parameters()}  # opt state
+    store = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ist = {"round": 3, "store": store, "state_keys": [], "state_store": {}, "scalar_state": {}}
     x = torch.randn(4, 5)
-    for i, state in enumerate(({"store": store}, {"model": model.state_dict()})):
+    for i, state in enumerate(({"ist": ist}, {"model": model.state_dict()})):
         path = tmp_path / f"rank0-{i}.pt"
         torch.save({"strategy": state}, path)
         back = exp_bridge.model_from_checkpoint(path, cfg, 5, 3)
         assert torch.equal(back(x), model(x))
-    torch.save({"strategy": {"store": {"layers.0.weight:0": store["layers.0.weight:0"]}}},
+    torch.save({"strategy": {"ist": {"store": {"layers.0.weight": store["layers.0.weight"]}}}},
                tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="no value"):
         exp_bridge.model_from_checkpoint(tmp_path / "bad.pt", cfg, 5, 3)

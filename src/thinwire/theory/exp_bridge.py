@@ -171,10 +171,11 @@ def model_from_checkpoint(path: Path, cfg: Any, input_dim: int, num_classes: int
     from thinwire.models import build_mlp
 
     state = torch.load(path, weights_only=True, map_location="cpu")["strategy"]
-    model = build_mlp(input_dim, cfg.model.hidden, num_classes, norm=cfg.model.norm,
-                      activation=cfg.model.activation, seed=cfg.train.seed)
-    if "store" in state:  # IST, central deployment: rank 0 stores every slice; copy 0 = value
-        params = {key[: -len(":0")]: t for key, t in state["store"].items() if key.endswith(":0")}
+    o = cfg.model.options
+    model = build_mlp(input_dim, o.hidden, num_classes, norm=o.norm, activation=o.activation,
+                      seed=cfg.train.seed)
+    if "ist" in state:  # IST, central deployment: rank 0 stores every tensor whole
+        params = dict(state["ist"]["store"])
     else:
         params = state["model"]
     missing = {n for n, _ in model.named_parameters()} - set(params)
