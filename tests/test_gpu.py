@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from thinwire.commands.common import run_config
+from thinwire.run import run_config
 from thinwire.config import load
 
 pytestmark = pytest.mark.gpu

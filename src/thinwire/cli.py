@@ -19,10 +19,10 @@ from thinwire.errors import UsageError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("thinwire.commands.train", "train one method on N local workers (or under torchrun)"),
     "compare": ("thinwire.commands.compare", "train several methods on the same data and compare"),
-    "report": ("thinwire.report.cli", "tables and plots from run directories"),
-    "plan": ("thinwire.planner.cli", "predict memory, bytes and step time; search plans"),
-    "theory": ("thinwire.theory.cli", "IST on quadratics: reproduce Shulgin & Richtarik"),
-    "bench": ("thinwire.testbed.cli", "thin-wire testbed: workers in rate-limited namespaces"),
+    "report": ("thinwire.commands.report", "tables and plots from run directories"),
+    "plan": ("thinwire.commands.plan", "predict memory, bytes and step time; search plans"),
+    "theory": ("thinwire.commands.theory", "IST on quadratics: reproduce Shulgin & Richtarik"),
+    "bench": ("thinwire.commands.bench", "thin-wire testbed: workers in rate-limited namespaces"),
 }
 
 

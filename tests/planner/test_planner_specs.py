@@ -123,6 +123,6 @@ def test_spec_from_torch_module():
 
 
 def test_planner_import_does_not_import_torch():
-    code = "import sys, thinwire.planner, thinwire.planner.cli; print('torch' in sys.modules)"
+    code = "import sys, thinwire.planner, thinwire.commands.plan; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

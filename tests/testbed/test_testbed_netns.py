@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from thinwire import config as config_mod
-from thinwire.commands.common import prepare_run_dir
+from thinwire.run import prepare_run_dir
 from thinwire.testbed.measure import compare, read_ledgers
 from thinwire.testbed.netns import Testbed, cleanup_stale, list_namespaces, sh, unavailable_reason
 from thinwire.testbed.rates import Link

@@ -13,7 +13,7 @@ import pytest
 from thinwire.cli import main as cli_main
 from thinwire.errors import UsageError
 from thinwire.report.tables import Run
-from thinwire.testbed.cli import interrupts_raise
+from thinwire.testbed.bench import interrupts_raise
 from thinwire.testbed.measure import RankLedger, compare
 from thinwire.testbed.modelled import (
     FRAME_EFFICIENCY,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from thinwire.theory import cli as theory_cli
+from thinwire.commands import theory as theory_cli
 from thinwire.theory import exp_bridge
 from thinwire.theory.experiments import default_registry
 

@@ -8,11 +8,14 @@ over loopback and is modelled on every link (:mod:`thinwire.testbed.modelled`).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections.abc import Iterator
+from types import FrameType
 
-from thinwire.commands.common import prepare_run_dir
 from thinwire.config import Config
 from thinwire.report.tables import fmt_bytes, load_run
+from thinwire.run import prepare_run_dir
 from thinwire.testbed.measure import compare, read_ledgers
 from thinwire.testbed.modelled import model_run
 from thinwire.testbed.netns import cleanup_stale
@@ -60,12 +63,26 @@ def iter_modelled(cfgs: list[Config], links: list[Link], deadline: float) -> Ite
             yield BenchResult(link, run, "modelled", m.curve, m.wall_s)
 
 
+def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def interrupts_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (like Ctrl-C), so every finally tears down."""
+    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run_all(cfgs: dict[str, list[Config]], links: list[Link], deadline: float, *,
             modelled: bool) -> tuple[list[BenchResult], str]:
     """Every run, measured (one group per link) or modelled (group ``"modelled"``), with SIGTERM
     and SIGHUP raising like Ctrl-C so every namespace is torn down. Returns the finished
     results and, when a run failed or time ran out, why the bench stopped early ("" if not)."""
-    from thinwire.testbed.cli import interrupts_raise
     from thinwire.testbed.run import BenchFailed
 
     results: list[BenchResult] = []

@@ -15,75 +15,50 @@ the reason is printed, and every modelled figure says so. ``--timeout`` bounds t
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import os
-import signal
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from thinwire import config as config_mod
-from thinwire.config import COMPRESSORS, Config
+from thinwire.commands.common import add_common, add_config_options, overrides
+from thinwire.config import Config
 from thinwire.errors import UsageError
 from thinwire.testbed.rates import Link, parse_links
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--link", default="100mbit",
-                        help="link rates, comma-separated: e.g. 100mbit,1gbit,unlimited")
+                        help="link rates, comma-separated: e.g. 100mbit,1gbit,unlimited (default: 100mbit)")
     parser.add_argument("--delay", default="0",
-                        help="one-way delay of each link direction, e.g. 5ms (needs netem)")
+                        help="one-way delay of each link direction, e.g. 5ms (needs netem; default: 0)")
     parser.add_argument("--methods", default="dp,localsgd,ist",
                         help="comma-separated methods as in thinwire compare, e.g. "
-                             "dp,localsgd,ist:local_steps=20,topk")
+                             "dp,localsgd,ist:local_steps=20,topk (default: dp,localsgd,ist)")
     parser.add_argument("--target", type=float, default=None,
-                        help="accuracy for the to-target columns (default: highest all reached)")
+                        help="metric value for the to-target columns (default: the best all reached)")
     parser.add_argument("--modelled", action="store_true",
                         help="no namespaces: run over loopback and model the link")
     parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="hard wall-clock limit of the whole bench, seconds")
-    parser.add_argument("--config", metavar="FILE", help="TOML config file")
-    parser.add_argument("--workers", type=int, metavar="N", help="shortcut for --runtime.workers")
-    parser.add_argument("--steps", type=int, metavar="N", help="shortcut for --train.steps")
-    parser.add_argument("--out", default="runs/bench", metavar="DIR", help="output directory")
-    config_mod.add_override_options(parser, skip=("method.name", "run.name", "run.out",
-                                                  "run.resume"))
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+                        help="hard wall-clock limit of the whole bench, seconds (default: 3600)")
+    add_common(parser, names=False)
+    parser.set_defaults(out="runs/bench")
+    add_config_options(parser, skip=("method.name", "run.name", "run.out", "run.resume"))
 
 
 def _configs(args: argparse.Namespace, groups: list[str]) -> dict[str, list[Config]]:
     """Validated configs, one per (group, method); groups are link labels or 'modelled'."""
-    from thinwire.commands.compare import method_overrides, run_name, split_methods
+    from thinwire.run import method_configs, split_methods
 
-    base: dict[str, Any] = config_mod.overrides_from_args(args)
-    if args.workers is not None:
-        base["runtime.workers"] = args.workers
-    if args.steps is not None:
-        base["train.steps"] = args.steps
+    base: dict[str, Any] = overrides(args)
     base["run.progress"] = False
     specs = split_methods(args.methods)
-    if not specs:
-        raise UsageError("--methods: give at least one method, e.g. dp,localsgd,ist")
-    if any(s.partition(":")[0] in COMPRESSORS for s in specs):
-        try:
-            importlib.import_module("thinwire.compression")
-        except ImportError as exc:
-            raise UsageError(f"compressors unavailable: thinwire.compression: {exc}") from None
     workers = config_mod.load(args.config, base).runtime.workers
     base.setdefault("runtime.threads", max(1, (os.cpu_count() or 1) // workers))
-    return {g: [config_mod.load(args.config, {**base, **method_overrides(s),
-                                              "run.name": run_name(s),
-                                              "run.out": str(Path(args.out) / g)})
-                for s in specs] for g in groups}
+    return {g: method_configs(specs, args.config, {**base, "run.out": str(Path(args.out) / g)})
+            for g in groups}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     modelled = args.modelled or reason is not None
     groups = ["modelled"] if modelled else [lk.label for lk in links]
     cfgs = _configs(args, groups)
-    from thinwire.commands.common import preflight
+    from thinwire.run import preflight
 
     preflight(next(iter(cfgs.values()))[0])
     from thinwire.testbed import bench
@@ -113,17 +88,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"thinwire bench: {stopped}")
     _write(results, args, Path(args.out))
     return 0
-
-
-@contextlib.contextmanager
-def interrupts_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (like Ctrl-C), so every finally tears down."""
-    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _write(results: list[Any], args: argparse.Namespace, out: Path) -> None:
