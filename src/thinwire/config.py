@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
+from thinwire.models import MODELS
 from thinwire.options import (
     NoOptions,
     OptionError,
@@ -34,6 +35,7 @@ from thinwire.options import (
     iter_fields,
     opt,
 )
+from thinwire.strategies import METHODS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,15 +69,20 @@ class DataConfig:
         check(self.limit_test >= 0, "data.limit_test", "must be >= 0 (0 means all)")
 
 
+def _first(registry: Registry[Any]) -> str:
+    """A registry's first entry: the default of its section."""
+    return registry.names()[0]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = opt("mlp", "model")
+    name: str = opt(_first(MODELS), "model")
     options: Any = field(default_factory=NoOptions, metadata={"entry_options": True})
 
 
 @dataclass(frozen=True)
 class MethodConfig:
-    name: str = opt("dp", "method of distributed training")
+    name: str = opt(_first(METHODS), "method of distributed training")
     options: Any = field(default_factory=NoOptions, metadata={"entry_options": True})
 
 
