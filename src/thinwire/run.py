@@ -26,7 +26,7 @@ from torch import nn
 from thinwire import config as config_mod
 from thinwire.config import Config
 from thinwire.data import DATASETS, BatchStream, Dataset, DataSource, shard_indices
-from thinwire.data.task import Task, task_for
+from thinwire.data.task import Task
 from thinwire.errors import UsageError
 from thinwire.models import MODELS
 from thinwire.options import parse_spec

@@ -138,8 +138,8 @@ def _md(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
     """``--calibrate``: per run of the suite, calibrate, run, calibrate again; predicted
     against measured (bytes exactly, step time) as markdown, written to ``--out``."""
-    from thinwire.run import run_config
     from thinwire.planner import calibrate as cb
+    from thinwire.run import run_config
     from thinwire.trainer import load_data
 
     model = load_model(args.model or CALIBRATE_MODEL)
