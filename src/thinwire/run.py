@@ -91,7 +91,12 @@ def preflight(cfg: Config) -> Dataset:
         raise UsageError(f"data.dir: {cfg.data.dir} is not a directory; pass the folder holding "
                          "the dataset files, or leave it empty for the standard places")
     ds = load_data(cfg)
-    model = build_model(cfg, ds)
+    try:
+        model = build_model(cfg, ds)
+    except (RuntimeError, MemoryError, OverflowError) as exc:
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise UsageError(f"model {cfg.model.name}: cannot be built with these options ({first}); "
+                         "choose smaller --model.* sizes") from None
     entry = METHODS.get(cfg.method.name)
     if entry.check_model is not None:
         entry.check_model(cfg, model)
