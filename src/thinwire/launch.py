@@ -18,10 +18,11 @@ Guarantees (tests in ``tests/reliability/``):
   local user can reach it while a job runs.
 - **First failure named** (``test_errors.py``). When a worker fails, the agent stops the others
   (SIGTERM) and peers that were talking to it fail with communication errors; the launcher
-  ranks the failures (a real error recorded by a worker, then a death by an unexpected signal
-  such as the OOM killer's SIGKILL, then a stopped worker, then communication errors, then
-  workers ended by the agent), earliest first, and raises :class:`WorkerFailed` naming that
-  worker and its cause.
+  ranks the failures, earliest first within a class: a death by a signal the agent does not
+  send (the OOM killer's SIGKILL, SIGSEGV: never a consequence of another worker), a stopped
+  worker, an error recorded by a worker (bad input, I/O, a bug; ordered by the precise time
+  each worker recorded), communication errors and other exit codes, then workers ended by the
+  agent. It raises :class:`WorkerFailed` naming that worker and its cause.
 - **Timeout honoured.** A stopped (SIGSTOP) worker cannot act on the agent's SIGTERM, and the
   agent waits 30 s before SIGKILL; a watcher thread kills a stopped worker as soon as it has a
   termination signal pending, so the job ends ``runtime.timeout_s`` after the stall.
@@ -275,12 +276,12 @@ def worker_pids(launcher_pid: int, module: str = "thinwire.worker") -> list[int]
 
 def _status(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/status") as f:
-        return dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+        pairs = (ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+        return {k: v.strip() for k, v in pairs}
 
 
 def _pending_end(status: Mapping[str, str]) -> bool:
-    mask = int(status.get("ShdPnd", "0").strip() or "0", 16) | int(
-        status.get("SigPnd", "0").strip() or "0", 16)
+    mask = int(status.get("ShdPnd") or "0", 16) | int(status.get("SigPnd") or "0", 16)
     return any(mask & (1 << (int(s) - 1)) for s in _TERMINATING)
 
 
@@ -315,17 +316,17 @@ def first_failure(failures: Mapping[int, Any], stopped: set[int] | None = None) 
         tw = data.get("thinwire") if isinstance(data, dict) else None
         tw = tw if isinstance(tw, dict) else None
         when = float(tw.get("time", 0.0)) if tw else float(getattr(f, "timestamp", 0) or 0)
-        if rank in stopped:
-            cls, kind = 2, "stopped"
-            cause = ("was stopped (SIGSTOP) and stalled the job; the others timed out after "
-                     "runtime.timeout_s and it was killed")
-        elif tw and tw.get("kind") in ("usage", "io", "error"):
-            cls, kind, cause = 0, str(tw["kind"]), f"failed: {_message(f)}"
-        elif code < 0 and -code not in _AGENT_SIGNALS:
-            cls, kind = 1, "signal"
+        if code < 0 and -code not in _AGENT_SIGNALS and rank not in stopped:
+            cls, kind = 0, "signal"
             cause = f"was killed by {_signame(-code)}"
             if -code == signal.SIGKILL:
                 cause += " (the out-of-memory killer or another process; see dmesg)"
+        elif rank in stopped:
+            cls, kind = 1, "stopped"
+            cause = ("was stopped (SIGSTOP) and stalled the job; the others timed out after "
+                     "runtime.timeout_s and it was killed")
+        elif tw and tw.get("kind") in ("usage", "io", "error"):
+            cls, kind, cause = 2, str(tw["kind"]), f"failed: {_message(f)}"
         elif tw and tw.get("kind") == "peer":
             cls, kind, cause = 3, "peer", f"failed: {_message(f)}"
         elif code > 0:

@@ -120,6 +120,10 @@ def _one_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+_COMM_MARKERS = ("thinwire/runtime/comm.py", "/gloo/", "ProcessGroupGloo", "ProcessGroupNCCL",
+                 "NCCL error", "Connection reset by peer", "Connection closed by peer")
+
+
 def _from_comm(exc: BaseException) -> bool:
     """True when the exception was raised inside a communication call (thinwire's comm layer
     or torch.distributed): a symptom of a dead or stuck peer, not a cause."""
@@ -127,6 +131,9 @@ def _from_comm(exc: BaseException) -> bool:
 
     if isinstance(exc, getattr(dist, "DistError", ())):
         return True
+    text = str(exc)
+    if any(m in text for m in _COMM_MARKERS):
+        return True  # raised in a callback of a collective (the autograd engine re-raises it)
     tb = exc.__traceback__
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
