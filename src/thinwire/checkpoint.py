@@ -28,6 +28,7 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -220,12 +221,14 @@ def load_rank(run_dir: Path, step: int, rank: int, world_size: int) -> dict[str,
     path = d / f"rank{rank}.pt"
     fix = _fix(run_dir, step)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {d} lacks {path.name} (rank {rank} of {world_size}); "
+        raise CheckpointError(f"checkpoint file {path} is missing (rank {rank} of {world_size}); "
                               f"{fix}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty; {fix}")
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():  # e.g. "unsupported pickle protocol": we report it below
+            warnings.simplefilter("ignore")
+            state = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
         if "weights only" in str(exc).lower() or "weights_only" in str(exc):
             raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain "
