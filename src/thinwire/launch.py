@@ -221,7 +221,7 @@ class Watcher:
 
     launcher_pid: int
     module: str
-    interval: float = 0.2
+    interval: float = 0.5
     _stop: threading.Event = field(default_factory=threading.Event)
     _stopped: set[int] = field(default_factory=set)
     _thread: threading.Thread | None = None
