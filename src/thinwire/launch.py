@@ -196,7 +196,7 @@ def _torch_logs(run_dir: Path) -> Iterator[None]:
     saved = [(lg.propagate, list(lg.handlers)) for lg in loggers]
     handler: logging.Handler
     try:
-        handler = logging.FileHandler(run_dir / "launcher.log", delay=True)
+        handler = _QuietFileHandler(run_dir / "launcher.log", delay=True)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     except OSError:
         handler = logging.NullHandler()
@@ -210,6 +210,19 @@ def _torch_logs(run_dir: Path) -> Iterator[None]:
             lg.handlers[:] = handlers
             lg.propagate = prop
         handler.close()
+
+
+class _QuietFileHandler(logging.FileHandler):
+    """A log file that never disturbs the job: a failed write (a full disk) drops the record."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        pass
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            pass
 
 
 # --- the watcher --------------------------------------------------------------------------------

@@ -85,3 +85,20 @@ def test_a_full_disk_mid_run_is_one_line_and_keeps_the_checkpoint(tmp_path: Path
         (mnt / "dp" / "metrics.jsonl").unlink()  # make room to read it back
         assert checkpoint.require_resumable(run, 2) == last
         assert not [p for p in run.rglob("*.tmp")]
+
+
+def test_a_full_disk_while_writing_metrics_is_one_line(tmp_path: Path) -> None:
+    """A 64 KiB tmpfs filled by metrics.jsonl (a record every step, no checkpoint until the
+    end): one line naming ENOSPC and the run directory (skipped where mounting is not allowed)."""
+    with tiny_tmpfs(tmp_path / "mnt", "64k") as mnt:
+        r = subprocess.run(
+            [sys.executable, "-m", "thinwire", "train", "--out", str(mnt), "--workers", "2",
+             "--data.name", "digits", "--model.hidden", "16", "--train.batch_size", "8",
+             "--train.steps", "5000", "--train.eval_every", "0", "--train.log_every", "1",
+             "--no-progress"],
+            capture_output=True, text=True, timeout=300)
+        lines = stderr_lines(r.stderr)
+        assert r.returncode != 0 and len(lines) == 1, r.stderr
+        assert "ENOSPC" in lines[0] and str(mnt / "dp") in lines[0], lines[0]
+        assert "Traceback" not in r.stderr
+        assert (mnt / "dp" / "config.toml").stat().st_size > 0
