@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from thinwire.errors import UsageError
+from thinwire.rundir import describe_os_error
 from thinwire.worker import LAUNCHER_PID_ENV
 
 HANDLED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
@@ -96,7 +98,14 @@ def launch(run_dir: Path, workers: int, *, env: Mapping[str, str] | None = None,
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     config_path = Path(run_dir) / "config.toml"
-    log_dir = tempfile.mkdtemp(prefix="thinwire-launch-")
+    # torch's per-worker error files: in the system's temporary folder, not the run directory,
+    # so a worker can still report a full run disk; removed at the end (a launcher killed
+    # outright leaves this small folder to the system's temporary-file cleaning)
+    try:
+        log_dir = tempfile.mkdtemp(prefix="thinwire-launch-")
+    except OSError as exc:
+        raise UsageError(describe_os_error(exc, Path(tempfile.gettempdir()) / "thinwire-launch-*")
+                         ) from None
     worker_env = {**(env or {}), LAUNCHER_PID_ENV: str(os.getpid()), **_default_env()}
     with _environ(worker_env), _saved_signal_handlers(), _torch_logs(Path(run_dir)):
         store, port = loopback_store()

@@ -108,11 +108,17 @@ def record_failure(message: str, kind: str, detail: str = "") -> None:
     now = time.time()
     data = {"message": message, "timestamp": int(now),
             "thinwire": {"kind": kind, "time": now, "rank": _rank(), "detail": detail[-4000:]}}
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data))
+    target = Path(path)
+    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+    try:  # atomically: torch's agent cannot parse a half-written file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, target)
     except OSError:
-        pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def _one_line(text: str) -> str:
