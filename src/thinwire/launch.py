@@ -323,8 +323,8 @@ def _signame(signum: int) -> str:
         return f"signal {signum}"
 
 
-_AGENT_SIGNALS = {int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP),
-                  int(signal.SIGQUIT)}
+_AGENT_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP),
+                            int(signal.SIGQUIT)})
 
 
 def first_failure(failures: Mapping[int, Any], stopped: set[int] | None = None) -> WorkerFailed:
