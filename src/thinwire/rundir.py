@@ -342,6 +342,9 @@ def _recover(root: Path, name: str) -> None:
 
 def _swap_into_place(new: Path, final: Path) -> None:
     """Put ``new`` at ``final`` and delete the run that was there (both are marked)."""
+    if not os.path.lexists(final):  # the previous run was moved away meanwhile
+        os.replace(new, final)
+        return
     if _rename_exchange(new, final):
         shutil.rmtree(new)  # ``new`` now names the previous run
         return

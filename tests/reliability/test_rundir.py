@@ -116,6 +116,17 @@ def test_overwrite_swaps_in_only_on_success(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [".dp.lock", "dp"]
 
 
+def test_overwrite_when_the_old_run_vanished_meanwhile(tmp_path: Path) -> None:
+    import shutil
+
+    rundir.open_run(tmp_path, "dp").close()
+    with rundir.open_run(tmp_path, "dp", overwrite=True) as rd:
+        (rd.path / "a").write_text("new")
+        shutil.rmtree(tmp_path / "dp")
+        rd.commit()
+    assert (tmp_path / "dp" / "a").read_text() == "new"
+
+
 def test_overwrite_without_rename_exchange(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rundir, "_rename_exchange", lambda a, b: False)
     with rundir.open_run(tmp_path, "dp") as rd:
