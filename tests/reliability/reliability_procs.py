@@ -31,8 +31,16 @@ def alive(pid: int) -> bool:
     return state(pid) not in ("", "Z", "X")
 
 
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def job_workers(launcher_pid: int) -> dict[int, int]:
-    """{pid: rank} of live processes started for the launcher ``launcher_pid``."""
+    """{pid: rank} of live processes started for the launcher ``launcher_pid``: those carrying
+    its pid in their environment (even once orphaned) or still its worker children."""
     out: dict[int, int] = {}
     needle = f"THINWIRE_LAUNCHER_PID={launcher_pid}".encode()
     for p in Path("/proc").iterdir():
@@ -40,11 +48,26 @@ def job_workers(launcher_pid: int) -> dict[int, int]:
             continue
         try:
             env = (p / "environ").read_bytes().split(b"\0")
+            child = (_ppid(int(p.name)) == launcher_pid
+                     and b"thinwire.worker" in (p / "cmdline").read_bytes())
         except OSError:
             continue
-        if needle in env and alive(int(p.name)):
+        if (needle in env or child) and alive(int(p.name)):
             rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), -1)
             out[int(p.name)] = rank
+    return out
+
+
+def by_cmdline(fragment: str) -> list[int]:
+    """Live processes whose command line mentions ``fragment`` (a test's own folder)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                if fragment.encode() in (p / "cmdline").read_bytes() and alive(int(p.name)):
+                    out.append(int(p.name))
+            except OSError:
+                continue
     return out
 
 
@@ -112,7 +135,7 @@ def is_loopback(addr: str) -> bool:
 @contextmanager
 def train_job(out: Path, *extra: str, workers: int = 2) -> Iterator[subprocess.Popen[str]]:
     """``thinwire train`` as a child process; on exit the launcher and every worker it started
-    (found through their environment, even when orphaned) are killed."""
+    (found through their environment or their command line, even when orphaned) are killed."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "thinwire", "train", "--workers", str(workers), "--out", str(out),
          *LONG, *extra],
@@ -120,7 +143,7 @@ def train_job(out: Path, *extra: str, workers: int = 2) -> Iterator[subprocess.P
     try:
         yield proc
     finally:
-        leftovers = job_workers(proc.pid)
+        leftovers = {**job_workers(proc.pid), **{p: -1 for p in by_cmdline(str(out))}}
         kill_quietly(proc.pid)
         for pid in leftovers:
             kill_quietly(pid, signal.SIGCONT)
