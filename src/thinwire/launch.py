@@ -102,7 +102,7 @@ def launch(run_dir: Path, workers: int, *, env: Mapping[str, str] | None = None,
     # so a worker can still report a full run disk; removed at the end (a launcher killed
     # outright leaves this small folder to the system's temporary-file cleaning)
     try:
-        log_dir = tempfile.mkdtemp(prefix="thinwire-launch-")
+        log_dir = tempfile.mkdtemp(prefix=f"thinwire-launch-{os.getpid()}-")
     except OSError as exc:
         raise UsageError(describe_os_error(exc, Path(tempfile.gettempdir()) / "thinwire-launch-*")
                          ) from None

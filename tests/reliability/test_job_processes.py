@@ -7,7 +7,9 @@ killed (the final line names that rank and cause) and a stopped worker (the job 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +36,9 @@ def test_killing_the_launcher_leaves_no_worker(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)  # as the OOM killer would
         gone = wait_for(lambda: not any(alive(p) for p in workers), timeout=10)
         assert gone, f"workers outlived their launcher: {[p for p in workers if alive(p)]}"
+    # a launcher killed outright cannot remove its folder of worker error files
+    for d in Path(tempfile.gettempdir()).glob(f"thinwire-launch-{proc.pid}-*"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_job_listens_on_loopback_only_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
