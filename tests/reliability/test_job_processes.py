@@ -92,10 +92,12 @@ def test_a_stopped_worker_ends_the_job_after_the_timeout(tmp_path: Path) -> None
         victim = next(p for p, r in workers.items() if r == 1)
         os.kill(victim, signal.SIGSTOP)
         t0 = time.monotonic()
+        assert wait_for(lambda: not alive(victim), timeout=90, step=0.1)
+        dead_after = time.monotonic() - t0
         out, err = proc.communicate(timeout=120)
-        elapsed = time.monotonic() - t0
-    # torch's agent alone waits 30 s more for the stopped worker; allow a loaded machine 15 s
-    assert elapsed < timeout_s + 15, elapsed
+    # torch's agent alone kills the stopped worker 30 s after the timeout (38 s here); the
+    # watcher does it as soon as the agent asks. The margin absorbs a heavily loaded machine.
+    assert dead_after < timeout_s + 22, dead_after
     lines = stderr_lines(err)
     assert len(lines) == 1 and "worker rank 1 was stopped" in lines[0], err
     assert not job_workers(proc.pid)
