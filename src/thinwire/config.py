@@ -17,7 +17,6 @@ directory as TOML and reads back to the same :class:`Config`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -154,10 +153,10 @@ class RunConfig:
         check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
         check(not (self.resume and self.overwrite), "run.overwrite",
               "cannot be combined with --resume; choose one")
-        check(self.name == "" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}", self.name)
-              is not None, "run.name",
-              f"{self.name!r} is not a plain name; use letters, digits and . _ - + = @ "
-              "(no path separators, not . or ..)")
+        if self.name:
+            from thinwire.rundir import check_name
+
+            check_name(self.name)
 
 
 @dataclass(frozen=True)

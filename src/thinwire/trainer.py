@@ -62,9 +62,8 @@ class Trainer:
     # --- resume ------------------------------------------------------------------------------
     def _resume(self) -> None:
         step = checkpoint.latest_step(self.run_dir)
-        if step is None:
-            raise UsageError(f"--resume: {self.run_dir} holds no complete checkpoint; start the "
-                             "run without --resume (or with --overwrite)")
+        if step is None:  # a restart before the first checkpoint: from the start
+            return
         state = checkpoint.load_rank(self.run_dir, step, self.comm.rank, self.comm.world_size)
         saved = state.get("trainer", {}).get("label")
         if saved is not None and saved != label(self.cfg):

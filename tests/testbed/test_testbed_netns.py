@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from thinwire import config as config_mod
-from thinwire.run import prepare_run_dir
+from thinwire.run import run_directory
 from thinwire.testbed.measure import compare, read_ledgers
 from thinwire.testbed.netns import Testbed, cleanup_stale, list_namespaces, sh, unavailable_reason
 from thinwire.testbed.rates import Link
@@ -87,8 +87,9 @@ def test_training_bytes_match_the_ledger(tmp_path: Path) -> None:
         "data.name": "teacher", "model.hidden": "64,64", "method.name": "localsgd",
         "method.period": 1, "train.steps": 40, "train.eval_every": 20, "runtime.workers": 2,
         "runtime.threads": 1, "run.out": str(tmp_path), "run.progress": False})
-    run_dir = prepare_run_dir(cfg)
-    wire = run_in_testbed(run_dir, 2, Link(RATE), 1, time.monotonic() + 60)
+    with run_directory(cfg) as rd:
+        wire = run_in_testbed(rd.path, 2, Link(RATE), 1, time.monotonic() + 60)
+    run_dir = rd.final
     ledgers = read_ledgers(run_dir, 2)
     cmp = compare(wire.tx_bytes, wire.rx_bytes, ledgers)
     assert cmp.estimated_total > 1_500_000  # the training traffic dominates the fixed set-up
