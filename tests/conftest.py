@@ -27,18 +27,7 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001
             item.add_marker(skip)
 
 
-def find_shared_data() -> Path | None:
-    """``shared/data`` beside the repository root (``../shared/data``, as in CI), or beside any
-    folder above it (a checkout nested one level deeper); None when there is none."""
-    root = Path(__file__).resolve().parents[1]
-    for base in root.parents:
-        candidate = base / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-SHARED_DATA = find_shared_data()
+from harness import SHARED_DATA  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -152,7 +152,7 @@ def _methods_on(comm: Comm, overrides: dict) -> dict:
 
 
 def _data_dir(sub: str) -> str:
-    from conftest import SHARED_DATA
+    from harness import SHARED_DATA
 
     if SHARED_DATA is None or not (SHARED_DATA / sub).is_dir():
         pytest.skip(f"shared data {sub} absent")

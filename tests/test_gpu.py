@@ -29,7 +29,7 @@ GPU_MODELS = {
 
 
 def _shared_dir(model: str) -> dict[str, str]:
-    from conftest import SHARED_DATA
+    from harness import SHARED_DATA
 
     sub = {"gpt": "tinyshakespeare", "gcn": "cora"}.get(model)
     if sub is None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-from collections.abc import Iterator
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 

@@ -35,11 +35,11 @@ def install(step: int) -> None:
             note = self.run_dir / (f"killed.attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT')}"
                                    f".rank{os.environ.get('RANK')}.step{step}")
 
-            def train_step(x: Any, y: Any, s: int) -> Any:
+            def train_step(batch: Any, s: int) -> Any:
                 if s == step:
                     note.touch()
                     os.kill(os.getpid(), signal.SIGKILL)
-                return inner(x, y, s)
+                return inner(batch, s)
 
             self.strategy.train_step = train_step  # type: ignore[method-assign]
 

@@ -49,14 +49,12 @@ def test_damaged_inputs_are_one_line_exit_2(tmp_path: Path, capsys: pytest.Captu
     assert sorted(tmp_path.rglob("*")) == before  # no plots folder, nothing written
 
 
-def test_a_summary_with_a_broken_config_is_one_line(tmp_path: Path) -> None:
-    from thinwire.errors import UsageError
-
+def test_a_summary_with_a_broken_config_still_reports(tmp_path: Path) -> None:
+    """The tables read the recorded label and numbers, never the config: a damaged config
+    section (an older or hand-edited run) does not stop a report."""
     run = write_report_run(tmp_path / "dp")
     s = json.loads((run / "summary.json").read_text())
     for bad in ({"train": {"lr": "fast"}}, {"nonsense": {}}, {"train": {"lr": None}}):
         s["config"] = bad
         (run / "summary.json").write_text(json.dumps(s))
-        with pytest.raises(UsageError) as e:
-            load_run(run)
-        assert "\n" not in str(e.value) and "summary.json" in str(e.value)
+        assert load_run(run).label == s["label"]
