@@ -17,7 +17,8 @@ def test_every_preset_loads():
     clusters = list_presets("cluster")
     assert {"a100-80gb", "h100", "h200", "cpu-1gbe", "cpu-10gbe", "cpu-100gbe"} <= set(clusters)
     for name in clusters:
-        assert load_cluster(name).devices >= 1
+        c = load_cluster(name)
+        assert c.devices == c.nodes * c.devices_per_node and c.peak(c.default_dtype) >= 1e12
     models = list_presets("model")
     assert {
         "gpt3-175b",
@@ -26,8 +27,13 @@ def test_every_preset_loads():
         "gpt2-small",
         "mlp-784-2048-2048-10",
     } <= set(models)
+    published = {  # parameters in billions, as the models are named (GPT-2 sizes: OpenAI)
+        "gpt2-small": 0.124, "gpt2-medium": 0.355, "gpt2-large": 0.774, "gpt2-xl": 1.558,
+        "gpt3-175b": 175, "megatron-175b": 175, "megatron-22b": 22, "megatron-530b": 530,
+        "megatron-1t": 1008, "mlp-784-2048-2048-10": 0.0058,
+    }
     for name in models:
-        assert load_model(name).params > 0
+        assert load_model(name).params / 1e9 == pytest.approx(published[name], rel=0.01)
 
 
 def test_presets_carry_the_right_numbers():
@@ -40,6 +46,11 @@ def test_presets_carry_the_right_numbers():
     mlp = load_model("mlp-784-2048-2048-10")
     assert isinstance(mlp, MLPSpec) and mlp.widths == (784, 2048, 2048, 10)
     assert load_model("mlp-64-512-512-10").params == 301_066  # built from the name
+    from thinwire.models import build_mlp
+
+    for norm in ("batch", "layer", "none"):  # thinwire's MLP, counted without building it
+        built = sum(p.numel() for p in build_mlp(64, (512, 512), 10, norm=norm).parameters())
+        assert MLPSpec("m", (64, 512, 512, 10), norm=norm).params == built
 
 
 def test_toml_files(tmp_path):

@@ -45,11 +45,11 @@ def candidates(
                     interleave=1,
                 )
         return
-    ist = base.method == "ist"
-    for t in [1] if ist else divisors(cluster.devices_per_node):
+    cut = base.partitioned
+    for t in [1] if cut else divisors(cluster.devices_per_node):
         if model.heads % t or n % t:
             continue
-        for p in [1] if ist else divisors(n // t):
+        for p in [1] if cut else divisors(n // t):
             if model.layers % p:
                 continue
             d = n // (t * p)

@@ -12,13 +12,15 @@ the fix, so the command line can print it and exit 2.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from thinwire.errors import UsageError
 
 RECOMPUTE = ("none", "selective", "full")
-METHODS = ("dp", "compressed", "localsgd", "ist")
+ATTENTION = ("fused", "materialized")
+MLP_NORMS = ("none", "layer", "batch")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 OPTIMIZERS = ("adam", "momentum", "sgd")
 
@@ -98,14 +100,16 @@ class TransformerSpec:
 
 @dataclass(frozen=True)
 class MLPSpec:
-    """A fully connected network: widths [d, h_1, ..., h_L, C], as in IST (Yuan et al. 2022)."""
+    """A fully connected network: widths [d, h_1, ..., h_L, C], as in IST (Yuan et al. 2022),
+    laid out as thinwire's MLP (:mod:`thinwire.models.mlp`) with normalisation ``norm``."""
 
     name: str
     """Preset name, for example "mlp-784-2048-2048-10"."""
     widths: tuple[int, ...]
     """Layer widths from input to output; at least one hidden layer."""
-    bias: bool = True
-    """Whether each layer has a bias vector (one per-neuron vector per hidden neuron)."""
+    norm: str = "none"
+    """none (a bias per neuron), layer (bias + LayerNorm weight and bias per hidden neuron, a
+    bias per output) or batch (bias-free, BatchNorm weight and bias per hidden neuron)."""
     global_batch: int = 0
     """Default global batch in samples (0: none)."""
 
@@ -115,12 +119,17 @@ class MLPSpec:
             raise UsageError(
                 f"model.widths={list(self.widths)} needs input, >= 1 hidden and output widths, all >= 1"
             )
+        if self.norm not in MLP_NORMS:
+            raise UsageError(f"model.norm={self.norm!r}; use one of {', '.join(MLP_NORMS)}")
 
     @property
     def params(self) -> int:
-        """sum_i w_i*w_{i+1} (+ w_{i+1} biases)."""
+        """sum_i w_i*w_{i+1} plus the per-neuron vectors of ``norm``."""
         w = self.widths
-        return sum(a * b + (b if self.bias else 0) for a, b in zip(w[:-1], w[1:]))
+        weights = sum(a * b for a, b in zip(w[:-1], w[1:]))
+        hidden, out = sum(w[1:-1]), w[-1]
+        vectors = {"none": hidden + out, "layer": 3 * hidden + out, "batch": 2 * hidden}
+        return weights + vectors[self.norm]
 
     @property
     def flops_per_sample(self) -> float:
@@ -173,6 +182,9 @@ class ClusterSpec:
     """alpha across nodes, seconds per message."""
     nodes: int = 1
     """Number of nodes (the CLI's --nodes overrides)."""
+    device_count: int = 0
+    """Devices in all, when the last node is only partly used (the CLI's --devices); 0:
+    nodes x devices_per_node."""
     matmul_efficiency: tuple[tuple[float, float], ...] = ((1.0, 0.6), (16.0, 0.9), (128.0, 0.99))
     """(GFLOP of one matmul, fraction of peak) points, interpolated in log size (Calculon)."""
     memory_efficiency: float = 0.9
@@ -223,11 +235,27 @@ class ClusterSpec:
                 raise UsageError(f"cluster.{name} must be in (0, 1]")
         if self.intra_latency < 0 or self.inter_latency < 0:
             raise UsageError("cluster latencies must be >= 0 seconds")
+        full = self.nodes * self.devices_per_node
+        if self.device_count and not full - self.devices_per_node < self.device_count <= full:
+            raise UsageError(
+                f"cluster.device_count={self.device_count} does not fit {self.nodes} nodes of "
+                f"{self.devices_per_node}; give --devices alone (nodes follow from it)"
+            )
 
     @property
     def devices(self) -> int:
-        """N = nodes x devices_per_node."""
-        return self.nodes * self.devices_per_node
+        """N: ``device_count``, or nodes x devices_per_node."""
+        return self.device_count or self.nodes * self.devices_per_node
+
+    def with_devices(self, devices: int) -> ClusterSpec:
+        """This cluster cut or grown to ``devices`` devices: whole nodes of the preset, the last
+        one partly used (one device: one node holding one)."""
+        if devices < 1:
+            raise UsageError(f"--devices={devices} must be >= 1")
+        g = self.devices_per_node
+        nodes = -(-devices // g)
+        return dataclasses.replace(self, nodes=nodes, device_count=0 if devices == nodes * g
+                                   else devices)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; UsageError naming the known dtypes otherwise."""
