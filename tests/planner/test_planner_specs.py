@@ -108,17 +108,20 @@ def test_check_layout_rejects_impossible_degrees():
         (StrategySpec(dp=2, tp=8, pp=8), "devices"),
         (StrategySpec(dp=4, tp=16, pp=1), "inside a node"),
         (StrategySpec(dp=1, tp=8, pp=8, interleave=5, micro_batches=8), "divide model.layers"),
-        (StrategySpec(dp=64, method="ist", tp=1), None),
+        (StrategySpec(dp=64, method="ist"), "MLP specs"),  # no IST plan of a transformer
     ]
-    for s, msg in bad[:3]:
+    for s, msg in bad:
         with pytest.raises(UsageError, match=msg):
             check_layout(model, cluster, s)
-    check_layout(model, cluster, bad[3][0])
-    with pytest.raises(UsageError, match="tp 1"):
-        check_layout(model, cluster, StrategySpec(dp=8, tp=8, method="ist"))
-    mlp = load_model("mlp-784-2048-2048-10")
+    mlp, cpu = load_model("mlp-784-2048-2048-10"), load_cluster("cpu-1gbe", nodes=8)
+    check_layout(mlp, cpu, StrategySpec(dp=8, method="ist"))
     with pytest.raises(UsageError, match="not a transformer"):
         check_layout(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2))
+    with pytest.raises(UsageError, match="tp 1"):
+        check_layout(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2, method="ist"))
+    tiny = load_model("mlp-64-4-10")
+    with pytest.raises(UsageError, match="widths >= 8"):
+        check_layout(tiny, cpu, StrategySpec(dp=8, method="ist"))
 
 
 def test_spec_from_torch_module():

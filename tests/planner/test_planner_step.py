@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from thinwire.planner.compute import layer_cost, logits_cost, matmul_efficiency
 from thinwire.planner.comm import Link, allreduce
+from thinwire.planner.compute import layer_cost, logits_cost, matmul_efficiency
 from thinwire.planner.methods import worker_params
 from thinwire.planner.presets import load_cluster, load_model
 from thinwire.planner.published import korthikanti_times, narayanan_table1

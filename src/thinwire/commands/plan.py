@@ -61,6 +61,7 @@ def parse_rate(text: str) -> float:
 
 
 def _where(parser: argparse.ArgumentParser) -> None:
+    """The model and the cluster."""
     g = parser.add_argument_group("what and where")
     g.add_argument("--model", help="preset name, mlp-W0-W1-...-WL, or FILE.toml")
     g.add_argument(
@@ -74,6 +75,7 @@ def _where(parser: argparse.ArgumentParser) -> None:
 
 
 def _strategy_flags(parser: argparse.ArgumentParser) -> None:
+    """The layout, the memory savers and the method."""
     s = parser.add_argument_group("strategy")
     for flag, help_ in (
         ("--dp", "data-parallel degree (default: devices / (tp*pp))"),
@@ -104,6 +106,7 @@ def _strategy_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _mode_flags(parser: argparse.ArgumentParser) -> None:
+    """What to print instead of one plan."""
     a = parser.add_argument_group("modes")
     a.add_argument("--search", action="store_true", help="rank all feasible plans by step time")
     a.add_argument("--top", type=int, default=10, help="plans to show with --search")

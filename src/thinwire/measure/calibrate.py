@@ -196,6 +196,7 @@ class _Batches:
 
 
 def _train_step(model: Any, opt: Any, loss_fn: Any, batches: _Batches) -> None:
+    """One SGD step on the next batch, its loss read back (the step is done)."""
     x, y = batches.next()
     opt.zero_grad(set_to_none=True)
     loss = loss_fn(model(x), y)

@@ -102,10 +102,7 @@ def _strategy(cfg: Config, dataset: Dataset, comm: Comm) -> tuple[torch.nn.Modul
 
 def run_shape(cfg: Config, dataset: Dataset, periods: int = 2) -> RunShape:
     """Step 1: rank 0's trained widths over ``periods`` synchronisation periods."""
-    from thinwire.strategies import METHODS
-
-    entry = METHODS.get(cfg.method.name)
-    every = int(entry.sync_every(cfg.method.options))
+    every = cfg.sync_every
     model, strategy, stream = _strategy(cfg, dataset, Silent(0, cfg.runtime.workers))
     seen: list[tuple[int, ...]] = []
 

@@ -199,6 +199,7 @@ def _md(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def _result_row(r: dict[str, Any]) -> list[object]:
+    """A run's bytes and step time, predicted and measured."""
     p, m = r["predicted"], r["measured"]
     parts = ("compute_time_s", "comm_time_s", "codec_time_s", "sync_time_s")
     return [
@@ -221,6 +222,7 @@ def _links(c: dict[str, Any]) -> str:
 
 
 def _constants_row(r: dict[str, Any]) -> list[object]:
+    """The calibrated constants behind a run's prediction."""
     c = r["calibration"]
     codecs = ", ".join(f"{rate / 1e6:,.0f} MB/s" for rate in c["codecs"].values())
     local = c["sync_overhead_s"].get(r["run"], 0.0)

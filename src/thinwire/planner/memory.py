@@ -74,6 +74,7 @@ class MemoryBreakdown:
         return self.total <= cluster.device_memory
 
     def as_dict(self) -> dict[str, float]:
+        """Bytes per component and the total."""
         return {
             "weights": self.weights,
             "gradients": self.gradients,

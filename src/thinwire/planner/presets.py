@@ -27,6 +27,7 @@ GIB = 1024**3
 
 
 def _preset_files(kind: str) -> dict[str, Any]:
+    """Preset name -> the packaged ``<kind>-<name>.toml`` resource."""
     root = resources.files("thinwire") / "presets"
     out: dict[str, Any] = {}
     for entry in root.iterdir():
@@ -49,6 +50,7 @@ def list_presets(kind: str) -> list[str]:
 
 
 def _lookup(kind: str, ref: str) -> dict[str, Any]:
+    """The TOML data of a file path, a preset name or a preset's alias."""
     if ref.endswith(".toml") or "/" in ref:
         path = Path(ref)
         if not path.is_file():
@@ -69,6 +71,7 @@ def _lookup(kind: str, ref: str) -> dict[str, Any]:
 
 
 def _build(cls: type, data: dict[str, Any], label: str) -> Any:
+    """``cls(**data)`` with unknown and missing keys as one-line errors."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:

@@ -40,42 +40,41 @@ def _devices(cluster: ClusterSpec) -> str:
     return f"{cluster.nodes} nodes x {cluster.devices_per_node} = {cluster.devices} devices"
 
 
-def plan_report(model: ModelSpec, cluster: ClusterSpec, p: Prediction) -> str:
-    """Memory, bytes and step-time breakdown of one plan."""
-    mem = p.memory
-    fits = (
-        "fits"
-        if mem.fits(cluster)
-        else "DOES NOT FIT; try --search, --zero, --recompute, --tp/--pp"
-    )
-    head = (
-        f"model {model.name} ({model.params / 1e9:.3g}B params) on {cluster.name}: "
-        f"{_devices(cluster)}\n"
-        f"plan: {layout(p.strategy)}; global batch {p.global_batch}"
-    )
-    mem_rows = [[k, gib(v)] for k, v in mem.as_dict().items()]
-    mem_rows.append(["device capacity", gib(cluster.device_memory)])
-    memory = table(["memory per device", "GiB"], mem_rows, f"Memory: {fits}")
-    traffic = table(
+def _bytes_table(p: Prediction) -> str:
+    """Bytes per step and device on each kind of link."""
+    return table(
         ["link", "bytes/step/device"],
         [
             ["tensor parallel (intra-node)", nbytes(p.traffic.tp)],
             ["pipeline p2p", nbytes(p.traffic.pp)],
-            ["data parallel / sync (wire)", nbytes(p.traffic.dp)],
-            ["data parallel / sync (payload)", nbytes(p.traffic.dp_payload)],
+            ["data parallel / sync (wire, busiest worker)", nbytes(p.traffic.dp)],
+            ["data parallel / sync (payload, mean)", nbytes(p.traffic.dp_payload)],
         ],
         "Bytes",
     )
-    total = p.step_time
+
+
+def plan_report(model: ModelSpec, cluster: ClusterSpec, p: Prediction) -> str:
+    """Memory, bytes and step-time breakdown of one plan."""
+    mem = p.memory
+    fits = "fits" if mem.fits(cluster) else "DOES NOT FIT; try --search, --zero, --recompute, --tp/--pp"
+    head = (
+        f"model {model.name} ({model.params / 1e9:.3g}B params) on {cluster.name}: "
+        f"{_devices(cluster)}\nplan: {layout(p.strategy)}; global batch {p.global_batch}"
+    )
+    mem_rows = [[k, gib(v)] for k, v in mem.as_dict().items()]
+    mem_rows.append(["device capacity", gib(cluster.device_memory)])
+    memory = table(["memory per device", "GiB"], mem_rows, f"Memory: {fits}")
     steps = table(
         ["component", "time", "share"],
-        [[k, seconds(v), f"{100 * v / total:.1f}%"] for k, v in p.breakdown.as_dict().items()],
+        [[k, seconds(v), f"{100 * v / p.step_time:.1f}%"]
+         for k, v in p.breakdown.as_dict().items()],
         "Step time",
     )
     tail = f"throughput {p.samples_per_s:.4g} samples/s, MFU {100 * p.mfu:.1f}%" + (
         ", compression on" if p.compressed else ""
     )
-    return "\n\n".join([head, memory, traffic, steps, tail]) + "\n"
+    return "\n\n".join([head, memory, _bytes_table(p), steps, tail]) + "\n"
 
 
 _SEARCH_HEAD = ("#", "d", "t", "p", "b", "m", "v", "recomp", "sp", "zero", "GiB", "step s",

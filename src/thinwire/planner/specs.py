@@ -26,6 +26,7 @@ OPTIMIZERS = ("adam", "momentum", "sgd")
 
 
 def _positive(obj: object, *names: str) -> None:
+    """A one-line error for the first of ``names`` that is not > 0."""
     for name in names:
         value = getattr(obj, name)
         if not value > 0:
@@ -203,34 +204,17 @@ class ClusterSpec:
     """Training dtype when the strategy does not name one."""
 
     def __post_init__(self) -> None:
-        _positive(
-            self,
-            "devices_per_node",
-            "device_memory",
-            "memory_bandwidth",
-            "intra_bandwidth",
-            "inter_bandwidth",
-            "nodes",
-            "host_bandwidth",
-        )
-        pairs = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
-        object.__setattr__(self, "peak_flops", tuple(sorted((str(k), float(v)) for k, v in pairs)))
-        if any(v <= 0 for _, v in self.peak_flops):
-            raise UsageError("cluster.peak_flops values must be > 0 FLOP/s")
-        if self.default_dtype not in dict(self.peak_flops):
-            raise UsageError(
-                f"cluster.default_dtype={self.default_dtype!r} has no entry in cluster.peak_flops"
-            )
+        """1. positive sizes and rates; 2. peak FLOP/s per dtype, the default one among them;
+        3. the matmul curve; 4. efficiencies in (0, 1], latencies >= 0; 5. the device count."""
+        _positive(self, "devices_per_node", "device_memory", "memory_bandwidth",
+                  "intra_bandwidth", "inter_bandwidth", "nodes", "host_bandwidth")
+        self._normalise_peaks()
         curve = tuple(sorted((float(g), float(e)) for g, e in self.matmul_efficiency))
         if not curve or any(not 0 < e <= 1 or g <= 0 for g, e in curve):
             raise UsageError("cluster.matmul_efficiency needs [gflop > 0, 0 < eff <= 1] pairs")
         object.__setattr__(self, "matmul_efficiency", curve)
-        for name in (
-            "memory_efficiency",
-            "intra_efficiency",
-            "inter_efficiency",
-            "compute_efficiency",
-        ):
+        for name in ("memory_efficiency", "intra_efficiency", "inter_efficiency",
+                     "compute_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise UsageError(f"cluster.{name} must be in (0, 1]")
         if self.intra_latency < 0 or self.inter_latency < 0:
@@ -240,6 +224,17 @@ class ClusterSpec:
             raise UsageError(
                 f"cluster.device_count={self.device_count} does not fit {self.nodes} nodes of "
                 f"{self.devices_per_node}; give --devices alone (nodes follow from it)"
+            )
+
+    def _normalise_peaks(self) -> None:
+        """Step 2: peak_flops as sorted (dtype, FLOP/s) pairs, all > 0, the default included."""
+        pairs = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
+        object.__setattr__(self, "peak_flops", tuple(sorted((str(k), float(v)) for k, v in pairs)))
+        if any(v <= 0 for _, v in self.peak_flops):
+            raise UsageError("cluster.peak_flops values must be > 0 FLOP/s")
+        if self.default_dtype not in dict(self.peak_flops):
+            raise UsageError(
+                f"cluster.default_dtype={self.default_dtype!r} has no entry in cluster.peak_flops"
             )
 
     @property

@@ -68,6 +68,7 @@ class StepBreakdown:
 
     @property
     def total(self) -> float:
+        """The step time: the sum of the components."""
         return (
             self.compute
             + self.tp_comm
@@ -80,6 +81,7 @@ class StepBreakdown:
         )
 
     def as_dict(self) -> dict[str, float]:
+        """Seconds per component and the total."""
         names = (
             "compute",
             "tp_comm",

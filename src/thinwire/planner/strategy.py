@@ -23,6 +23,7 @@ from thinwire.planner.specs import (
     OPTIMIZERS,
     RECOMPUTE,
     ClusterSpec,
+    MLPSpec,
     ModelSpec,
     TransformerSpec,
 )
@@ -96,6 +97,7 @@ class StrategySpec:
             self._check_method()
 
     def _check_pipeline(self) -> None:
+        """Interleaving needs a pipeline and m a multiple of p."""
         if self.interleave > 1 and self.pp == 1:
             raise UsageError("strategy.interleave > 1 needs pp > 1; set --interleave 1")
         if self.interleave > 1 and self.micro_batches % self.pp:
@@ -105,6 +107,7 @@ class StrategySpec:
             )
 
     def _check_method(self) -> None:
+        """A method spec that resolves, and no ZeRO with it."""
         from thinwire.planner.methods import resolve
 
         resolve(self.method)  # raises for an unknown method or option
@@ -150,8 +153,7 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> Non
             "(tensor parallelism stays inside a node); lower --tp"
         )
     cluster.peak(s.resolved_dtype(cluster))  # raises for an unknown dtype
-    if s.partitioned:
-        _check_partition(model, s)
+    check_partition(model, s)
     if not isinstance(model, TransformerSpec):
         if s.tp > 1 or s.pp > 1:
             raise UsageError(
@@ -162,18 +164,24 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> Non
     _check_transformer(model, s)
 
 
-def _check_partition(model: ModelSpec, s: StrategySpec) -> None:
-    """A method cutting the model into units: over the dp workers only, widths >= workers."""
+def check_partition(model: ModelSpec, s: StrategySpec) -> None:
+    """A method cutting the model into units: a model whose IST plan the planner has (an MLP),
+    over the dp workers only, every hidden width >= workers."""
+    if not s.partitioned:
+        return
+    if not isinstance(model, MLPSpec):
+        raise UsageError(f"--method {s.method} cuts the model into units; the planner has their "
+                         "plan for MLP specs (mlp-W0-...-WL) only")
     if s.tp > 1 or s.pp > 1:
         raise UsageError(f"--method {s.method} cuts the model over the dp workers; use --tp 1 "
                          "--pp 1")
-    widths = getattr(model, "widths", ())
-    if widths and min(widths[1:-1]) < s.dp:
+    if min(model.widths[1:-1]) < s.dp:
         raise UsageError(f"--method {s.method} cuts every hidden layer of {model.name} into "
                          f"{s.dp} parts; use widths >= {s.dp} or fewer workers")
 
 
 def _check_transformer(model: TransformerSpec, s: StrategySpec) -> None:
+    """t divides the heads, p*v the layers."""
     if model.heads % s.tp:
         raise UsageError(f"tp={s.tp} must divide model.heads={model.heads}; pick a divisor")
     if model.layers % (s.pp * s.interleave):

@@ -179,6 +179,7 @@ def step_time_records(cluster: ClusterSpec) -> tuple[list[StepCheck], dict[str, 
 
 
 def _step_rows(records: list[StepCheck]) -> list[list[object]]:
+    """The step-time table's rows."""
     rows: list[list[object]] = []
     for r in records:
         unit = "s" if r.metric == "iteration_s" else "TFLOP/s"
@@ -242,6 +243,7 @@ def held_out_table(cluster: ClusterSpec) -> str:
 
 
 def _notes(sm: dict[str, float]) -> str:
+    """The fit and the mean / max errors under the step-time table."""
     return "\n".join([
         f"compute_efficiency: fit on all 18 runs {sm['fit_all']:.3f} (preset uses "
         f"{sm['preset']:.3f})",
