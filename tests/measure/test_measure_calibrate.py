@@ -107,7 +107,19 @@ def test_a_small_calibration_end_to_end(tmp_path: Path) -> None:
         assert p["step_time_s"] == pytest.approx(parts)
         assert {k: p[k] for k in summary_bytes(run_traffic(cfg, layout))} == summary_bytes(
             run_traffic(cfg, layout))
-        assert (p["codec_time_s"] > 0) == (shape.codec != "none")
+        w = shape.trained
+        flops = 6 * 8 * sum(a * b for a, b in zip(w[:-1], w[1:]))
+        want = (mid.step_overhead_s + flops / mid.compute_flops_per_s) * p["straggler"]
+        assert p["compute_time_s"] == pytest.approx(want)
+        assert p["straggler"] == mid.stragglers[Calibration.key(shape.key, shape.sync_every)]
+        codec = 4 * layout.numel / mid.codecs[shape.codec] if shape.codec != "none" else 0.0
+        assert p["codec_time_s"] == pytest.approx(codec * p["straggler"])
+        fit = {op: mid.links[op] for op in p["rank0_calls"]}
+        hops = {"all_reduce": 2, "all_gather": 1, "p2p": 1}  # n = 2
+        comm = sum(c * hops[op] * fit[op].alpha_s + b / fit[op].bytes_per_s
+                   + (c * mid.call_overhead_s if op != "p2p" else 0.0)
+                   for op, (c, b) in p["rank0_calls"].items())
+        assert p["comm_time_s"] == pytest.approx(comm / 10)
     json.dumps(dataclasses.asdict(mid))
 
 

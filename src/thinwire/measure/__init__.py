@@ -6,6 +6,7 @@ Beside the testbed (which measures bytes on tc-limited links), this package meas
   over the layout of the run's model, and its step time from calibrated constants;
 - :mod:`.calibrate`: the constants, measured under the runs' own process layout (compute rate
   and per-step overhead, links, DDP's per-bucket cost, codecs, straggler factors) and fitted;
+  :mod:`.probes`: the measurements, run in every process of a forked group at once;
 - :mod:`.local`: a run's local work on a communicator that moves nothing (what a worker
   trains, its per-synchronisation work);
 - :mod:`.suite`: ``thinwire plan --calibrate``: calibrate, run every method here, calibrate
@@ -15,9 +16,10 @@ Unlike :mod:`thinwire.planner` (pure functions of specs) this package builds mod
 processes; it names no method (everything comes through :data:`thinwire.strategies.METHODS`).
 """
 
-from thinwire.measure.calibrate import Calibration, LinkFit, Probe, calibrate, fit_alpha_beta
+from thinwire.measure.calibrate import Calibration, LinkFit, calibrate, fit_alpha_beta
 from thinwire.measure.local import RunShape, Silent, run_shape
 from thinwire.measure.predict import predict_run, run_layout, run_traffic, summary_bytes
+from thinwire.measure.probes import Probe
 from thinwire.measure.suite import calibration_report, run_suite, suite_configs
 
 __all__ = [
