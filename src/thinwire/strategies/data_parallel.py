@@ -191,6 +191,7 @@ def _alias(name: str, values: Mapping[str, str]) -> dict[str, str] | None:
 METHOD = MethodEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
-    label=_label, traffic=traffic, alias=_alias)
+    label=_label, traffic=traffic, alias=_alias,
+    rescalable=lambda o: o.compressor == "none")
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

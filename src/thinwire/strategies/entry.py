@@ -42,7 +42,12 @@ class MethodEntry:
       the planner (``optimizer_states``: per-element state tensors of the optimizer, e.g. 2 for
       Adam, for methods that move optimizer state);
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
-      topk codec), or None when the name is not one of its shorthands.
+      topk codec), or None when the name is not one of its shorthands;
+    - ``rescalable(options)``: whether a checkpoint resumes at another number of workers: the
+      model (and what the method keeps beside the optimizer) is the same on every rank at a
+      checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
+      state that is partitioned or private per rank (IST's subnets and store, codec residuals,
+      model-parallel shards).
     """
 
     name: str
@@ -55,6 +60,7 @@ class MethodEntry:
     check_model: Callable[[Any, nn.Module], None] | None = None
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
+    rescalable: Callable[[Any], bool] = lambda options: False
 
     def label_of(self, options: Any) -> str:
         return self.label(options) if self.label is not None else self.name
