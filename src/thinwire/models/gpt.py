@@ -186,4 +186,5 @@ def build_gpt(options: Options, dataset: Dataset, seed: int) -> GPT:
 
 MODEL = ModelEntry(
     name="gpt", summary="decoder-only transformer LM, pre-LayerNorm GPT-2 layout, char level",
-    build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options)
+    build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options,
+    blocks=(r"blocks\.\d+",), selective=(r"blocks\.\d+\.attn",))

@@ -136,4 +136,4 @@ def _build(options: Options, dataset: Dataset, seed: int) -> MLP:
 MODEL = ModelEntry(
     name="mlp", summary="fully connected network (Yuan et al.'s IST architecture)",
     build=_build, data_kinds=("classification",), default_data="fashion-mnist", options=Options,
-    ist=linear_stack)
+    ist=linear_stack, blocks=(r"layers\.\d+",))
