@@ -441,6 +441,9 @@ def label(cfg: Config) -> str:
         if value != getattr(mdefaults, f.name):
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
             extras.append(f"{f.name}={shown}")
+    mem = MemoryConfig()
+    extras += [f"{k}={getattr(cfg.memory, k)}" for k in ("zero", "recompute", "offload")
+               if getattr(cfg.memory, k) != getattr(mem, k)]
     if cfg.model.name != ModelConfig().name:
         name = f"{cfg.model.name}:{name}"
     return name + (f" [{', '.join(extras)}]" if extras else "")

@@ -140,7 +140,7 @@ class Strategy(ABC):
         self.comm = ctx.comm
         self.loss_fn = ctx.loss
         self._full_params = sum(p.numel() for p in model.parameters())
-        self.meter = ActivationMeter()
+        self.meter = ActivationMeter(model=model)
 
     def recompute(self, model: nn.Module) -> None:
         """Apply ``[memory] recompute`` to ``model`` (the model entry's blocks or selective
@@ -152,7 +152,7 @@ class Strategy(ABC):
 
         entry = MODELS.get(self.cfg.model.name)
         held = apply_recompute(model, entry.blocks if mode == "block" else entry.selective)
-        self.meter = ActivationMeter(held)
+        self.meter = ActivationMeter(held, model)
 
     # --- topology ------------------------------------------------------------------------------
     def data_shard(self) -> tuple[int, int]:

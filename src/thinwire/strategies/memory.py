@@ -98,10 +98,14 @@ def distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:
 class ActivationMeter:
     """Bytes autograd keeps for backward at the end of a forward pass (module docstring).
 
-    ``held`` are the checkpointed modules: their inputs are what a checkpoint keeps.
+    ``held`` are the checkpointed modules: their inputs are what a checkpoint keeps. The
+    buffers of ``model`` (and any sparse tensor: a graph's adjacency) are the model's state, not
+    activations, and are not counted.
     """
 
-    def __init__(self, held: Sequence[nn.Module] = ()) -> None:
+    def __init__(self, held: Sequence[nn.Module] = (), model: nn.Module | None = None) -> None:
+        self.model = model
+        self._buffers: set[tuple[int, str]] = set()
         self.last = 0
         self.peak = 0
         self._seen: set[tuple[int, str]] = set()
@@ -114,11 +118,11 @@ class ActivationMeter:
             m.register_forward_pre_hook(self._held)
 
     def _note(self, t: torch.Tensor) -> None:
-        if not isinstance(t, torch.Tensor) or _is_param(t):
+        if not isinstance(t, torch.Tensor) or _is_param(t) or t.layout != torch.strided:
             return
         st = _local(t).untyped_storage()
         key = (st.data_ptr(), str(t.device))
-        if key not in self._seen:
+        if key not in self._seen and key not in self._buffers:
             self._seen.add(key)
             self._bytes += st.nbytes()
 
@@ -135,6 +139,10 @@ class ActivationMeter:
     def measure(self) -> Iterator[None]:
         """Count the tensors saved inside the block (forward and loss)."""
         self._seen, self._bytes, self._active = set(), 0, True
+        self._buffers = set()
+        if self.model is not None:
+            self._buffers = {(b.untyped_storage().data_ptr(), str(b.device))
+                             for b in self.model.buffers() if b.layout == torch.strided}
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
                 yield
