@@ -197,8 +197,10 @@ def memory_table(runs: list[Run]) -> str:
     lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def cell(m: dict[str, Any], key: str) -> str:
-        v = m.get(key)
-        return fmt_bytes(v) if _is_num(v) and (v or key != "device_peak_bytes_max") else "-"
+        v: Any = m.get(key)
+        if not _is_num(v) or (key == "device_peak_bytes_max" and not v):
+            return "-"
+        return fmt_bytes(float(v))
 
     for run in runs:
         m = run.summary["memory"]

@@ -45,6 +45,7 @@ from thinwire.strategies.base import (
     ReplicatedStrategy,
     make_optimizer,
 )
+from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.memory import (
     ShardedOptimizer,
     full_state,
@@ -52,7 +53,6 @@ from thinwire.strategies.memory import (
     local_state,
     shard_model,
 )
-from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.traffic import Layout, ParamInfo, Traffic, wire
 
 BUCKET_FIRST = 1 << 20

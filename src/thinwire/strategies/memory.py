@@ -286,7 +286,9 @@ def shard_model(model: nn.Module, comm: Comm, device: torch.device, zero: int,
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    mesh = DeviceMesh.from_group(comm.group or dist.group.WORLD, device.type)
+    group = comm.group if comm.group is not None else dist.group.WORLD
+    assert group is not None
+    mesh = DeviceMesh.from_group(group, device.type)
     policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     groups = [m for _, m in matching_modules(model, blocks)] + [model]
     for m in groups:
