@@ -283,8 +283,8 @@ class Comm:
             output.copy_(tensor.reshape(output.shape))
             return None
         t0 = time.perf_counter()
-        work = dist.reduce_scatter_tensor(output, tensor, op=op or dist.ReduceOp.SUM,
-                                          group=self.group, async_op=async_op)
+        work = _SCATTER_FROM(output, tensor, op=op or dist.ReduceOp.SUM, group=self.group,
+                             async_op=async_op)
         return self._logged(work, "reduce_scatter", nbytes(tensor), t0, tag, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, tag: str = "") -> torch.Tensor:
@@ -344,4 +344,5 @@ class Comm:
 
 # torch >= 2.12 renames all_gather_into_tensor (deprecated alias kept) to all_gather_single
 _GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_SCATTER_FROM = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
