@@ -204,7 +204,8 @@ def memory_table(runs: list[Run]) -> str:
 
     for run in runs:
         m = run.summary["memory"]
-        o = m.get("options", {})
+        o = m.get("options")
+        o = o if isinstance(o, dict) else {}
         opts = (f"zero={o.get('zero', 0)} recompute={o.get('recompute', 'none')} "
                 f"offload={o.get('offload', 'none')}") if o else "-"
         keys = ("params_bytes_max", "grads_bytes_max", "optimizer_bytes_max",
