@@ -255,13 +255,11 @@ class Comm:
 
     def _logged(self, work: Any, op: str, payload: int, t0: float, tag: str, async_op: bool
                 ) -> Any:
-        """Record ``op`` when ``work`` completes; the work itself (waited here unless async)."""
-        if not async_op:
-            self._log(op, payload, "all", time.perf_counter() - t0, tag)
-            return None
-        work.get_future().then(
-            lambda _f: self._log(op, payload, "all", time.perf_counter() - t0, tag))
-        return work
+        """Record ``op`` and return its work handle (None when it ran synchronously). An
+        asynchronous call is recorded when issued, so the ledger holds it before any wait; its
+        seconds are the issue time only (the caller overlaps the rest with compute)."""
+        self._log(op, payload, "all", time.perf_counter() - t0, tag)
+        return work if async_op else None
 
     def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor, *,
                         async_op: bool = False, tag: str = "") -> Any:
