@@ -1,6 +1,6 @@
 """Run configuration: frozen dataclasses <- TOML file <- dotted command-line overrides.
 
-Sections ``[data] [model] [method] [train] [parallel] [runtime] [run]``. Three of them choose an
+Sections ``[data] [model] [method] [train] [parallel] [memory] [runtime] [run]``. Three of them choose an
 entry of a registry by ``name`` and hold that entry's own options beside the section's common
 ones: ``[data]`` a dataset (:data:`thinwire.data.DATASETS`), ``[model]`` a model
 (:data:`thinwire.models.MODELS`), ``[method]`` a method (:data:`thinwire.strategies.METHODS`).
@@ -121,6 +121,29 @@ class ParallelConfig:
         check(self.tp >= 1, "parallel.tp", "must be >= 1")
 
 
+RECOMPUTE = ("none", "block", "selective")
+OFFLOAD = ("none", "params")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Memory options, orthogonal to the method (:mod:`thinwire.strategies.memory`)."""
+
+    zero: int = opt(0, "ZeRO stage: 0 none, 1 sharded optimizer state, 2 FSDP2 (+ gradients and "
+                    "parameters sharded at rest, gathered once per step), 3 FSDP2 resharding "
+                    "after each block's forward", choices=(0, 1, 2, 3))
+    recompute: str = opt("none", "activation recomputation: none, block (every block of the "
+                         "model), selective (the model's selective parts, e.g. attention)",
+                         choices=RECOMPUTE)
+    offload: str = opt("none", "params: sharded parameters, gradients and optimizer state in "
+                       "host memory (FSDP2 CPUOffloadPolicy; needs zero >= 2; no bytes move on "
+                       "a CPU run)", choices=OFFLOAD)
+
+    def __post_init__(self) -> None:
+        check(self.offload == "none" or self.zero >= 2, "memory.offload",
+              "params offload is FSDP2's; add --memory.zero 2 or 3")
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     workers: int = opt(4, "number of local worker processes")
@@ -166,6 +189,7 @@ class Config:
     method: MethodConfig = field(default_factory=MethodConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -188,6 +212,28 @@ class Config:
         entry = methods().get(self.method.name)
         if entry.check is not None:
             entry.check(self)
+        self._check_memory(entry, model)
+
+    def _check_memory(self, entry: Any, model: Any) -> None:
+        """The memory options the method and the model support (one line each)."""
+        mem = self.memory
+        for key, off in (("zero", 0), ("recompute", "none")):
+            check(getattr(mem, key) == off or key in entry.memory, f"memory.{key}",
+                  f"method {self.method.name} does not take it (methods that do: "
+                  f"{', '.join(n for n, e in methods().entries() if key in e.memory) or 'none'}"
+                  f"); drop --memory.{key}")
+        check(mem.zero == 0 or self.parallel.pp * self.parallel.tp == 1, "memory.zero",
+              "shards over data-parallel replicas only; use --parallel.pp 1 --parallel.tp 1")
+        parts = {"block": model.blocks, "selective": model.selective}.get(mem.recompute, ("-",))
+        check(bool(parts), "memory.recompute",
+              f"model {self.model.name} declares no {mem.recompute} parts; use "
+              f"--memory.recompute {'block' if model.blocks else 'none'}")
+        check(mem.zero < 2 or bool(model.blocks), "memory.zero",
+              f"model {self.model.name} declares no blocks to shard; use --memory.zero 1")
+        codec = getattr(self.method.options, "compressor", "none")
+        check(mem.zero < 2 or codec == "none", "memory.zero",
+              f"FSDP2 reduces gradients with its own reduce-scatter, a codec ({codec}) needs "
+              "DDP's hook; use --memory.zero 1 with a compressor, or drop the compressor")
 
     @property
     def sync_every(self) -> int:
@@ -395,13 +441,16 @@ def label(cfg: Config) -> str:
         if value != getattr(mdefaults, f.name):
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
             extras.append(f"{f.name}={shown}")
+    mem = MemoryConfig()
+    extras += [f"{k}={getattr(cfg.memory, k)}" for k in ("zero", "recompute", "offload")
+               if getattr(cfg.memory, k) != getattr(mem, k)]
     if cfg.model.name != ModelConfig().name:
         name = f"{cfg.model.name}:{name}"
     return name + (f" [{', '.join(extras)}]" if extras else "")
 
 
 __all__ = [
-    "Config", "ConfigError", "DataConfig", "MethodConfig", "ModelConfig", "ParallelConfig",
+    "Config", "ConfigError", "DataConfig", "MemoryConfig", "MethodConfig", "ModelConfig", "ParallelConfig",
     "RunConfig", "RuntimeConfig", "TrainConfig", "UsageError", "build", "dumps", "iter_options",
     "label", "load", "merge", "read_toml", "to_dict",
 ]

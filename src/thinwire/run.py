@@ -79,8 +79,9 @@ def build_strategy(cfg: Config, comm: Comm, device: torch.device, task: Task,
 
 def rescalable(cfg: Config) -> bool:
     """Whether the run's method resumes a checkpoint written by another worker count
-    (:attr:`~thinwire.strategies.entry.MethodEntry.rescalable`)."""
-    return METHODS.get(cfg.method.name).rescalable(cfg.method.options)
+    (:attr:`~thinwire.strategies.entry.MethodEntry.rescalable`; never with ZeRO, whose
+    optimizer state or parameters are sharded per rank)."""
+    return cfg.memory.zero == 0 and METHODS.get(cfg.method.name).rescalable(cfg.method.options)
 
 
 def build_mesh(cfg: Config, comm: Comm, device: torch.device) -> Any:

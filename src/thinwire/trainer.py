@@ -7,7 +7,8 @@ complete checkpoint is kept); 3. every ``log_every`` steps the loss rank writes 
 evaluation points every rank calls ``strategy.eval_model`` and the rank holding the full model
 evaluates it with the task's metric; 5. at checkpoint points every rank saves its state
 atomically. At the end the ledgers and memory reports of all ranks are gathered (tagged
-control) into ``summary.json``, and the final model is exported to ``model.pt`` (batch-statistics
+control) into ``summary.json`` (the memory measured from the tensors, the saved activations, the
+process's peak resident set and, on CUDA, the allocator's peak: :func:`process_peaks`), and the final model is exported to ``model.pt`` (batch-statistics
 norms recalibrated so it predicts single samples: :mod:`thinwire.models.norms`).
 """
 
@@ -40,6 +41,16 @@ from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at
 
 RECALIBRATION_BATCHES = 20
+
+
+def process_peaks(device: torch.device) -> tuple[int, int]:
+    """(peak resident set of this process in bytes, from ``resource.getrusage`` (Linux: KiB),
+    the CUDA allocator's peak on ``device``: 0 elsewhere)."""
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    cuda = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    return int(rss), int(cuda)
 
 
 class NonFiniteLoss(UsageError):
@@ -194,9 +205,11 @@ class Trainer:
                  last_eval: dict[str, float]) -> dict[str, Any]:
         c = self._counters()
         mem = self.strategy.memory()
+        rss, device_peak = process_peaks(self.device)
         rows = self.comm.gather_floats([c["sent_bytes"], c["payload_bytes"], c["recv_bytes"],
                                         mem.params, mem.grads, mem.optimizer, mem.param_count,
-                                        mem.stored_count])
+                                        mem.stored_count, mem.activations, mem.gathered,
+                                        mem.host, mem.peak, rss, device_peak])
         self._export()
         cfg = self.cfg
         summary = {
@@ -219,6 +232,15 @@ class Trainer:
                 "params_held_max": int(max(r[6] for r in rows)),
                 "params_stored_max": int(max(r[7] for r in rows)),
                 "params_full": self.strategy.full_param_count(),
+                "activations_bytes_max": max(r[8] for r in rows),
+                "gathered_bytes_max": max(r[9] for r in rows),
+                "host_bytes_max": max(r[10] for r in rows),
+                "peak_bytes_max": max(r[11] for r in rows),
+                "per_rank_peak": [r[11] for r in rows],
+                "rss_peak_bytes_max": max(r[12] for r in rows),
+                "device_peak_bytes_max": max(r[13] for r in rows),
+                "options": {"zero": cfg.memory.zero, "recompute": cfg.memory.recompute,
+                            "offload": cfg.memory.offload},
             },
             "config": to_dict(cfg),
         }

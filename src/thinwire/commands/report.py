@@ -1,4 +1,4 @@
-"""``thinwire report RUN_DIR...``: print the comparison table and write plots."""
+"""``thinwire report RUN_DIR...``: print the comparison and memory tables and write plots."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from thinwire.report.plots import plot_runs
-from thinwire.report.tables import compare_table, load_run
+from thinwire.report.tables import compare_table, load_run, memory_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     runs = [load_run(p) for p in args.runs]
     print(compare_table(runs, args.target))
+    print()
+    print(memory_table(runs))
     out = Path(args.plots) if args.plots else Path(args.runs[0]).parent / "report"
     for p in plot_runs(runs, out):
         print(f"wrote {p}")

@@ -148,4 +148,5 @@ def build_gcn(options: Options, dataset: Dataset, seed: int) -> GCN:
 
 MODEL = ModelEntry(
     name="gcn", summary="graph convolutional network (Kipf & Welling 2017) for node classes",
-    build=build_gcn, data_kinds=("node",), default_data="cora", options=Options)
+    build=build_gcn, data_kinds=("node",), default_data="cora", options=Options,
+    blocks=(r"layers\.\d+",))

@@ -169,6 +169,31 @@ class Options:
               f"got {self.dropout}; use a probability in [0, 1)")
 
 
+def activation_bytes(options: Options, dataset: Dataset, batch: int, recompute: str) -> int:
+    """Bytes the forward pass and the cross-entropy loss keep for backward (fp32, dropout 0:
+    dropout adds its masks), from the shapes: B sequences of L = the dataset's window, width d,
+    a heads, FFN width f, vocabulary V.
+
+    Per block: 1. ``none``: 8 BLd + 2 BLf + (4 + a) BL: LayerNorm inputs (2), their outputs
+    (2), q, k, v and the attention output (the fused kernel's output, laid out so the head merge
+    is a view), fc1's output and GELU's output, the two
+    LayerNorms' mean and rstd (4 BL) and the fused kernel's log-sum-exp (a BL); no attention
+    scores (scaled_dot_product_attention never stores them); 2. ``block`` recompute: the block's
+    input, BLd; 3. ``selective`` (attention recomputed): 4 BLd + 2 BLf + 4 BL. Outside the
+    blocks: token ids and positions (int64), the final LayerNorm's input and statistics, the
+    head's input, the log-softmax output B L V and the int64 targets."""
+    e = 4
+    b, n, v = batch, dataset.input_shape[0], dataset.num_classes
+    d, a = options.d_model, options.n_head
+    f = options.d_ff or 4 * d
+    bl = b * n
+    per_block = {"none": 8 * bl * d + 2 * bl * f + (4 + a) * bl,
+                 "block": bl * d,
+                 "selective": 4 * bl * d + 2 * bl * f + 4 * bl}[recompute]
+    outside = (bl * d + 2 * bl) + bl * d + bl * v + 1
+    return e * (options.n_layer * per_block + outside) + 8 * (2 * bl + n)
+
+
 def build_gpt(options: Options, dataset: Dataset, seed: int) -> GPT:
     """The GPT for ``dataset`` (a ``sequence`` dataset: context = ``input_shape[0]``,
     vocabulary = ``num_classes``) with weights drawn from ``seed`` (identical on every rank)."""
@@ -186,4 +211,5 @@ def build_gpt(options: Options, dataset: Dataset, seed: int) -> GPT:
 
 MODEL = ModelEntry(
     name="gpt", summary="decoder-only transformer LM, pre-LayerNorm GPT-2 layout, char level",
-    build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options)
+    build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options,
+    blocks=(r"blocks\.\d+",), selective=(r"blocks\.\d+\.attn",), activations=activation_bytes)

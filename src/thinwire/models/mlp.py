@@ -128,6 +128,30 @@ class Options:
         check(all(h >= 1 for h in self.hidden), "model.hidden", "every width must be >= 1")
 
 
+def activation_bytes(options: Options, dataset: Dataset, batch: int, recompute: str) -> int:
+    """Bytes the forward pass and the cross-entropy loss keep for backward (fp32), from the
+    widths: 1. the input, B d_0; 2. per hidden layer the activation's output, B w (the next
+    layer's input), and with a norm the Linear's output it normalises, B w, plus its statistics
+    (BatchNorm: mean and inverse std per neuron, 2 w; LayerNorm: per sample, 2 B); 3. the batch
+    norm on the logits the same with C; 4. the loss: log-softmax output B C, the targets (int64)
+    and one scalar. The model's blocks are its Linear layers, whose saved tensor is their input,
+    which a checkpoint keeps as well: recomputation saves nothing on an MLP."""
+    del recompute
+    e, b = 4, batch
+    widths = [dataset.input_dim, *options.hidden]
+    total = b * widths[0]
+    for w in widths[1:]:
+        total += b * w
+        if options.norm == "batch":
+            total += b * w + 2 * w
+        elif options.norm == "layer":
+            total += b * w + 2 * b
+    c = dataset.num_classes
+    if options.norm == "batch":
+        total += b * c + 2 * c
+    return e * (total + b * c + 1) + 8 * b
+
+
 def _build(options: Options, dataset: Dataset, seed: int) -> MLP:
     return build_mlp(dataset.input_dim, options.hidden, dataset.num_classes, norm=options.norm,
                      activation=options.activation, seed=seed)
@@ -136,4 +160,4 @@ def _build(options: Options, dataset: Dataset, seed: int) -> MLP:
 MODEL = ModelEntry(
     name="mlp", summary="fully connected network (Yuan et al.'s IST architecture)",
     build=_build, data_kinds=("classification",), default_data="fashion-mnist", options=Options,
-    ist=linear_stack)
+    ist=linear_stack, blocks=(r"layers\.\d+",), activations=activation_bytes)

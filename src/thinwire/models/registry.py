@@ -5,7 +5,12 @@
 ``[model]`` keys beyond ``name``). ``data_kinds`` lists the dataset kinds the model accepts
 (a mismatch is a one-line error before any worker starts); ``default_data`` is the dataset used
 when the config names none. ``ist`` builds the model's IST adapter
-(:mod:`thinwire.models.adapter`), None when the model has no IST units.
+(:mod:`thinwire.models.adapter`), None when the model has no IST units. ``blocks`` are regular
+expressions matching the full names of the model's repeated blocks (what ``--memory.recompute
+block`` checkpoints and ``--memory.zero 2|3`` shards as one FSDP2 group each); ``selective`` those
+of the parts recomputed under ``--memory.recompute selective`` (empty: the model has none).
+``activations(options, dataset, batch, recompute)`` gives the bytes the model's forward pass and
+loss keep for backward, from its shapes (the planner's prediction of the measured figure).
 """
 
 from __future__ import annotations
@@ -32,3 +37,6 @@ class ModelEntry:
     default_data: str
     options: type = NoOptions
     ist: Callable[[nn.Module], ISTAdapter] | None = None
+    blocks: tuple[str, ...] = ()
+    selective: tuple[str, ...] = ()
+    activations: Callable[[Any, Dataset, int, str], int] | None = None

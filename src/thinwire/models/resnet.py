@@ -160,4 +160,4 @@ def build_resnet(options: Options, dataset: Dataset, seed: int) -> ResNet:
 MODEL = ModelEntry(
     name="resnet", summary="small ResNet with basic blocks (He et al. 2016) for grey images",
     build=build_resnet, data_kinds=("classification",), default_data="fashion-mnist",
-    options=Options)
+    options=Options, blocks=(r"stages\.\d+\.\d+",))

@@ -187,6 +187,35 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def memory_table(runs: list[Run]) -> str:
+    """Measured memory per rank (the most loaded rank of each figure): parameters, gradients,
+    optimizer state, activations saved for backward, parameters gathered by a sharded model,
+    their sum when the backward pass starts, the process's peak resident set and, on CUDA, the
+    allocator's peak. Runs written before these were measured show '-'."""
+    head = ("| method | memory options | params | grads | optimizer | activations | gathered "
+            "| peak (sum) | process RSS peak | device peak |")
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(m: dict[str, Any], key: str) -> str:
+        v: Any = m.get(key)
+        if not _is_num(v) or (key == "device_peak_bytes_max" and not v):
+            return "-"
+        return fmt_bytes(float(v))
+
+    for run in runs:
+        m = run.summary["memory"]
+        o = m.get("options")
+        o = o if isinstance(o, dict) else {}
+        opts = (f"zero={o.get('zero', 0)} recompute={o.get('recompute', 'none')} "
+                f"offload={o.get('offload', 'none')}") if o else "-"
+        keys = ("params_bytes_max", "grads_bytes_max", "optimizer_bytes_max",
+                "activations_bytes_max", "gathered_bytes_max", "peak_bytes_max",
+                "rss_peak_bytes_max", "device_peak_bytes_max")
+        lines.append(f"| {run.summary['label']} | {opts} | "
+                     + " | ".join(cell(m, k) for k in keys) + " |")
+    return "\n".join(lines)
+
+
 def compare_table(runs: list[Run], target: float | None = None) -> str:
     """The comparison table: accuracy, NLL, bytes, parameters held, wall time, time to target."""
     tgt = common_target(runs) if target is None else target

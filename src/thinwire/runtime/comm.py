@@ -37,6 +37,8 @@ def wire_estimate(op: str, payload: int, n: int, *, root: bool = False) -> tuple
     - all_reduce (ring): reduce-scatter + all-gather, each rank sends and receives
       2 (n-1)/n x payload;
     - all_gather (ring) of ``payload`` bytes per rank: sends and receives (n-1) x payload;
+    - reduce_scatter (ring) of a ``payload``-byte input (the full tensor): sends and receives
+      (n-1)/n x payload;
     - broadcast (chain): every rank but the last forwards the payload once: the root sends it,
       others receive it and (n-2)/(n-1) of them forward it; we charge the root ``payload`` sent
       and each other rank ``payload`` received and (n-2)/(n-1) x payload sent;
@@ -49,6 +51,9 @@ def wire_estimate(op: str, payload: int, n: int, *, root: bool = False) -> tuple
         return b, b
     if op == "all_gather":
         return (n - 1) * payload, (n - 1) * payload
+    if op == "reduce_scatter":
+        b = round((n - 1) / n * payload)
+        return b, b
     if op == "broadcast":
         return (payload, 0) if root else (round((n - 2) / (n - 1) * payload), payload)
     if op == "send":
@@ -248,6 +253,38 @@ class Comm:
 
         return work.get_future().then(done)
 
+    def _logged(self, work: Any, op: str, payload: int, t0: float, tag: str, async_op: bool
+                ) -> Any:
+        """Record ``op`` and return its work handle (None when it ran synchronously). An
+        asynchronous call is recorded when issued, so the ledger holds it before any wait; its
+        seconds are the issue time only (the caller overlaps the rest with compute)."""
+        self._log(op, payload, "all", time.perf_counter() - t0, tag)
+        return work if async_op else None
+
+    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor, *,
+                        async_op: bool = False, tag: str = "") -> Any:
+        """All-gather ``tensor`` (every rank's, same size) into the flat ``output`` in rank
+        order; with ``async_op`` the work handle (FSDP2's collective interface)."""
+        if self.world_size == 1:
+            output.copy_(tensor.reshape(output.shape))
+            return None
+        t0 = time.perf_counter()
+        work = _GATHER_INTO(output, tensor, group=self.group, async_op=async_op)
+        return self._logged(work, "all_gather", nbytes(tensor), t0, tag, async_op)
+
+    def reduce_scatter_into(self, output: torch.Tensor, tensor: torch.Tensor, *, op: Any = None,
+                            async_op: bool = False, tag: str = "") -> Any:
+        """Reduce ``tensor`` (the full input, same size on every rank) with ``op`` (a
+        ``torch.distributed.ReduceOp``, default sum) and leave this rank's 1/n slice in
+        ``output``; with ``async_op`` the work handle (FSDP2's collective interface)."""
+        if self.world_size == 1:
+            output.copy_(tensor.reshape(output.shape))
+            return None
+        t0 = time.perf_counter()
+        work = _SCATTER_FROM(output, tensor, op=op or dist.ReduceOp.SUM, group=self.group,
+                             async_op=async_op)
+        return self._logged(work, "reduce_scatter", nbytes(tensor), t0, tag, async_op)
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, tag: str = "") -> torch.Tensor:
         if self.world_size == 1:
             return tensor
@@ -305,4 +342,5 @@ class Comm:
 
 # torch >= 2.12 renames all_gather_into_tensor (deprecated alias kept) to all_gather_single
 _GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_SCATTER_FROM = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from thinwire.runtime.comm import Comm
+from thinwire.strategies.memory import ActivationMeter, apply_recompute, state_bytes
 
 if TYPE_CHECKING:
     from thinwire.config import Config, TrainConfig
@@ -50,10 +51,14 @@ class Context:
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Bytes a worker holds for training state (activations excluded).
+    """Bytes a worker holds (:mod:`thinwire.strategies.memory` says how each is measured).
 
+    ``params``, ``grads``, ``optimizer``: training state at rest (local shards under ZeRO);
     ``param_count``: parameters the worker trains (with gradients and optimizer state);
-    ``stored_count``: parameters it keeps without training them (IST's model storage).
+    ``stored_count``: parameters it keeps without training them (IST's model storage);
+    ``activations``: bytes kept for backward at the end of the largest forward pass;
+    ``gathered``: parameter bytes a sharded model holds gathered at that point;
+    ``host``: bytes of the above kept in host memory while training on another device.
     """
 
     params: int
@@ -61,10 +66,19 @@ class MemoryReport:
     optimizer: int
     param_count: int
     stored_count: int = 0
+    activations: int = 0
+    gathered: int = 0
+    host: int = 0
 
     @property
     def total(self) -> int:
+        """Training state at rest."""
         return self.params + self.grads + self.optimizer
+
+    @property
+    def peak(self) -> int:
+        """State + activations + gathered parameters when the backward pass starts."""
+        return self.total + self.activations + self.gathered
 
 
 def lr_at(train: TrainConfig, step: int) -> float:
@@ -88,12 +102,11 @@ def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
 
 
 def optimizer_bytes(opt: torch.optim.Optimizer) -> int:
-    total = 0
-    for state in opt.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                total += v.numel() * v.element_size()
-    return total
+    """Bytes of the optimizer's state tensors (local shards; scalar step counts excluded)."""
+    from thinwire.strategies.memory import distinct_bytes
+
+    return distinct_bytes(v for state in opt.state.values() for v in state.values()
+                          if isinstance(v, torch.Tensor) and v.dim() > 0)
 
 
 def memory_of(params: Iterable[torch.Tensor], opt: torch.optim.Optimizer | None) -> MemoryReport:
@@ -127,6 +140,19 @@ class Strategy(ABC):
         self.comm = ctx.comm
         self.loss_fn = ctx.loss
         self._full_params = sum(p.numel() for p in model.parameters())
+        self.meter = ActivationMeter(model=model)
+
+    def recompute(self, model: nn.Module) -> None:
+        """Apply ``[memory] recompute`` to ``model`` (the model entry's blocks or selective
+        parts) and measure the inputs the checkpoints keep."""
+        mode = self.cfg.memory.recompute
+        if mode == "none":
+            return
+        from thinwire.models import MODELS
+
+        entry = MODELS.get(self.cfg.model.name)
+        held = apply_recompute(model, entry.blocks if mode == "block" else entry.selective)
+        self.meter = ActivationMeter(held, model)
 
     # --- topology ------------------------------------------------------------------------------
     def data_shard(self) -> tuple[int, int]:
@@ -144,7 +170,8 @@ class Strategy(ABC):
         set_lr(opt, lr_at(self.cfg.train, step))
         forward.train()
         opt.zero_grad(set_to_none=True)
-        loss = self.loss_fn(forward(x), y)
+        with self.meter.measure():
+            loss = self.loss_fn(forward(x), y)
         loss.backward()
         if self.cfg.train.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(
@@ -191,7 +218,8 @@ class ReplicatedStrategy(Strategy):
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
         self.model = model.to(ctx.device)
-        self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
+        self.opt: Any = make_optimizer(self.model.parameters(), self.cfg.train)
+        self.recompute(self.model)
 
     def eval_model(self) -> nn.Module | None:
         return self.model if self.comm.rank == 0 else None
@@ -204,4 +232,8 @@ class ReplicatedStrategy(Strategy):
         self.opt.load_state_dict(state["opt"])
 
     def memory(self) -> MemoryReport:
-        return memory_of(self.model.parameters(), self.opt)
+        """Measured from the tensors (:func:`thinwire.strategies.memory.state_bytes`)."""
+        params = list(self.model.parameters())
+        p, g, o, host = state_bytes(params, self.opt.state.values(), self.ctx.device)
+        return MemoryReport(params=p, grads=g, optimizer=o, param_count=self._full_params,
+                            activations=self.meter.peak, host=host)

@@ -7,6 +7,12 @@ encoding with the collective that fits the codec and decodes:
 :func:`thinwire.compression.ddp_hook`); 3. the optimizer steps on the averaged gradient, so every
 replica stays identical.
 
+Memory options (``[memory]``, :mod:`thinwire.strategies.memory`): ``zero = 1`` keeps DDP and
+steps through :class:`~thinwire.strategies.memory.ShardedOptimizer` (composes with every codec:
+the codec averages the gradient, the owners step); ``zero = 2 | 3`` replaces DDP with FSDP2
+(no codec: FSDP2 reduces gradients with its own reduce-scatter); ``recompute`` composes with
+both. DDP runs with ``gradient_as_bucket_view`` so gradients live in its buckets once.
+
 Parity: with the same global batch, n workers x batch b match one worker x batch n b up to
 floating-point summation order (when the model has no batch-statistics layers).
 
@@ -18,18 +24,35 @@ of the codec (one all-reduce of 4 d_b bytes without one).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gc
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from thinwire.options import OptionError, opt
 from thinwire.runtime.comm import Comm
-from thinwire.strategies.base import Batch, Context, ReplicatedStrategy
+from thinwire.strategies.base import (
+    Batch,
+    Context,
+    MemoryReport,
+    ReplicatedStrategy,
+    make_optimizer,
+)
 from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.memory import (
+    ShardedOptimizer,
+    full_state,
+    gathered_bytes,
+    local_state,
+    shard_model,
+)
 from thinwire.strategies.traffic import Layout, ParamInfo, Traffic, wire
 
 BUCKET_FIRST = 1 << 20
@@ -73,11 +96,27 @@ class DataParallel(ReplicatedStrategy):
     name = "dp"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
+        zero = ctx.cfg.memory.zero if ctx.comm.distributed else 0
+        self.shadow = copy.deepcopy(model) if zero >= 2 else None  # unsharded, for evaluation
         super().__init__(ctx, model)
         self.ddp: nn.Module
         self.hook_state: Any = None
+        self.sharded = zero >= 2
+        if self.sharded:
+            from thinwire.models import MODELS
+
+            shard_model(self.model, self.comm, ctx.device, zero,
+                        MODELS.get(self.cfg.model.name).blocks, ctx.cfg.memory.offload == "params")
+            self.ddp = self.model
+            self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
+            self.meter.gathered_of = lambda: gathered_bytes(self.model)
+            return
+        if zero == 1:
+            self.opt = ShardedOptimizer(self.model.parameters(), self.comm,
+                                        lambda ps: make_optimizer(ps, self.cfg.train))
         if self.comm.distributed:
-            self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])
+            self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device],
+                           gradient_as_bucket_view=True)
             codec = ctx.options.compressor
             if codec == "none":
                 self.ddp.register_comm_hook(None, allreduce_hook(self.comm))
@@ -93,22 +132,57 @@ class DataParallel(ReplicatedStrategy):
     def train_step(self, batch: Batch, step: int) -> float:
         return self.standard_step(self.ddp, self.opt, batch, step)
 
+    def eval_model(self) -> nn.Module | None:
+        if not self.sharded:
+            return super().eval_model()
+        state = full_state(self.model, self.comm)  # every rank takes part
+        if self.comm.rank != 0 or self.shadow is None:
+            return None
+        self.shadow.load_state_dict(state)
+        return self.shadow.to(self.ctx.device)
+
     def state_dict(self) -> dict[str, Any]:
-        """Model and optimizer, and with a codec its state (error-feedback residuals, PowerSGD's
-        warm-start factors) per parameter, with the step count of shared random draws
-        (:meth:`~thinwire.compression.hooks.HookState.export`). A resumed DDP starts from its
-        first-iteration buckets again: for a model within one bucket, and codecs whose result
-        does not depend on a value's position in the bucket (all but rand-k's and QSGD's shared
-        draws), the resumed run is the uninterrupted one bit for bit."""
-        out = super().state_dict()
-        if self.hook_state is not None:
-            out["codec"] = self.hook_state.export(list(self.model.parameters()))
-        return out
+        """Model and optimizer (local shards under ZeRO-2/3), and with a codec its state
+        (error-feedback residuals, PowerSGD's warm-start factors) per parameter, with the step
+        count of shared random draws (:meth:`~thinwire.compression.hooks.HookState.export`). A
+        resumed DDP starts from its first-iteration buckets again: for a model within one
+        bucket, and codecs whose result does not depend on a value's position in the bucket (all
+        but rand-k's and QSGD's shared draws), the resumed run is the uninterrupted one bit for
+        bit."""
+        if not self.sharded:
+            out = super().state_dict()
+            if self.hook_state is not None:
+                out["codec"] = self.hook_state.export(list(self.model.parameters()))
+            return out
+        return {"model": local_state(self.model.state_dict()),
+                "opt": local_state(self.opt.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self.hook_state is not None and "codec" in state:
-            self.hook_state.restore(list(self.model.parameters()), state["codec"])
+        if not self.sharded:
+            super().load_state_dict(state)
+            if self.hook_state is not None and "codec" in state:
+                self.hook_state.restore(list(self.model.parameters()), state["codec"])
+            return None
+        with torch.no_grad():
+            for name, t in self.model.state_dict().items():
+                local = t.to_local() if isinstance(t, DTensor) else t
+                local.copy_(state["model"][name])
+        params = list(self.model.parameters())
+        opt_state = state["opt"]
+        for i, s in opt_state.get("state", {}).items():
+            p = params[int(i)]
+            for k, v in list(s.items()):
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and isinstance(p, DTensor):
+                    s[k] = DTensor.from_local(v, p.device_mesh, p.placements, shape=p.shape,
+                                              stride=p.stride())
+        self.opt.load_state_dict(opt_state)
+        return None
+
+    def memory(self) -> MemoryReport:
+        report = super().memory()
+        if not self.sharded:
+            return report
+        return dataclasses.replace(report, gathered=self.meter.gathered)
 
     def close(self) -> None:
         # DDP can abort a gloo rank at interpreter exit; drop it before the group goes (the
@@ -191,7 +265,7 @@ def _alias(name: str, values: Mapping[str, str]) -> dict[str, str] | None:
 METHOD = MethodEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
-    label=_label, traffic=traffic, alias=_alias,
+    label=_label, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
     rescalable=lambda o: o.compressor == "none")
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

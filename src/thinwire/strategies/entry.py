@@ -41,6 +41,8 @@ class MethodEntry:
       bytes of a run (:class:`~thinwire.strategies.traffic.Traffic`), a pure function used by
       the planner (``optimizer_states``: per-element state tensors of the optimizer, e.g. 2 for
       Adam, for methods that move optimizer state);
+    - ``memory``: the memory options of ``[memory]`` the method runs (``zero``, ``recompute``;
+      :mod:`thinwire.strategies.memory`), others are a one-line error;
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
       topk codec), or None when the name is not one of its shorthands;
     - ``rescalable(options)``: whether a checkpoint resumes at another number of workers: the
@@ -61,6 +63,7 @@ class MethodEntry:
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
     rescalable: Callable[[Any], bool] = lambda options: False
+    memory: tuple[str, ...] = ()
 
     def label_of(self, options: Any) -> str:
         return self.label(options) if self.label is not None else self.name

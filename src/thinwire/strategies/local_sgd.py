@@ -127,4 +127,4 @@ METHOD = MethodEntry(
     name="localsgd", summary="local SGD: H local steps, then average the models",
     strategy="thinwire.strategies.local_sgd:LocalSGDStrategy", options=Options,
     label=lambda o: f"localsgd(H={o.period})", sync_every=lambda o: o.period, traffic=traffic,
-    rescalable=lambda o: True)
+    memory=("recompute",), rescalable=lambda o: True)

@@ -41,6 +41,8 @@ def wire(op: str, payload: int, n: int) -> int:
         return ring_all_reduce(payload, n)
     if op == "all_gather":
         return ring_all_gather(payload, n)
+    if op == "reduce_scatter":
+        return round((n - 1) / n * payload) if n > 1 else 0
     raise ValueError(f"unknown collective {op!r}")
 
 
