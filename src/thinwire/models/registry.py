@@ -5,7 +5,9 @@
 ``[model]`` keys beyond ``name``). ``data_kinds`` lists the dataset kinds the model accepts
 (a mismatch is a one-line error before any worker starts); ``default_data`` is the dataset used
 when the config names none. ``ist`` builds the model's IST adapter
-(:mod:`thinwire.models.adapter`), None when the model has no IST units.
+(:mod:`thinwire.models.adapter`), None when the model has no IST units. ``chain`` gives the
+model as a chain of modules whose composition, in order, is the model's forward pass (sharing its
+parameters): where pipeline stages may be cut; None when the model is not a chain.
 """
 
 from __future__ import annotations
@@ -32,3 +34,4 @@ class ModelEntry:
     default_data: str
     options: type = NoOptions
     ist: Callable[[nn.Module], ISTAdapter] | None = None
+    chain: Callable[[nn.Module], list[nn.Module]] | None = None
