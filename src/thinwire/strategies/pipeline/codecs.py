@@ -222,7 +222,8 @@ class LowRank(BoundaryCodec):
         return (p, q)
 
     def decode(self, payload: Payload, shape: tuple[int, ...], key: Key) -> torch.Tensor:
-        p, q = payload
+        rows, width, r = self._dims(shape)
+        p, q = payload[0].reshape(rows, r), payload[1].reshape(width, r)
         return (p @ q.T).view(shape)
 
     def state_dict(self) -> dict[str, Any]:

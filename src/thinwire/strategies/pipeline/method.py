@@ -261,8 +261,12 @@ class PipelineParallel(Strategy):
         if not necks:
             return self.model
         chain: list[nn.Module] = []
-        for s in range(self.S):
-            chain += self._stage_modules(s)
+        for s, (a, b) in enumerate(cut(len(self.chain), self.S)):
+            if s - 1 in necks:
+                chain.append(necks[s - 1][1])
+            chain += self.chain[a:b]
+            if s in necks:
+                chain.append(necks[s][0])
         return nn.Sequential(*chain)
 
     # --- state ---------------------------------------------------------------------------------
