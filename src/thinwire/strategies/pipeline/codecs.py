@@ -27,6 +27,7 @@ Codecs by spec (``name:key=value,...``):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -345,6 +346,7 @@ class Project(nn.Module):
 
     def __init__(self, basis: torch.Tensor) -> None:
         super().__init__()
+        self.basis: torch.Tensor
         self.register_buffer("basis", basis)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -356,6 +358,7 @@ class Lift(nn.Module):
 
     def __init__(self, basis: torch.Tensor) -> None:
         super().__init__()
+        self.basis: torch.Tensor
         self.register_buffer("basis", basis)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
@@ -455,7 +458,7 @@ def build_boundary(spec: str, *, seed: int = 0, rank: int = 0) -> BoundaryCodec:
         known = sorted({*CODECS.names(), *OWN, *BOTTLENECKS})
         raise OptionError(f"unknown codec {name!r}; use one of {', '.join(known)}")
     entry = CODECS.get(name)
-    if entry.options is not NoOptions and "ef" in {f for f in entry.options.__dataclass_fields__}:
+    if entry.options is not NoOptions and "ef" in {f.name for f in dataclasses.fields(entry.options)}:
         values = {"ef": "false", **values}
     return Flat(build_codec(name, values, seed=seed, rank=rank))
 

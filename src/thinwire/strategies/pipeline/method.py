@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from thinwire.errors import UsageError
-from thinwire.options import OptionError, check, opt, parse_spec
+from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import CONTROL, Comm
 from thinwire.strategies.base import (
     Batch,
