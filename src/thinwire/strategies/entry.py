@@ -42,7 +42,10 @@ class MethodEntry:
       the planner (``optimizer_states``: per-element state tensors of the optimizer, e.g. 2 for
       Adam, for methods that move optimizer state);
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
-      topk codec), or None when the name is not one of its shorthands.
+      topk codec), or None when the name is not one of its shorthands;
+    - ``planned``: whether the planner's method comparisons price it from a model's layout alone
+      (False for a method whose traffic needs a run's plan, such as pipeline stages, which the
+      planner models with its own ``pp`` layout).
     """
 
     name: str
@@ -55,6 +58,7 @@ class MethodEntry:
     check_model: Callable[[Any, nn.Module], None] | None = None
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
+    planned: bool = True
 
     def label_of(self, options: Any) -> str:
         return self.label(options) if self.label is not None else self.name

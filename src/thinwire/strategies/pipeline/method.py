@@ -177,8 +177,8 @@ class PipelineParallel(Strategy):
             self.loss_rank = 0
         else:
             self.pp, self.dp = mesh.pp, mesh.dp
-            self.d, self.dps = mesh.coords.dp, mesh.shape["data"]
-            self.loss_rank = mesh.rank_of(0, mesh.shape["pipeline"] - 1, 0)
+            self.d, self.dps = mesh.coords.dp, mesh.dp.world_size
+            self.loss_rank = mesh.rank_of(0, mesh.pp.world_size - 1, 0)
         self.S, self.s = self.pp.world_size, self.pp.rank
         self.pipe: Pipeline | None = None
         self.opt: torch.optim.Optimizer | None = None
@@ -408,6 +408,7 @@ METHOD = MethodEntry(
     name="pipeline",
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
-    label=_label, check=check_config, check_model=check_model, traffic=traffic)
+    label=_label, check=check_config, check_model=check_model, traffic=traffic,
+    planned=False)
 
 __all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "pipeline_layout", "traffic"]
