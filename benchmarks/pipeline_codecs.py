@@ -87,7 +87,7 @@ def message_bytes(cfg: Any) -> tuple[int, int]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--out", default="runs/pipeline_codecs")
     p.add_argument("--data-dir", default="")
     p.add_argument("--only", default="", help="comma-separated row numbers to run (0-based)")
