@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from thinwire.config import load, to_dict
@@ -74,7 +73,11 @@ def config(name: str, over: dict[str, str], args: argparse.Namespace) -> Any:
 def message_bytes(cfg: Any) -> tuple[int, int]:
     """Payload of one forward and one backward message over boundary 1 (micro-batch 8 x 64 x 64
     activations; the first boundary is plain when ``uncompressed_first`` says so)."""
-    from thinwire.strategies.pipeline.codecs import bottleneck_options, build_boundary, is_bottleneck
+    from thinwire.strategies.pipeline.codecs import (
+        bottleneck_options,
+        build_boundary,
+        is_bottleneck,
+    )
 
     o = cfg.method.options
     fwd, bwd = o.boundaries().specs(1)

@@ -45,3 +45,20 @@ def test_train_gpt_in_two_stages_from_the_command_line(tmp_path: Path) -> None:
     for rank in range(2):
         totals = json.loads((run / f"ledger.rank{rank}.json").read_text())["totals"]
         assert totals["payload_bytes"] == want.payload[rank]
+
+
+def test_compare_specs_keep_codec_specs_whole() -> None:
+    """``thinwire compare --methods`` across codecs: a codec spec with a colon stays the value
+    of its method option; each spec becomes one validated config with its own run name."""
+    from thinwire.run import method_configs, split_methods
+
+    specs = split_methods("pipeline,pipeline:codec_fwd=int8,pipeline:codec_fwd=int4,"
+                          "codec_bwd=lowrank:rank=8,pipeline:codec_fwd=ae:dim=16,dp,train.lr=0.1")
+    assert specs == ["pipeline", "pipeline:codec_fwd=int8",
+                     "pipeline:codec_fwd=int4,codec_bwd=lowrank:rank=8",
+                     "pipeline:codec_fwd=ae:dim=16", "dp,train.lr=0.1"]
+    cfgs = method_configs(specs[:4], None, {"model.name": "gpt", "data.name": "tinyshakespeare",
+                                            "parallel.pp": "4", "runtime.workers": "4"})
+    o = cfgs[2].method.options
+    assert (o.codec_fwd, o.codec_bwd) == ("int4", "lowrank:rank=8")
+    assert len({c.run_name for c in cfgs}) == 4

@@ -138,7 +138,18 @@ class Pipeline:
     ``chain``: the whole model as modules whose composition is its forward (every rank passes
     the same, built from the same seed); ``comm``: the pipeline group (rank = stage, world size =
     stages); ``example``: one input micro-batch (only its shape and dtype are used, to find the
-    boundary shapes); ``loss(out, y)``: the task's mean loss.
+    boundary shapes); ``loss(out, y)``: the task's mean loss. In one's own loop, on each rank
+    of a dp x pp :class:`~thinwire.runtime.mesh.Mesh`::
+
+        pipe = thinwire.Pipeline(MODELS.get("gpt").chain(model), mesh.pp, micro_batches=4,
+                                 loss=loss, example=x[:8], schedule="1f1b",
+                                 boundaries=thinwire.Boundaries(fwd="int8", bwd="lowrank:rank=8"))
+        opt = torch.optim.AdamW(pipe.parameters())
+        for x, y in batches:
+            opt.zero_grad()
+            loss = pipe.run(x, y, step)          # the batch's loss on the last stage
+            # average the stage's gradients over mesh.dp (one all-reduce), then
+            opt.step()
     """
 
     def __init__(self, chain: Sequence[nn.Module], comm: Comm, *, micro_batches: int,
