@@ -49,6 +49,11 @@ RUNS: list[tuple[str, dict[str, str]]] = [
     ("fwd subspace k=16", {"method.codec_fwd": "subspace:dim=16"}),
     ("Optimus-CC-like: fwd int8, bwd low rank 8", {"method.codec_fwd": "int8",
                                                    "method.codec_bwd": "lowrank:rank=8"}),
+    # AQ-SGD pays off once samples come back: 256 training windows, 7.5 epochs in 60 steps
+    ("256 windows: uncompressed", {"data.limit_train": "256"}),
+    ("256 windows: fwd int4", {"method.codec_fwd": "int4", "data.limit_train": "256"}),
+    ("256 windows: fwd AQ-SGD 4-bit", {"method.codec_fwd": "aqsgd:bits=4",
+                                       "data.limit_train": "256"}),
 ]
 
 
