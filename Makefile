@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test data lint typecheck bench clean
+.PHONY: demo test data lint typecheck bench mutants clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ test: $(STAMP) data
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks tools
+
+mutants: $(STAMP) data
+	$(PY) tools/mutants.py
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

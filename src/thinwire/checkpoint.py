@@ -184,11 +184,13 @@ def read_complete(run_dir: Path, step: int) -> int:
     return int(text)
 
 
-def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = True) -> int:
+def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = True,
+                      rescalable: bool = False) -> int:
     """The step a resume of ``run_dir`` by ``world_size`` workers starts from.
 
     CheckpointError (one line) when there is no complete checkpoint, its ``COMPLETE`` is
-    corrupt, it was written by another number of workers, or (``check_ranks``) any rank file is
+    corrupt, it was written by another number of workers (unless ``rescalable``: the method's
+    state is the same on every rank, :func:`load_rank`), or (``check_ranks``) any rank file is
     missing or unusable: the launching process calls this before any worker starts.
     """
     step = latest_step(run_dir)
@@ -196,27 +198,38 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
         raise CheckpointError(f"run.resume: no complete checkpoint in {run_dir / 'checkpoints'}; "
                               "start the run without --resume (checkpoints are written every "
                               "--run.checkpoint_every steps and at the end)")
-    _check_world(run_dir, step, world_size)
+    _check_world(run_dir, step, world_size, rescalable)
     if check_ranks:
         for rank in range(world_size):
-            load_rank(run_dir, step, rank, world_size)
+            load_rank(run_dir, step, rank, world_size, rescalable=rescalable)
     return step
 
 
-def _check_world(run_dir: Path, step: int, world_size: int) -> None:
+def _check_world(run_dir: Path, step: int, world_size: int, rescalable: bool = False) -> int:
+    """The worker count that wrote ``step``; CheckpointError when it differs from
+    ``world_size`` and the method cannot resume at another count."""
     d = _step_dir(run_dir, step)
     saved_world = read_complete(run_dir, step)
-    if saved_world != world_size:
+    if saved_world != world_size and not rescalable:
         raise CheckpointError(f"checkpoint {d} was written by {saved_world} workers, this run has "
-                              f"{world_size}; resume with --runtime.workers {saved_world}")
+                              f"{world_size} and its method keeps per-worker state; resume with "
+                              f"--runtime.workers {saved_world}")
+    return saved_world
 
 
 # --- loading ------------------------------------------------------------------------------------
-def load_rank(run_dir: Path, step: int, rank: int, world_size: int) -> dict[str, Any]:
-    """This rank's state of ``step``, validated (see the module docstring); safe loading only."""
+def load_rank(run_dir: Path, step: int, rank: int, world_size: int, *,
+              rescalable: bool = False) -> dict[str, Any]:
+    """This rank's state of ``step``, validated (see the module docstring); safe loading only.
+
+    With ``rescalable`` (the method's state is the same on every rank at a checkpoint,
+    :attr:`~thinwire.strategies.entry.MethodEntry.rescalable`) a run of another worker count
+    resumes from it: every rank loads rank 0's file."""
     import torch
 
-    _check_world(run_dir, step, world_size)
+    saved_world = _check_world(run_dir, step, world_size, rescalable)
+    if saved_world != world_size:
+        rank = 0
     d = _step_dir(run_dir, step)
     path = d / f"rank{rank}.pt"
     fix = _fix(run_dir, step)

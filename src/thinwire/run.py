@@ -77,6 +77,12 @@ def build_strategy(cfg: Config, comm: Comm, device: torch.device, task: Task,
     return strategy_cls(ctx, model)  # type: ignore[no-any-return]
 
 
+def rescalable(cfg: Config) -> bool:
+    """Whether the run's method resumes a checkpoint written by another worker count
+    (:attr:`~thinwire.strategies.entry.MethodEntry.rescalable`)."""
+    return METHODS.get(cfg.method.name).rescalable(cfg.method.options)
+
+
 def build_mesh(cfg: Config, comm: Comm, device: torch.device) -> Any:
     """The dp x pp x tp mesh of the run (None when every rank is a data-parallel replica)."""
     if cfg.parallel.pp * cfg.parallel.tp == 1:
@@ -122,7 +128,7 @@ def run_directory(cfg: Config) -> Iterator[Any]:
     with rundir.open_run(cfg.run.out, cfg.run_name, resume=cfg.run.resume,
                          overwrite=cfg.run.overwrite) as rd:
         if cfg.run.resume:
-            checkpoint.require_resumable(rd.path, cfg.runtime.workers)
+            checkpoint.require_resumable(rd.path, cfg.runtime.workers, rescalable=rescalable(cfg))
         rundir.write_text(rd.path / "config.toml", config_mod.dumps(cfg))
         yield rd
         rd.commit()

@@ -28,7 +28,14 @@ from thinwire.data.task import task_for
 from thinwire.errors import UsageError
 from thinwire.metrics import JsonlWriter
 from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
-from thinwire.run import build_mesh, build_model, build_strategy, load_data, make_stream
+from thinwire.run import (
+    build_mesh,
+    build_model,
+    build_strategy,
+    load_data,
+    make_stream,
+    rescalable,
+)
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at
 
@@ -64,7 +71,8 @@ class Trainer:
         step = checkpoint.latest_step(self.run_dir)
         if step is None:  # a restart before the first checkpoint: from the start
             return
-        state = checkpoint.load_rank(self.run_dir, step, self.comm.rank, self.comm.world_size)
+        state = checkpoint.load_rank(self.run_dir, step, self.comm.rank, self.comm.world_size,
+                                     rescalable=rescalable(self.cfg))
         saved = state.get("trainer", {}).get("label")
         if saved is not None and saved != label(self.cfg):
             raise UsageError(f"--resume: the checkpoint in {self.run_dir} was written by "

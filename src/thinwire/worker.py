@@ -211,7 +211,10 @@ def _run(path: Path) -> int:
     device = rt.init_from_env(cfg.runtime)
     comm = Comm() if rt.initialised() else Comm.local()
     if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
-        checkpoint.require_resumable(run_dir, comm.world_size, check_ranks=False)
+        from thinwire.run import rescalable
+
+        checkpoint.require_resumable(run_dir, comm.world_size, check_ranks=False,
+                                     rescalable=rescalable(cfg))
     trainer = _build_trainer(Trainer, cfg, comm, device, run_dir)
     trainer.run()
     del trainer

@@ -103,3 +103,25 @@ def test_a_full_disk_while_writing_metrics_is_one_line(tmp_path: Path) -> None:
         assert "ENOSPC" in lines[0] and str(mnt / "dp") in lines[0], lines[0]
         assert "Traceback" not in r.stderr
         assert (mnt / "dp" / "config.toml").stat().st_size > 0
+
+
+def test_a_replicated_method_resumes_at_another_worker_count(finished: Path,
+                                                            tmp_path: Path) -> None:
+    """dp's state is the same on every rank, so a checkpoint of 2 workers resumes with 3 (each
+    loads rank 0's file) and trains on from step 20 to 30; a method with per-worker state is
+    refused with one line naming the worker count to use. Guards: elastic resume."""
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    with pytest.raises(checkpoint.CheckpointError, match="--runtime.workers 2"):
+        checkpoint.require_resumable(out / "dp", 3)
+    assert checkpoint.require_resumable(out / "dp", 3, rescalable=True) == 20
+    r = train(out, "--resume", "--workers", "3", "--train.steps", "30")
+    assert r.returncode == 0, r.stderr
+    assert checkpoint.read_complete(out / "dp", 30) == 3
+    import json
+
+    summary = json.loads((out / "dp" / "summary.json").read_text())
+    assert summary["workers"] == 3 and summary["steps"] == 30
+    steps = [json.loads(line).get("step") for line in
+             (out / "dp" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 30

@@ -207,4 +207,4 @@ def _label(o: Options) -> str:
 METHOD = MethodEntry(
     name="diloco", summary="DiLoCo: H inner steps, outer Nesterov step on the mean pseudo-gradient",
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
-    sync_every=lambda o: o.period, traffic=traffic)
+    sync_every=lambda o: o.period, traffic=traffic, rescalable=lambda o: True)

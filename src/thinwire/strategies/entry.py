@@ -45,7 +45,12 @@ class MethodEntry:
       topk codec), or None when the name is not one of its shorthands;
     - ``planned``: whether the planner's method comparisons price it from a model's layout alone
       (False for a method whose traffic needs a run's plan, such as pipeline stages, which the
-      planner models with its own ``pp`` layout).
+      planner models with its own ``pp`` layout);
+    - ``rescalable(options)``: whether a checkpoint resumes at another number of workers: the
+      model (and what the method keeps beside the optimizer) is the same on every rank at a
+      checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
+      state that is partitioned or private per rank (IST's subnets and store, codec residuals,
+      model-parallel shards).
     """
 
     name: str
@@ -59,6 +64,7 @@ class MethodEntry:
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
     planned: bool = True
+    rescalable: Callable[[Any], bool] = lambda options: False
 
     def label_of(self, options: Any) -> str:
         return self.label(options) if self.label is not None else self.name

@@ -126,4 +126,5 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
 METHOD = MethodEntry(
     name="localsgd", summary="local SGD: H local steps, then average the models",
     strategy="thinwire.strategies.local_sgd:LocalSGDStrategy", options=Options,
-    label=lambda o: f"localsgd(H={o.period})", sync_every=lambda o: o.period, traffic=traffic)
+    label=lambda o: f"localsgd(H={o.period})", sync_every=lambda o: o.period, traffic=traffic,
+    rescalable=lambda o: True)

@@ -1,0 +1,185 @@
+"""Planted-bug mutation testing: does the test suite notice a realistic bug?
+
+Each mutant below is one small, realistic bug in the communication layer, the byte ledger,
+IST's exchange, the codecs, checkpointing, the data path or the command line. For each one:
+  1. copy ``src/``, ``tests/`` and ``pyproject.toml`` into ``.mutants/<id>/`` (inside the
+     repository, so the tests find ``../shared/data`` as they do in a checkout);
+  2. replace the mutant's original text (which must occur exactly once) with the bug;
+  3. run the tests that guard that code (``pytest -x``, the copy's ``src`` first on the path);
+  4. killed: the tests failed; survived: they passed (a gap in the tests); timeout: they ran
+     past ``--timeout`` (counted apart).
+The copy is removed afterwards. A mutant that no longer applies (the code moved) is reported
+as ``stale``: update its text here.
+
+    python tools/mutants.py                 # every mutant, a markdown table on stdout
+    python tools/mutants.py --only ef-sign  # some of them
+    python tools/mutants.py --check         # first confirm every selection passes unmutated
+
+Why a script of planted bugs rather than mutmut or cosmic-ray: their operator mutants (one
+token each, thousands of them) need hours on a 2-core machine against multi-process tests;
+these are the bugs a person writes (a sum for an average, a lost state, a wrong shard), each
+aimed at the tests that should catch it, so the whole run takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    area: str
+    what: str
+    file: str  # under src/thinwire/
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    # --- communication layer and ledger ---------------------------------------------------------
+    Mutant("comm-avg", "comm", "all_reduce(op='avg') divides by n - 1",
+           "runtime/comm.py", "tensor.div_(self.world_size)",
+           "tensor.div_(max(1, self.world_size - 1))", ("tests/test_comm_ledger.py",)),
+    Mutant("ledger-ring", "ledger", "ring all-reduce charged (n-1)/n instead of 2(n-1)/n",
+           "runtime/comm.py", "b = round(2 * (n - 1) / n * payload)",
+           "b = round((n - 1) / n * payload)", ("tests/test_comm_ledger.py",)),
+    Mutant("ledger-gather", "ledger", "all-gather charges its payload once, not n - 1 times",
+           "runtime/comm.py", "return (n - 1) * payload, (n - 1) * payload",
+           "return payload, (n - 1) * payload", ("tests/test_comm_ledger.py",)),
+    Mutant("ledger-recv", "ledger", "recv records no received bytes",
+           "runtime/comm.py", 'exact=(0, nbytes(t)))', 'exact=(0, 0))',
+           ("tests/test_comm_ledger.py",)),
+    # --- codecs ---------------------------------------------------------------------------------
+    Mutant("ef-sign", "codecs", "error feedback keeps decoded - corrected",
+           "compression/feedback.py", "torch.sub(corrected, decoded, out=buf)",
+           "torch.sub(decoded, corrected, out=buf)", ("tests/compression",)),
+    Mutant("topk-k", "codecs", "top-k keeps floor(ratio d) - 1 elements",
+           "compression/base.py", "math.ceil(ratio * numel - 1e-9)",
+           "math.floor(ratio * numel) - 1", ("tests/compression",)),
+    Mutant("powersgd-sum", "codecs", "PowerSGD sums Q over ranks instead of averaging",
+           "compression/powersgd.py", "q_avg = q_sum / world", "q_avg = q_sum",
+           ("tests/compression",)),
+    Mutant("qsgd-scale", "codecs", "QSGD scales by s / (2 ||x||)",
+           "compression/quantize.py", "c = s / n if n > 0 else 0.0",
+           "c = s / n / 2 if n > 0 else 0.0", ("tests/compression",)),
+    # --- IST ------------------------------------------------------------------------------------
+    Mutant("ist-shared-sum", "ist", "shared tensors add every worker's update without / n",
+           "strategies/ist/core.py", "alpha=1.0 / self.n)", "alpha=1.0)", ("tests/ist",)),
+    Mutant("ist-same-partition", "ist", "the partition never changes from round to round",
+           "strategies/ist/partition.py", "np.random.SeedSequence([seed, round_, layer])",
+           "np.random.SeedSequence([seed, 0, layer])", ("tests/ist",)),
+    Mutant("ist-no-scale", "ist", "inverted-dropout factor always 1",
+           "strategies/ist/core.py", "factor = self.plan.group(group).size / len(",
+           "factor = 1.0 or len(", ("tests/ist",)),
+    # --- checkpointing and resume ---------------------------------------------------------------
+    Mutant("ckpt-no-opt", "checkpoint", "the optimizer state is not restored on resume",
+           "strategies/base.py", 'self.opt.load_state_dict(state["opt"])', "pass",
+           ("tests/test_foundation.py::test_resume_equals_uninterrupted",)),
+    Mutant("ckpt-prune-all", "checkpoint", "pruning removes the newest checkpoint too",
+           "checkpoint.py", "for old in complete_steps(run_dir)[:-keep]:",
+           "for old in complete_steps(run_dir):", ("tests/reliability/test_checkpoint_errors.py",
+                                                  "tests/reliability/test_resume_cli.py")),
+    Mutant("ckpt-codec", "checkpoint", "compressed DP does not restore its codec state",
+           "strategies/data_parallel.py",
+           'self.hook_state.restore(list(self.model.parameters()), state["codec"])',
+           "pass", ("tests/test_foundation.py::test_resume_equals_uninterrupted",)),
+    # --- data path and methods ------------------------------------------------------------------
+    Mutant("shard-zero", "data", "every rank trains on shard 0",
+           "run.py", "shard_of(cfg, dataset, shard, shards)", "shard_of(cfg, dataset, 0, shards)",
+           ("tests/test_foundation.py", "tests/test_run_layer.py")),
+    Mutant("localsgd-phase", "methods", "local SGD averages one step late",
+           "strategies/local_sgd.py", "if self.steps % self.sync_every == 0:",
+           "if self.steps % self.sync_every == 1:", ("tests/test_foundation.py",)),
+    Mutant("diloco-nesterov", "methods", "DiLoCo's outer step without Nesterov",
+           "strategies/diloco.py", "nesterov=o.outer_momentum > 0", "nesterov=False",
+           ("tests/compression/test_compress_diloco.py", "tests/test_core.py")),
+    # --- command line and run directories -------------------------------------------------------
+    Mutant("compare-split", "cli", "--methods splits a method's own options into methods",
+           "run.py", 'out[-1] += "," + part', "out.append(part)",
+           ("tests/test_run_layer.py", "tests/test_cli.py")),
+    Mutant("rundir-dotdot", "rundir", "run name '..' accepted",
+           "rundir.py", 'if name in (".", ".."):', 'if name in (".",):',
+           ("tests/reliability/test_rundir.py",)),
+)
+
+
+def run_one(m: Mutant, timeout: float, mutate: bool = True) -> tuple[str, float]:
+    """Steps 1-4 for one mutant: (outcome, seconds)."""
+    work = ROOT / ".mutants" / m.id
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns(
+            "__pycache__", "*.egg-info"))
+        shutil.copytree(ROOT / "tests", work / "tests",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+        target = work / "src" / "thinwire" / m.file
+        text = target.read_text()
+        if text.count(m.old) != 1 or not all(
+                (work / t.partition("::")[0]).exists() for t in m.tests):
+            return "stale", 0.0
+        if mutate:
+            target.write_text(text.replace(m.old, m.new))
+        env = {**os.environ, "PYTHONPATH": str(work / "src")}
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-m", "not gpu and not netns", *m.tests]
+        start = time.perf_counter()
+        try:
+            rc = subprocess.run(cmd, cwd=work, env=env, capture_output=True,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return "timeout", time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if not mutate:
+            return ("passes" if rc == 0 else f"FAILS unmutated (rc {rc})"), seconds
+        return ("survived" if rc == 0 else "killed"), seconds
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated mutant ids")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
+    ap.add_argument("--check", action="store_true", help="run each selection unmutated first")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or m.id in args.only.split(",")]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:20} {m.area:11} {m.what}")
+        return 0
+    rows = []
+    for m in chosen:
+        if args.check:
+            outcome, _ = run_one(m, args.timeout, mutate=False)
+            if outcome != "passes":
+                print(f"{m.id}: {outcome}", file=sys.stderr)
+                return 1
+        outcome, seconds = run_one(m, args.timeout)
+        print(f"{m.id}: {outcome} ({seconds:.0f} s)", file=sys.stderr)
+        rows.append((m, outcome, seconds))
+    killed = sum(o == "killed" for _, o, _ in rows)
+    print("| mutant | area | planted bug | guarded by | outcome |")
+    print("|---|---|---|---|---|")
+    for m, outcome, _ in rows:
+        print(f"| `{m.id}` | {m.area} | {m.what} | {', '.join(m.tests)} | {outcome} |")
+    print(f"\n{killed} of {len(rows)} killed; survival rate "
+          f"{100 * (len(rows) - killed) / max(1, len(rows)):.0f}%")
+    return 0 if killed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
