@@ -103,6 +103,10 @@ RESUMABLE = {
                     "method.optimizer_state": "reindex", "train.momentum": 0.9},
     "ist+hybrid": {"method.name": "ist", "method.local_steps": 5, "method.period": 5,
                    "method.switch_at": 5, "train.momentum": 0.9},
+    "pipeline+aqsgd+lowrank": {"method.name": "pipeline", "parallel.pp": 2,
+                               "method.micro_batches": 2, "method.codec_fwd": "aqsgd:bits=4",
+                               "method.codec_bwd": "lowrank:rank=2", "model.norm": "layer",
+                               "train.optimizer": "adamw", "train.lr": 0.01},
 }
 
 

@@ -30,6 +30,9 @@ _EXPORTS: dict[str, str] = {
     # local methods
     "LocalSGD": "thinwire.strategies.local_sgd:LocalSGD",
     "DiLoCo": "thinwire.strategies.diloco:DiLoCo",
+    # pipeline model parallelism with compressed boundaries
+    "Pipeline": "thinwire.strategies.pipeline.schedule:Pipeline",
+    "Boundaries": "thinwire.strategies.pipeline.schedule:Boundaries",
     # codecs as DDP communication hooks
     "ddp_hook": "thinwire.compression:ddp_hook",
     "register_codec": "thinwire.compression:register",

@@ -176,12 +176,14 @@ def method_overrides(spec: str) -> dict[str, Any]:
 
 def split_methods(text: str) -> list[str]:
     """Split ``--methods`` on the commas that start a new method (a method's own options are
-    comma-separated too: ``dp,ist:local_steps=20,train.lr=0.1,topk``)."""
+    comma-separated too: ``dp,ist:local_steps=20,train.lr=0.1,topk``). A part is an option of
+    the method before it when it is ``key=value`` with no colon before its ``=`` (the value may
+    be a codec spec: ``pipeline:codec_fwd=int4,codec_bwd=lowrank:rank=8``)."""
     out: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if "=" in part and ":" not in part and out:
+        if "=" in part and ":" not in part.split("=", 1)[0] and out:
             out[-1] += "," + part
         else:
             out.append(part)

@@ -136,14 +136,50 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits [B, L, vocab] for token ids ``idx`` [B, L] (steps of the module docstring)."""
-        n = idx.shape[-1]
-        if n > self.context:
-            raise ValueError(f"sequence of {n} tokens exceeds the context length {self.context}")
-        pos = torch.arange(n, device=idx.device)
-        h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        h = embed(self.tok_emb, self.pos_emb, self.drop, idx)
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln_f(h))
+
+
+def embed(tok_emb: nn.Embedding, pos_emb: nn.Embedding, drop: nn.Module,
+          idx: torch.Tensor) -> torch.Tensor:
+    """Step 1 of the forward pass: token plus position embeddings of ``idx``, then dropout."""
+    n = idx.shape[-1]
+    if n > pos_emb.num_embeddings:
+        raise ValueError(f"sequence of {n} tokens exceeds the context length "
+                         f"{pos_emb.num_embeddings}")
+    pos = torch.arange(n, device=idx.device)
+    return drop(tok_emb(idx) + pos_emb(pos))
+
+
+class Embed(nn.Module):
+    """The GPT's first link of :func:`gpt_chain`: step 1 (its embeddings, shared)."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return embed(self.tok_emb, self.pos_emb, self.drop, idx)
+
+
+class Head(nn.Module):
+    """The GPT's last link of :func:`gpt_chain`: step 3, logits = head(ln_f(h)) (shared)."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.ln_f, self.head = model.ln_f, model.head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(h))
+
+
+def gpt_chain(model: nn.Module) -> list[nn.Module]:
+    """The GPT as a chain (``ModelEntry.chain``): [Embed, block 0, ..., block L-1, Head], the
+    modules sharing the model's parameters; composed in order they are ``model.forward``."""
+    assert isinstance(model, GPT)
+    return [Embed(model), *model.blocks, Head(model)]
 
 
 @dataclass(frozen=True)
@@ -212,4 +248,5 @@ def build_gpt(options: Options, dataset: Dataset, seed: int) -> GPT:
 MODEL = ModelEntry(
     name="gpt", summary="decoder-only transformer LM, pre-LayerNorm GPT-2 layout, char level",
     build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options,
-    blocks=(r"blocks\.\d+",), selective=(r"blocks\.\d+\.attn",), activations=activation_bytes)
+    blocks=(r"blocks\.\d+",), selective=(r"blocks\.\d+\.attn",), activations=activation_bytes,
+    chain=gpt_chain)

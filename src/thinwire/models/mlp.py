@@ -70,6 +70,29 @@ class MLP(nn.Module):
         return h
 
 
+class Layer(nn.Module):
+    """One link of :func:`mlp_chain`: Linear i, its norm, and (below the output) the activation;
+    the first link flattens its input. Shares the MLP's modules."""
+
+    def __init__(self, model: MLP, i: int) -> None:
+        super().__init__()
+        self.first, self.last = i == 0, i == len(model.layers) - 1
+        self.lin, self.nrm, self.act = model.layers[i], model.norms[i], model.act
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            h = h.flatten(1)
+        h = self.nrm(self.lin(h))
+        return h if self.last else self.act(h)
+
+
+def mlp_chain(model: nn.Module) -> list[nn.Module]:
+    """The MLP as a chain (``ModelEntry.chain``): one :class:`Layer` per Linear; composed in
+    order they are ``model.forward``."""
+    assert isinstance(model, MLP)
+    return [Layer(model, i) for i in range(len(model.layers))]
+
+
 def build_mlp(input_dim: int, hidden: Sequence[int], num_classes: int, *, norm: str = "batch",
               activation: str = "relu", seed: int = 0) -> MLP:
     """The MLP with weights drawn from ``seed`` (identical on every rank)."""
@@ -160,4 +183,5 @@ def _build(options: Options, dataset: Dataset, seed: int) -> MLP:
 MODEL = ModelEntry(
     name="mlp", summary="fully connected network (Yuan et al.'s IST architecture)",
     build=_build, data_kinds=("classification",), default_data="fashion-mnist", options=Options,
-    ist=linear_stack, blocks=(r"layers\.\d+",), activations=activation_bytes)
+    ist=linear_stack, blocks=(r"layers\.\d+",), activations=activation_bytes,
+    chain=mlp_chain)

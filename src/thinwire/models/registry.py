@@ -10,7 +10,9 @@ expressions matching the full names of the model's repeated blocks (what ``--mem
 block`` checkpoints and ``--memory.zero 2|3`` shards as one FSDP2 group each); ``selective`` those
 of the parts recomputed under ``--memory.recompute selective`` (empty: the model has none).
 ``activations(options, dataset, batch, recompute)`` gives the bytes the model's forward pass and
-loss keep for backward, from its shapes (the planner's prediction of the measured figure).
+loss keep for backward, from its shapes (the planner's prediction of the measured figure). ``chain`` gives the
+model as a chain of modules whose composition, in order, is the model's forward pass (sharing its
+parameters): where pipeline stages may be cut; None when the model is not a chain.
 """
 
 from __future__ import annotations
@@ -40,3 +42,4 @@ class ModelEntry:
     blocks: tuple[str, ...] = ()
     selective: tuple[str, ...] = ()
     activations: Callable[[Any, Dataset, int, str], int] | None = None
+    chain: Callable[[nn.Module], list[nn.Module]] | None = None

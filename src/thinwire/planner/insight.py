@@ -83,6 +83,8 @@ def method_variants(model: ModelSpec, base: StrategySpec, extra: Sequence[str] =
     plain = dataclasses.replace(base, method="", zero=0)
     out = {BASELINE: dataclasses.replace(base, method="")}
     for spec in dict.fromkeys([*default_methods(), *extra]):
+        if spec not in extra and not resolve(spec).entry.planned:
+            continue
         cuts = partitioned(resolve(spec))
         if cuts and (not isinstance(model, MLPSpec) or base.tp > 1 or base.pp > 1):
             continue

@@ -106,7 +106,7 @@ class LinkBytes:
     """The strategy's ledger payload per worker per step (DP/sync only)."""
 
     def as_dict(self) -> dict[str, float]:
-        return {"tensor_parallel": self.tp, "pipeline": self.pp, "sync": self.dp,
+        return {"tensor_parallel": self.tp, "pipeline_parallel": self.pp, "sync": self.dp,
                 "sync_payload": self.dp_payload}
 
 

@@ -308,6 +308,15 @@ class Comm:
         b = nbytes(tensor)
         self._log("send", b, f"dst={dst}", time.perf_counter() - t0, tag, exact=(b, 0))
 
+    def isend(self, tensor: torch.Tensor, dst: int, *, tag: str = "") -> Any:
+        """Post a send and return its work handle (``wait()`` it; keep ``tensor`` unchanged and
+        alive until then). Bytes are exact; the seconds are the posting's only."""
+        t0 = time.perf_counter()
+        work = dist.isend(tensor, dst=self._global(dst), group=self.group)
+        b = nbytes(tensor)
+        self._log("send", b, f"dst={dst}", time.perf_counter() - t0, tag, exact=(b, 0))
+        return work
+
     def recv(self, tensor: torch.Tensor, src: int, *, tag: str = "") -> torch.Tensor:
         t0 = time.perf_counter()
         dist.recv(tensor, src=self._global(src), group=self.group)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from thinwire.errors import UsageError
 from thinwire.runtime.comm import Comm
 
-DIMS = ("data", "pipeline", "tensor")
+DIMS = ("data", "pipe", "tensor")
 """Mesh dimension names (as torch's DeviceMesh sees them)."""
 
 

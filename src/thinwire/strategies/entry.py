@@ -45,6 +45,9 @@ class MethodEntry:
       :mod:`thinwire.strategies.memory`), others are a one-line error;
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
       topk codec), or None when the name is not one of its shorthands;
+    - ``planned``: whether the planner's method comparisons price it from a model's layout alone
+      (False for a method whose traffic needs a run's plan, such as pipeline stages, which the
+      planner models with its own ``pp`` layout);
     - ``rescalable(options)``: whether a checkpoint resumes at another number of workers: the
       model (and what the method keeps beside the optimizer) is the same on every rank at a
       checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
@@ -62,6 +65,7 @@ class MethodEntry:
     check_model: Callable[[Any, nn.Module], None] | None = None
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
+    planned: bool = True
     rescalable: Callable[[Any], bool] = lambda options: False
     memory: tuple[str, ...] = ()
 

@@ -8,7 +8,8 @@ them equal to real runs' ledgers.
 
 :class:`Layout` is what the functions know of a model: its parameters in registration order,
 the order their gradients become ready in a backward pass (DDP fills its buckets in that order),
-and, for models with IST units, the adapter's :class:`~thinwire.models.adapter.ISTPlan`. No
+and, for models with IST units, the adapter's :class:`~thinwire.models.adapter.ISTPlan` (for a
+pipeline run, its stage plan). No
 torch is needed to build one from shapes (:meth:`Layout.from_shapes`); :meth:`Layout.of_model`
 probes a real model.
 """
@@ -68,6 +69,9 @@ class Layout:
     ready: tuple[int, ...] = ()
     """Indices into ``params`` in the order gradients become ready (default: reverse order)."""
     ist: ISTPlan | None = None
+    pipeline: Any = None
+    """A pipeline run's stage plan (:class:`thinwire.strategies.pipeline.method.PipelinePlan`),
+    for the traffic formula of methods that cut the model into stages."""
 
     @property
     def numel(self) -> int:

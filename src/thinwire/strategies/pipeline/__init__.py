@@ -1,0 +1,12 @@
+"""Pipeline model parallelism with compressed boundaries (the ``pipeline`` method).
+
+- :mod:`.schedule`: :class:`Pipeline` (a model's chain cut into stages; GPipe and 1F1B over the
+  ledgered communicator), :class:`Boundaries` (what each boundary sends);
+- :mod:`.codecs`: boundary codecs (int4, low-rank with lazy error propagation, AQ-SGD, the
+  compression package's codecs) and bottlenecks (learned autoencoder, fixed subspace);
+- :mod:`.method`: the method's options, checks, traffic formula and Strategy.
+"""
+
+from thinwire.strategies.pipeline.schedule import Boundaries, Pipeline, cut, order
+
+__all__ = ["Boundaries", "Pipeline", "cut", "order"]

@@ -1,0 +1,414 @@
+"""The ``pipeline`` method: pipeline stages x data-parallel replicas, compressed boundaries.
+
+The run's workers form the mesh dp x pp (``--parallel.pp S``; dp = workers / S): the model's
+chain (its registry entry's ``chain``) is cut into S stages, rank (d, s) trains stage s of
+replica d. Each step, on every rank:
+
+  1. :meth:`Pipeline.run` (:mod:`.schedule`): the replica's batch in ``micro_batches``
+     micro-batches through the GPipe or 1F1B schedule, activations and their gradients crossing
+     each boundary through the boundary's codecs (:mod:`.codecs`), the stage's gradients of the
+     batch's mean loss accumulated;
+  2. the stage's gradients averaged over its data group: one all-reduce of the flat gradient
+     (tag ``grad``) through the mesh's data communicator;
+  3. with ``train.clip_norm``: the squared gradient norm summed over the pipeline group (one
+     all-reduce of 4 bytes, tag ``grad``) and every stage scales by the same coefficient, so
+     clipping acts on the whole model's norm as in single-process training;
+  4. the stage's optimizer steps; the last stage's loss is broadcast over the pipeline group
+     (tagged control) so every rank reports the batch's loss.
+
+Evaluation gathers every stage's parameters of replica 0 on its last stage (tagged control),
+which evaluates the whole model (with the boundaries' bottleneck modules, when there are any).
+
+Traffic (:func:`traffic`, equal to the ledger): per step, stage s sends M forward payloads over
+boundary s and M backward payloads over boundary s - 1 (each the codec's
+``payload_bytes`` of the micro-batch's boundary shape, the uncompressed size where
+``uncompressed_first`` or ``epilogue_only`` leave a message plain) and receives the mirror image;
+with dp > 1 one all-reduce of 4 P_s bytes (P_s: the stage's parameters), ring estimate
+2 (dp - 1) / dp of it on the wire; with clipping one all-reduce of 4 bytes over the S stages.
+The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes), which
+:func:`pipeline_layout` probes from the model and one input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from thinwire.errors import UsageError
+from thinwire.options import OptionError, check, opt
+from thinwire.runtime.comm import CONTROL, Comm
+from thinwire.strategies.base import (
+    Batch,
+    Context,
+    MemoryReport,
+    Strategy,
+    lr_at,
+    make_optimizer,
+    memory_of,
+    set_lr,
+)
+from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.pipeline.codecs import (
+    bottleneck_options,
+    build_boundary,
+    check_spec,
+    is_bottleneck,
+)
+from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
+from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
+
+
+@dataclass(frozen=True)
+class Options:
+    schedule: str = opt("1f1b", "pipeline schedule", choices=SCHEDULES)
+    micro_batches: int = opt(4, "micro-batches a step (must divide train.batch_size)")
+    codec_fwd: str = opt("none", "codec of activations: a compression codec (int8, topk:ratio="
+                         "0.1, randk, fp16, ...), int4, aqsgd:bits=4, or a bottleneck ae:dim=k / "
+                         "subspace:dim=k")
+    codec_bwd: str = opt("none", "codec of activation gradients: a compression codec, int4, or "
+                         "lowrank:rank=r (Optimus-CC)")
+    uncompressed_first: int = opt(0, "send the first n boundaries uncompressed")
+    epilogue_only: bool = opt(False, "compress gradients only in the 1F1B cool-down (Optimus-CC)")
+    overrides: str = opt("", "per-boundary codecs 'b@fwd|bwd;...', e.g. '2@int4|lowrank:rank=4'")
+
+    def __post_init__(self) -> None:
+        check(self.micro_batches >= 1, "method.micro_batches",
+              f"got {self.micro_batches}; use 1 or more")
+        check(self.uncompressed_first >= 0, "method.uncompressed_first",
+              f"got {self.uncompressed_first}; use 0 or more")
+        check_spec(self.codec_fwd, "method.codec_fwd", forward=True)
+        check_spec(self.codec_bwd, "method.codec_bwd", forward=False)
+        check(not self.epilogue_only or self.schedule == "1f1b", "method.epilogue_only",
+              "needs --method.schedule 1f1b (GPipe has no cool-down)")
+        parse_overrides(self.overrides)
+
+    def boundaries(self) -> Boundaries:
+        return Boundaries(self.codec_fwd, self.codec_bwd, self.uncompressed_first,
+                          self.epilogue_only, parse_overrides(self.overrides))
+
+
+def parse_overrides(text: str) -> tuple[tuple[int, str, str], ...]:
+    """``"b@fwd|bwd;..."`` -> ((b, fwd, bwd), ...), each spec checked (one-line errors)."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(";"))):
+        where, at, specs = item.partition("@")
+        fwd, bar, bwd = specs.partition("|")
+        if not at or not bar or not where.strip().isdigit():
+            raise OptionError(f"method.overrides: {item!r} is not 'boundary@fwd|bwd'; write e.g. "
+                              "'2@int4|lowrank:rank=4'")
+        check_spec(fwd.strip(), f"method.overrides ({item})", forward=True)
+        check_spec(bwd.strip(), f"method.overrides ({item})", forward=False)
+        out.append((int(where), fwd.strip(), bwd.strip()))
+    return tuple(out)
+
+
+def chain_of(cfg: Any, model: nn.Module) -> list[nn.Module]:
+    """The model's chain from its registry entry, or a one-line error."""
+    from thinwire.models import MODELS
+
+    entry = MODELS.get(cfg.model.name)
+    if entry.chain is None:
+        cut_able = [n for n, e in MODELS.entries() if e.chain is not None]
+        raise UsageError(f"model {cfg.model.name} is not a chain of stages; the pipeline cuts "
+                         f"{', '.join(cut_able)}")
+    return entry.chain(model)
+
+
+def check_model(cfg: Any, model: nn.Module) -> None:
+    """The chain has at least S links, and no parameter is shared between two stages."""
+    links = chain_of(cfg, model)
+    S = cfg.parallel.pp
+    if len(links) < S:
+        raise UsageError(f"parallel.pp: model {cfg.model.name} is a chain of {len(links)} links, "
+                         f"fewer than {S} stages; use more layers or fewer stages")
+    owner: dict[int, int] = {}
+    for s, (a, b) in enumerate(cut(len(links), S)):
+        for link in links[a:b]:
+            for p in link.parameters():
+                if owner.setdefault(id(p), s) != s:
+                    raise UsageError(f"model {cfg.model.name}: a parameter is shared by stages "
+                                     f"{owner[id(p)]} and {s} (tied embeddings?); untie it "
+                                     "(e.g. --model.tie_embeddings false) or use one stage")
+
+
+def check_config(cfg: Any) -> None:
+    o = cfg.method.options
+    if cfg.parallel.tp != 1:
+        raise UsageError("parallel.tp: the pipeline method runs pp x dp; use --parallel.tp 1")
+    if cfg.train.batch_size % o.micro_batches:
+        raise UsageError(f"method.micro_batches: {o.micro_batches} does not divide "
+                         f"train.batch_size={cfg.train.batch_size}; use a divisor of it")
+    for b, _, _ in o.boundaries().overrides:
+        if b >= cfg.parallel.pp - 1:
+            raise UsageError(f"method.overrides: boundary {b} does not exist with "
+                             f"{cfg.parallel.pp} stages (boundaries 0 .. {cfg.parallel.pp - 2})")
+
+
+def _label(o: Options) -> str:
+    parts = [o.schedule, f"M={o.micro_batches}"]
+    if o.codec_fwd != "none":
+        parts.append(f"fwd={o.codec_fwd}")
+    if o.codec_bwd != "none":
+        parts.append(f"bwd={o.codec_bwd}")
+    if o.uncompressed_first:
+        parts.append(f"plain<{o.uncompressed_first}")
+    if o.epilogue_only:
+        parts.append("epilogue")
+    return f"pipeline({','.join(parts)})"
+
+
+# --- the Strategy --------------------------------------------------------------------------------
+class PipelineParallel(Strategy):
+    """Stage s of replica d of the dp x pp mesh (module docstring, steps 1-4)."""
+
+    def __init__(self, ctx: Context, model: nn.Module) -> None:
+        super().__init__(ctx, model)
+        self.o: Options = ctx.options
+        self.model = model.to(ctx.device)
+        self.chain = chain_of(ctx.cfg, self.model)
+        mesh = ctx.mesh
+        if mesh is None:  # one stage: micro-batched data parallelism
+            self.pp, self.dp = Comm.local(self.comm.ledger), self.comm
+            self.d, self.dps = self.comm.rank, self.comm.world_size
+            self.loss_rank = 0
+        else:
+            self.pp, self.dp = mesh.pp, mesh.dp
+            self.d, self.dps = mesh.coords.dp, mesh.dp.world_size
+            self.loss_rank = mesh.rank_of(0, mesh.pp.world_size - 1, 0)
+        self.S, self.s = self.pp.world_size, self.pp.rank
+        self.pipe: Pipeline | None = None
+        self.opt: torch.optim.Optimizer | None = None
+        self._pending: dict[str, Any] | None = None
+
+    def data_shard(self) -> tuple[int, int]:
+        return self.d, self.dps
+
+    def _setup(self, x: torch.Tensor) -> Pipeline:
+        """The stage's pipeline and optimizer, at the first batch (its shape fixes the
+        boundaries')."""
+        pipe = Pipeline(self.chain, self.pp, micro_batches=self.o.micro_batches,
+                        loss=self.loss_fn, example=x.chunk(self.o.micro_batches)[0],
+                        schedule=self.o.schedule, boundaries=self.o.boundaries(),
+                        seed=self.cfg.train.seed)
+        self.pipe, self.opt = pipe, make_optimizer(pipe.parameters(), self.cfg.train)
+        if self._pending is not None:
+            self._apply(self._pending)
+            self._pending = None
+        return pipe
+
+    def train_step(self, batch: Batch, step: int) -> float:
+        x, y = batch
+        pipe = self.pipe or self._setup(x)
+        assert self.opt is not None
+        set_lr(self.opt, lr_at(self.cfg.train, step))
+        for m in pipe.modules():
+            m.train()
+        self.opt.zero_grad(set_to_none=True)
+        loss = pipe.run(x, y, step)  # 1.
+        params = pipe.parameters()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        if self.dp.world_size > 1:  # 2.
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.dp.all_reduce(flat, op="avg", tag="grad")
+            _unflatten_into(flat, grads)
+        if self.cfg.train.clip_norm > 0:  # 3.
+            sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum().reshape(1)
+            self.pp.all_reduce(sq, tag="grad")
+            coef = (self.cfg.train.clip_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
+        for p, g in zip(params, grads):
+            p.grad = g
+        self.opt.step()  # 4.
+        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64)
+        self.pp.broadcast(out, src=self.S - 1, tag=CONTROL)
+        return float(out)
+
+    # --- evaluation ----------------------------------------------------------------------------
+    def _stage_modules(self, s: int) -> list[nn.Module]:
+        """Stage s's trained modules in :meth:`Pipeline.modules` order (links, decoder, encoder)."""
+        a, b = cut(len(self.chain), self.S)[s]
+        out: list[nn.Module] = [nn.Sequential(*self.chain[a:b])]
+        necks = self.pipe.bottlenecks if self.pipe is not None else {}
+        if s - 1 in necks:
+            out.append(necks[s - 1][1])
+        if s in necks:
+            out.append(necks[s][0])
+        return out
+
+    def eval_model(self) -> nn.Module | None:
+        """Stages of replica 0 send their parameters to its last stage, which returns the whole
+        model (every rank calls this)."""
+        if self.d == 0 and self.S > 1:
+            if self.s < self.S - 1:
+                flat = torch.cat([p.detach().reshape(-1) for m in self._stage_modules(self.s)
+                                  for p in m.parameters()])
+                self.pp.send(flat, self.S - 1, tag=CONTROL)
+            else:
+                for s in range(self.S - 1):
+                    params = [p for m in self._stage_modules(s) for p in m.parameters()]
+                    flat = torch.empty(sum(p.numel() for p in params), device=self.ctx.device)
+                    self.pp.recv(flat, s, tag=CONTROL)
+                    with torch.no_grad():
+                        _unflatten_into(flat, params)
+        if self.comm.rank != self.loss_rank:
+            return None
+        necks = self.pipe.bottlenecks if self.pipe is not None else {}
+        if not necks:
+            return self.model
+        chain: list[nn.Module] = []
+        for s, (a, b) in enumerate(cut(len(self.chain), self.S)):
+            if s - 1 in necks:
+                chain.append(necks[s - 1][1])
+            chain += self.chain[a:b]
+            if s in necks:
+                chain.append(necks[s][0])
+        return nn.Sequential(*chain)
+
+    # --- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self.pipe is None or self.opt is None:
+            return {"model": self.model.state_dict()}
+        return {"params": [p.detach().clone() for p in self.pipe.parameters()],
+                "opt": self.opt.state_dict(), "codecs": self.pipe.codec_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
+        elif self.pipe is None:
+            self._pending = state
+        else:
+            self._apply(state)
+
+    def _apply(self, state: dict[str, Any]) -> None:
+        assert self.pipe is not None and self.opt is not None
+        with torch.no_grad():
+            for p, v in zip(self.pipe.parameters(), state["params"]):
+                p.copy_(v)
+        self.opt.load_state_dict(state["opt"])
+        self.pipe.load_codec_state(state["codecs"])
+
+    def memory(self) -> MemoryReport:
+        if self.pipe is None:
+            a, b = cut(len(self.chain), self.S)[self.s]
+            return memory_of([p for link in self.chain[a:b] for p in link.parameters()], None)
+        return memory_of(self.pipe.parameters(), self.opt)
+
+
+def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    i = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[i:i + n].view_as(t))
+        i += n
+
+
+# --- traffic ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PipelinePlan:
+    """What the traffic formula knows of a pipeline run: stages S, replicas dp, the per-replica
+    batch, the per-sample shape leaving each stage but the last, each stage's parameter count
+    (without bottlenecks) and whether gradients are clipped."""
+
+    stages: int
+    dp: int
+    batch: int
+    widths: tuple[tuple[int, ...], ...]
+    stage_params: tuple[int, ...]
+    clip: bool = False
+
+
+def pipeline_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
+    """The model's :class:`Layout` with the run's :class:`PipelinePlan` (``example``: inputs of
+    the dataset; shapes found on the meta device)."""
+    import copy
+
+    links = chain_of(cfg, model)
+    S = cfg.parallel.pp
+    cuts = cut(len(links), S)
+    h = example[:1].to("meta")
+    widths: list[tuple[int, ...]] = []
+    with torch.no_grad():
+        for a, b in cuts[:-1]:
+            for link in links[a:b]:
+                h = copy.deepcopy(link).to("meta")(h)
+            widths.append(tuple(h.shape[1:]))
+    sizes = tuple(sum(p.numel() for link in links[a:b] for p in link.parameters())
+                  for a, b in cuts)
+    plan = PipelinePlan(S, cfg.dp_degree, cfg.train.batch_size, tuple(widths), sizes,
+                        cfg.train.clip_norm > 0)
+    return replace(Layout.of_model(model), pipeline=plan)
+
+
+def _bottleneck_params(spec: str, width: int) -> tuple[int, int]:
+    """(encoder, decoder) parameters a bottleneck adds to the sending and receiving stage."""
+    if not is_bottleneck(spec):
+        return 0, 0
+    name, o = bottleneck_options(spec)
+    k = min(o.dim, width)
+    return ((width * k + k, k * width + width) if name == "ae" else (0, 0))
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    """The ledger's totals per rank after ``steps`` steps (module docstring)."""
+    del seed, optimizer_states
+    plan = layout.pipeline
+    if not isinstance(plan, PipelinePlan):
+        raise UsageError("the pipeline's traffic needs the run's stage plan: build the layout "
+                         "with thinwire.strategies.pipeline.method.pipeline_layout")
+    S, dp, M = plan.stages, plan.dp, options.micro_batches
+    if S * dp != workers:
+        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages")
+    bounds = options.boundaries()
+    rows = plan.batch // M
+    plain = build_boundary("none")
+    fwd_bytes, bwd_bytes = [], []  # per boundary: per micro-batch
+    extra = [0] * S
+    for b in range(S - 1):
+        f, g = bounds.specs(b)
+        shape = (rows, *plan.widths[b])
+        if is_bottleneck(f):
+            enc, dec = _bottleneck_params(f, shape[-1])
+            extra[b] += enc
+            extra[b + 1] += dec
+            shape = (*shape[:-1], min(bottleneck_options(f)[1].dim, shape[-1]))
+            f = "none"
+        fwd_bytes.append([build_boundary(f).payload_bytes(shape)] * M)
+        codec = build_boundary(g)
+        bwd_bytes.append([codec.payload_bytes(shape)
+                          if bounds.compressed_backward(b, m, S, M) else plain.payload_bytes(shape)
+                          for m in range(M)])
+    sent, recv, pay = [], [], []
+    calls: dict[str, tuple[int, int]] = {}
+    for r in range(workers):
+        s = r % S
+        out = (sum(fwd_bytes[s]) if s < S - 1 else 0) + (sum(bwd_bytes[s - 1]) if s > 0 else 0)
+        into = (sum(fwd_bytes[s - 1]) if s > 0 else 0) + (sum(bwd_bytes[s]) if s < S - 1 else 0)
+        p2p_calls = (M if s < S - 1 else 0) + (M if s > 0 else 0)
+        grad = 4 * (plan.stage_params[s] + extra[s])
+        ar = ring_all_reduce(grad, dp) if dp > 1 else 0
+        clip = ring_all_reduce(4, S) if plan.clip and S > 1 else 0
+        n_ar = (dp > 1) + (plan.clip and S > 1)
+        sent.append(steps * (out + ar + clip))
+        recv.append(steps * (into + ar + clip))
+        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)))
+        if r == 0:
+            calls = {"send": (steps * p2p_calls, steps * out)}
+            if n_ar:
+                calls["all_reduce"] = (steps * n_ar, steps * (ar + clip))
+    return Traffic(tuple(sent), tuple(recv), tuple(pay), calls)
+
+
+METHOD = MethodEntry(
+    name="pipeline",
+    summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
+    strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
+    label=_label, check=check_config, check_model=check_model, traffic=traffic,
+    planned=False)
+
+__all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "pipeline_layout", "traffic"]
