@@ -5,7 +5,8 @@
 ``[model]`` keys beyond ``name``). ``data_kinds`` lists the dataset kinds the model accepts
 (a mismatch is a one-line error before any worker starts); ``default_data`` is the dataset used
 when the config names none. ``ist`` builds the model's IST adapter
-(:mod:`thinwire.models.adapter`), None when the model has no IST units.
+(:mod:`thinwire.models.adapter`), None when the model has no IST units; ``tensor`` gives its
+tensor-parallel plan (:mod:`thinwire.models.tensor_plan`), None when it has none.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
     from thinwire.data.datasets import Dataset
     from thinwire.models.adapter import ISTAdapter
+    from thinwire.models.tensor_plan import TensorPlan
 
 
 @dataclass(frozen=True)
@@ -32,3 +34,4 @@ class ModelEntry:
     default_data: str
     options: type = NoOptions
     ist: Callable[[nn.Module], ISTAdapter] | None = None
+    tensor: Callable[[nn.Module], TensorPlan] | None = None

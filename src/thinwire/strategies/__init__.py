@@ -15,6 +15,7 @@ METHODS: Registry[MethodEntry] = Registry("method", {
     "localsgd": "thinwire.strategies.local_sgd:METHOD",
     "diloco": "thinwire.strategies.diloco:METHOD",
     "ist": "thinwire.strategies.ist.method:METHOD",
+    "tensor": "thinwire.strategies.tensor:METHOD",
 })
 """Every method by name."""
 
