@@ -6,7 +6,8 @@
 (a mismatch is a one-line error before any worker starts); ``default_data`` is the dataset used
 when the config names none. ``ist`` builds the model's IST adapter
 (:mod:`thinwire.models.adapter`), None when the model has no IST units; ``tensor`` gives its
-tensor-parallel plan (:mod:`thinwire.models.tensor_plan`), None when it has none.
+tensor-parallel plan and ``tables`` its embedding tables for model parallelism by table
+(:mod:`thinwire.models.tensor_plan`), None when it has none.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
     from thinwire.data.datasets import Dataset
     from thinwire.models.adapter import ISTAdapter
-    from thinwire.models.tensor_plan import TensorPlan
+    from thinwire.models.tensor_plan import EmbeddingPlan, TensorPlan
 
 
 @dataclass(frozen=True)
@@ -35,3 +36,4 @@ class ModelEntry:
     options: type = NoOptions
     ist: Callable[[nn.Module], ISTAdapter] | None = None
     tensor: Callable[[nn.Module], TensorPlan] | None = None
+    tables: Callable[[nn.Module], EmbeddingPlan] | None = None

@@ -50,3 +50,18 @@ class TensorPlan:
     seq_dim: int = 1
     width: int = 0
     seq_len: int = 0
+
+
+@dataclass(frozen=True)
+class EmbeddingPlan:
+    """A model's embedding tables, for model parallelism by table (DLRM's hybrid parallelism,
+    Naumov et al. 2019): ``tables`` (paths of ``nn.Embedding`` modules, in feature order) read
+    the integer ids in input columns ``id_start ..`` (one column per table, in that order) and
+    give vectors of ``dim`` features; the model's forward takes the looked-up vectors
+    [batch, tables, dim] as keyword ``lookup`` instead of reading the tables itself, so a
+    strategy may fetch them from the tables' owners."""
+
+    tables: tuple[str, ...]
+    id_start: int
+    dim: int
+    lookup: str = "embeddings"

@@ -16,6 +16,7 @@ METHODS: Registry[MethodEntry] = Registry("method", {
     "diloco": "thinwire.strategies.diloco:METHOD",
     "ist": "thinwire.strategies.ist.method:METHOD",
     "tensor": "thinwire.strategies.tensor:METHOD",
+    "hybrid": "thinwire.strategies.hybrid:METHOD",
 })
 """Every method by name."""
 
