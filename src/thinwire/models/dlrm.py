@@ -71,7 +71,8 @@ class DLRM(nn.Module):
         h = self.bottom(x[:, :self.dense])
         feats = torch.cat([h.unsqueeze(1), embeddings], dim=1)  # [B, T + 1, dim]
         gram = feats @ feats.transpose(1, 2)
-        inter = gram[:, self.pairs[0], self.pairs[1]]
+        pairs: torch.Tensor = self.pairs  # type: ignore[assignment]
+        inter = gram[:, pairs[0], pairs[1]]
         return self.top(torch.cat([h, inter], dim=1)).squeeze(-1)
 
 

@@ -232,15 +232,18 @@ class Hybrid(Strategy):
         self.plan = plan_of(self.cfg, model)
         self.model = model.to(ctx.device)
         self.ex = TableExchange(self.comm, self.plan, o)
-        self.tables = [model.get_submodule(p) for p in self.plan.tables]
+        self.tables: list[nn.Embedding] = []
+        for path in self.plan.tables:
+            table = model.get_submodule(path)
+            assert isinstance(table, nn.Embedding)
+            self.tables.append(table)
         me = self.comm.rank
         for t, table in enumerate(self.tables):
-            assert isinstance(table, nn.Embedding)
             if t not in self.ex.owned and me != 0:  # rank 0 keeps room to assemble for eval
                 table.weight = nn.Parameter(table.weight.detach()[:0].clone())
         table_ids = {id(t.weight) for t in self.tables}
         self.dense = [p for p in self.model.parameters() if id(p) not in table_ids]
-        trained = self.dense + [self.tables[t].weight for t in self.ex.owned]
+        trained = self.dense + [p for t in self.ex.owned for p in self.tables[t].parameters()]
         self.opt = make_optimizer(trained, self.cfg.train)
         self._trained = trained
         self.residual: torch.Tensor | None = None
@@ -304,7 +307,6 @@ class Hybrid(Strategy):
         """Rank 0 receives every table it does not own from its owner (tagged control)."""
         me = self.comm.rank
         for t, table in enumerate(self.tables):
-            assert isinstance(table, nn.Embedding)
             owner = t % self.comm.world_size
             if owner == 0:
                 continue

@@ -48,6 +48,7 @@ replicated parameters; then one all-reduce of all local parameters over dp.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -460,7 +461,7 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
-def _unflatten(flat: torch.Tensor, params: list[torch.Tensor]) -> None:
+def _unflatten(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
     i = 0
     for p in params:
         n = p.numel()
@@ -485,7 +486,9 @@ def _check_model(cfg: Any, model: nn.Module) -> None:
     for region in plan.regions:
         module = model.get_submodule(region.path)
         for name in region.column:
-            rows = module.get_submodule(name).weight.shape[0]
+            lin = module.get_submodule(name)
+            assert isinstance(lin, nn.Linear)
+            rows = lin.out_features
             if (rows // region.unit) % tp:
                 raise UsageError(f"parallel.tp={tp} does not divide the {rows // region.unit} "
                                  f"units of {region.path}.{name}; choose a tp that does")
