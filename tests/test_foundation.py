@@ -92,6 +92,9 @@ def _train_state(comm: Comm, cfg, run_dir: str) -> dict:
 
 RESUMABLE = {
     "dp+momentum": {"method.name": "dp", "train.momentum": 0.9},
+    "dp+topk-ef": {"method.name": "dp", "method.compressor": "topk:ratio=0.05",
+                   "train.momentum": 0.9},
+    "dp+powersgd": {"method.name": "dp", "method.compressor": "powersgd:rank=2"},
     "localsgd+adamw": {"method.name": "localsgd", "method.period": 5, "train.optimizer": "adamw",
                        "train.lr": 0.01},
     "diloco": {"method.name": "diloco", "method.period": 5, "train.optimizer": "adamw",
@@ -107,7 +110,8 @@ RESUMABLE = {
 def test_resume_equals_uninterrupted(name: str, tmp_path: Path) -> None:
     """A run cut at step 10 and resumed ends in exactly the state of the uninterrupted run:
     parameters and every optimizer / method state tensor (momentum, Adam's moments, DiLoCo's
-    outer momentum and global copy, IST's stored slices and re-indexed state, the state after
+    outer momentum and global copy, a codec's error-feedback residuals and
+    PowerSGD's factors, IST's stored slices and re-indexed state, the state after
     the hybrid switch), compared bit for bit. Guards: a checkpoint missing any state."""
     n = 2
     over = {**RESUMABLE[name], "run.checkpoint_every": 10}

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -356,6 +356,19 @@ class Compressor(ABC):
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         del state
+
+    def split_state(self, key: int, shapes: Shapes) -> list[dict[str, torch.Tensor]]:
+        """Key ``key``'s state cut per tensor of its flat buffer (``shapes`` in buffer order),
+        so it can follow a tensor into another bucket (:class:`~.hooks.HookState`); the key's
+        state is left in place. Stateless codecs: empty pieces."""
+        del key
+        return [{} for _ in shapes]
+
+    def join_state(self, key: int, shapes: Shapes,
+                   pieces: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """Install per-tensor ``pieces`` (from :meth:`split_state`, possibly of other keys) as
+        key ``key``'s state; a tensor with no piece starts from zero state."""
+        del key, shapes, pieces
 
 
 def write_out(values: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

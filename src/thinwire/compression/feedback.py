@@ -23,11 +23,13 @@ with, keeps the hook stateless apart from e, and is exact for the identity.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload, empty
+from thinwire.compression.base import Compressor, Part, Payload, Shapes, empty
 
 
 class ErrorFeedback(Compressor):
@@ -92,3 +94,21 @@ class ErrorFeedback(Compressor):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.residuals = {int(k.split(".", 1)[1]): v.clone() for k, v in state.items()
                           if k.startswith("residual.")}
+
+    def split_state(self, key: int, shapes: Shapes) -> list[dict[str, torch.Tensor]]:
+        sizes = [math.prod(s) for s in shapes]
+        e = self.residuals.get(key)
+        if e is None or e.numel() != sum(sizes):
+            return [{} for _ in shapes]
+        return [{"residual": piece.clone()} for piece in e.split(sizes)]
+
+    def join_state(self, key: int, shapes: Shapes,
+                   pieces: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        found = [p.get("residual") for p in pieces]
+        like = next((t for t in found if t is not None), None)
+        if like is None:
+            self.residuals.pop(key, None)
+            return
+        self.residuals[key] = torch.cat([
+            t.reshape(-1) if t is not None else like.new_zeros(math.prod(s))
+            for t, s in zip(found, shapes)])

@@ -15,8 +15,8 @@ every byte through the ledger.
 (``bucket.buffer()``, flat) and waits for the future of their average. Per bucket and step:
   1. note the bucket's layout and its step counter (the ``step`` of every shared random draw;
      all ranks call the hook for the same buckets in the same order, so counters agree). When
-     DDP rebuilds its buckets after the first iteration, the codec state of a bucket whose
-     parameters changed is reset;
+     DDP rebuilds its buckets after the first iteration (and in every resumed process), each
+     parameter's codec state (residual, warm start) and step follow it into its new bucket;
   2. the codec's exchange, :meth:`Compressor.average_async`, tagged ``grad``: linear codecs
      all-reduce their payload and decode once, the others all-gather their exact payload bytes
      and decode each rank's, PowerSGD runs its two all-reduces per tensor of the bucket; the
@@ -55,26 +55,84 @@ class HookState:
     """What the hook keeps between calls; error-feedback residuals live in the codec.
 
     ``comm.ledger`` records every collective the hook issues; ``encoded_bytes`` sums the
-    payload bytes this rank handed to them."""
+    payload bytes this rank handed to them. Codec state belongs to a bucket (the codec's
+    ``key``), but DDP regroups its parameters into new buckets after the first iteration and
+    again in every new process: so when a bucket's parameters change, each parameter's piece of
+    the old bucket's state (:meth:`Compressor.split_state`) follows it into its new bucket
+    (:meth:`Compressor.join_state`), with its step count; :meth:`export` and :meth:`restore` do
+    the same across a checkpoint, keyed by the parameter's position in the model."""
 
     comm: Comm
     compressor: Compressor
     tag: str = "grad"
     # bucket index -> calls so far: the step of shared random draws
     steps: dict[int, int] = field(default_factory=dict)
-    # bucket index -> parameters it held last time (to reset state when DDP rebuilds buckets)
-    layouts: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # bucket index -> (parameter ids, shapes) it held last time
+    layouts: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = field(
+        default_factory=dict)
+    # parameter id -> (its piece of codec state, its bucket's step), between buckets
+    pending: dict[int, tuple[dict[str, torch.Tensor], int]] = field(default_factory=dict)
     # payload bytes this rank handed to collectives, all buckets and steps
     encoded_bytes: int = 0
 
-    def begin(self, key: int, layout: tuple[int, ...]) -> int:
-        """Step 1: this bucket's step; reset its codec state if its parameters changed."""
-        if self.layouts.get(key, layout) != layout:
-            self.compressor.reset(key)
-        self.layouts[key] = layout
+    def _stash(self, key: int) -> None:
+        """Move bucket ``key``'s state into :attr:`pending`, per parameter."""
+        ids, shapes = self.layouts.pop(key)
+        step = self.steps.pop(key, 0)
+        for pid, piece in zip(ids, self.compressor.split_state(key, shapes)):
+            self.pending[pid] = (piece, step)
+        self.compressor.reset(key)
+
+    def begin(self, key: int, ids: tuple[int, ...],
+              shapes: tuple[tuple[int, ...], ...] = ()) -> int:
+        """Step 1: this bucket's step, its codec state carried over from wherever its
+        parameters were before (``shapes`` of ``ids``, in buffer order)."""
+        if self.layouts.get(key, (ids, shapes))[0] != ids:
+            self._stash(key)
+        if key not in self.layouts:
+            # other buckets holding any of these parameters give them up first
+            owners = {k for k, (old, _) in self.layouts.items() if set(old) & set(ids)}
+            for k in owners:
+                self._stash(k)
+            found = [self.pending.pop(pid, None) for pid in ids]
+            if any(f is not None for f in found):
+                self.compressor.join_state(key, shapes, [f[0] if f else {} for f in found])
+                self.steps[key] = max(f[1] for f in found if f is not None)
+            self.layouts[key] = (ids, shapes)
         step = self.steps.get(key, 0)
         self.steps[key] = step + 1
         return step
+
+    def export(self, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The codec state of every parameter, keyed ``"<index in params>.<name>"`` (and its
+        step as ``"<index>.step"``): independent of DDP's bucket layout."""
+        index = {id(p): i for i, p in enumerate(params)}
+        out: dict[str, torch.Tensor] = {}
+        items = list(self.pending.items())
+        for key, (ids, shapes) in self.layouts.items():
+            pieces = self.compressor.split_state(key, shapes)
+            items += [(pid, (piece, self.steps.get(key, 0))) for pid, piece in zip(ids, pieces)]
+        for pid, (piece, step) in items:
+            i = index[pid]
+            out[f"{i}.step"] = torch.tensor(step, dtype=torch.int64)
+            out.update({f"{i}.{name}": t for name, t in piece.items()})
+        return out
+
+    def restore(self, params: Sequence[torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+        """Undo :meth:`export` into :attr:`pending`; each piece joins its bucket when the hook
+        first sees it."""
+        self.layouts.clear()
+        self.steps.clear()
+        self.compressor.reset()
+        pieces: dict[int, dict[str, torch.Tensor]] = {}
+        steps: dict[int, int] = {}
+        for name, t in state.items():
+            i, _, field_ = name.partition(".")
+            if field_ == "step":
+                steps[int(i)] = int(t)
+            else:
+                pieces.setdefault(int(i), {})[field_] = t
+        self.pending = {id(params[i]): (pieces.get(i, {}), step) for i, step in steps.items()}
 
 
 def compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -82,11 +140,11 @@ def compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.
     buf = bucket.buffer()
     key = bucket.index()
     # 1. layout and step
-    step = state.begin(key, tuple(id(p) for p in bucket.parameters()))
-    shapes = [tuple(g.shape) for g in bucket.gradients()]
+    shapes = tuple(tuple(g.shape) for g in bucket.gradients())
+    step = state.begin(key, tuple(id(p) for p in bucket.parameters()), shapes)
     # 2. the codec's exchange, through the ledger
     fut, sent = state.compressor.average_async(state.comm, buf, step, key=key, tag=state.tag,
-                                               shapes=shapes)
+                                               shapes=[list(s) for s in shapes])
     state.encoded_bytes += sent
     return fut
 

@@ -34,7 +34,7 @@ dtype. Error feedback is the codec's own (``ef``), never the generic wrapper.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,6 +256,41 @@ class PowerSGD(Compressor):
                 self.residuals[int(idx[0])] = v.clone()
             elif kind == "q":
                 self.qs[(int(idx[0]), int(idx[1]))] = v.clone()
+
+    def split_state(self, key: int, shapes: Shapes) -> list[dict[str, torch.Tensor]]:
+        """Per tensor: its slice of the residual and, for a compressed matrix, its warm Q."""
+        segs = self.layout(sum(math.prod(s) for s in shapes), shapes)
+        e = self.residuals.get(key)
+        pieces: list[dict[str, torch.Tensor]] = []
+        j = 0
+        for o, size, nm in segs:
+            piece: dict[str, torch.Tensor] = {}
+            if e is not None and e.numel() == sum(s for _, s, _ in segs):
+                piece["residual"] = e[o:o + size].clone()
+            if nm is not None:
+                q = self.qs.get((key, j))
+                if q is not None:
+                    piece["q"] = q.clone()
+                j += 1
+            pieces.append(piece)
+        return pieces
+
+    def join_state(self, key: int, shapes: Shapes,
+                   pieces: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        segs = self.layout(sum(math.prod(s) for s in shapes), shapes)
+        self.reset(key)
+        found = [p.get("residual") for p in pieces]
+        like = next((t for t in found if t is not None), None)
+        if like is not None:
+            self.residuals[key] = torch.cat([
+                t.reshape(-1) if t is not None else like.new_zeros(size)
+                for t, (_, size, _) in zip(found, segs)])
+        j = 0
+        for (_, _, nm), piece in zip(segs, pieces):
+            if nm is not None:
+                if "q" in piece:
+                    self.qs[(key, j)] = piece["q"].clone()
+                j += 1
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class DataParallel(ReplicatedStrategy):
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
         self.ddp: nn.Module
+        self.hook_state: Any = None
         if self.comm.distributed:
             self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device])
             codec = ctx.options.compressor
@@ -85,11 +86,29 @@ class DataParallel(ReplicatedStrategy):
 
                 state, hook = ddp_hook(codec, comm=self.comm, seed=self.cfg.train.seed)
                 self.ddp.register_comm_hook(state, hook)
+                self.hook_state = state
         else:
             self.ddp = self.model
 
     def train_step(self, batch: Batch, step: int) -> float:
         return self.standard_step(self.ddp, self.opt, batch, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model and optimizer, and with a codec its state (error-feedback residuals, PowerSGD's
+        warm-start factors) per parameter, with the step count of shared random draws
+        (:meth:`~thinwire.compression.hooks.HookState.export`). A resumed DDP starts from its
+        first-iteration buckets again: for a model within one bucket, and codecs whose result
+        does not depend on a value's position in the bucket (all but rand-k's and QSGD's shared
+        draws), the resumed run is the uninterrupted one bit for bit."""
+        out = super().state_dict()
+        if self.hook_state is not None:
+            out["codec"] = self.hook_state.export(list(self.model.parameters()))
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.hook_state is not None and "codec" in state:
+            self.hook_state.restore(list(self.model.parameters()), state["codec"])
 
     def close(self) -> None:
         # DDP can abort a gloo rank at interpreter exit; drop it before the group goes (the
