@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
 from harness import run_workers
 
 from thinwire.config import load

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
 from harness import SHARED_DATA, run_workers
 
 from thinwire.config import load
@@ -134,7 +135,7 @@ def test_tensor_parallel_refuses_what_it_cannot_split(tmp_path: Any) -> None:
     with pytest.raises(UsageError, match="does not divide"):
         preflight(load(None, {**base, "parallel.tp": 3, "runtime.workers": 3}))
     with pytest.raises(UsageError, match="offers no tensor-parallel plan"):
-        preflight(load(None, {"model.name": "mlp", "data.name": "digits",
+        preflight(load(None, {"model.name": "dlrm", "data.train": 64, "data.test": 64,
                               "method.name": "tensor", "parallel.tp": 2,
                               "runtime.workers": 2}))
     with pytest.raises(UsageError, match="dropout"):
