@@ -42,7 +42,11 @@ Traffic (:func:`traffic`, equal to the ledger): per step and region, two sums of
 [b, L, d] activations over the tp group (forward g, backward f); with sequence parallelism two
 all-gathers of [b, L/tp, d] and two reduce-scatters of [b, L, d] per region, one all-gather of
 [b, L/tp, d] for the span's entry (backward), one for its exit, and one all-reduce of the span's
-replicated parameters; then one all-reduce of all local parameters over dp.
+replicated parameters; then one all-reduce of all local parameters over dp. Per block that is
+8 (tp-1)/tp x b L d x 4 bytes on the wire either way, as the planner counts without sequence
+parallelism; Megatron's sequence parallelism keeps only the sequence slice of a region's input
+and all-gathers it again in the backward pass (the planner's 10 units), where autograd here
+keeps the gathered input (less traffic, more activation memory).
 """
 
 from __future__ import annotations
