@@ -30,6 +30,7 @@ DATASETS: Registry[DataEntry] = Registry("dataset", {
     "tinyshakespeare": "thinwire.data.text:TINYSHAKESPEARE",
     "cora": "thinwire.data.graph:CORA",
     "sbm": "thinwire.data.graph:SBM",
+    "clicks": "thinwire.data.clicks:CLICKS",
 })
 """Every dataset by name; each entry lives in its own module."""
 

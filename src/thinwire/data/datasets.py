@@ -83,11 +83,12 @@ _IDX_DTYPES: dict[int, str] = {
 }
 
 
-KINDS: tuple[str, ...] = ("classification", "sequence", "node")
+KINDS: tuple[str, ...] = ("classification", "sequence", "node", "click")
 """What a dataset's examples are (the task follows from it, :mod:`thinwire.data.task`):
 - ``classification``: x [N, ...] features, y [N] class ids;
 - ``sequence``: x [N, L] token ids, y [N, L] the next token of each position (language modelling);
-- ``node``: x [N] node ids of one graph held in ``extra`` (features, adjacency), y [N] class ids.
+- ``node``: x [N] node ids of one graph held in ``extra`` (features, adjacency), y [N] class ids;
+- ``click``: x [N, dense + tables] dense features then categorical ids, y [N] clicks (0/1).
 """
 
 

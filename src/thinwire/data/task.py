@@ -5,7 +5,10 @@ know it, they call :meth:`Task.loss` on the model's output:
 - ``classification`` and ``node``: cross-entropy on the class logits; metric test accuracy
   (higher is better), with the mean negative log-likelihood beside it;
 - ``sequence`` (next-token language modelling): cross-entropy over every position of
-  [B, L, V] logits; metric validation perplexity exp(mean NLL per token) (lower is better).
+  [B, L, V] logits; metric validation perplexity exp(mean NLL per token) (lower is better);
+- ``click`` (click-through prediction): binary cross-entropy on one logit per example; metric
+  test AUC (the probability that a random click scores above a random non-click, ties counted
+  half; higher is better), with the log loss as ``nll`` and the accuracy at 0.5 beside it.
 
 :meth:`Task.evaluate` returns ``{"metric": name, name: value, "nll": mean NLL, ...}``; for
 classification the accuracy is under ``"accuracy"``.
@@ -37,12 +40,17 @@ class Task:
         if self.kind == "sequence":
             return F.cross_entropy(output.reshape(-1, output.shape[-1]).float(),
                                    target.reshape(-1))
+        if self.kind == "click":
+            return F.binary_cross_entropy_with_logits(output.reshape(-1).float(),
+                                                      target.reshape(-1).float())
         return F.cross_entropy(output.float(), target)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                  device: torch.device | None = None, batch_size: int = 1000) -> dict[str, float]:
         """The metric and the mean NLL of ``model`` on (x, y), in eval mode (restored after)."""
+        if self.kind == "click":
+            return self._evaluate_clicks(model, x, y, device=device, batch_size=batch_size)
         was_training = model.training
         model.eval()
         nll, correct, count = 0.0, 0, 0
@@ -64,6 +72,23 @@ class Task:
             out_d["perplexity"] = math.exp(mean_nll) if mean_nll < 700 else float("inf")
         return out_d
 
+    @torch.no_grad()
+    def _evaluate_clicks(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                         device: torch.device | None, batch_size: int) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        scores = []
+        for i in range(0, len(x), batch_size):
+            xb = x[i:i + batch_size]
+            scores.append(model(xb.to(device) if device is not None else xb).reshape(-1)
+                          .float().cpu())
+        model.train(was_training)
+        s = torch.cat(scores)
+        t = y.reshape(-1).float().cpu()
+        nll = float(F.binary_cross_entropy_with_logits(s, t))
+        return {"auc": auc(s, t), "nll": nll, "accuracy": float(((s > 0).float() == t)
+                                                                .float().mean())}
+
     def better(self, a: float, b: float) -> bool:
         """Whether metric value ``a`` is better than ``b``."""
         return a > b if self.higher_is_better else a < b
@@ -73,10 +98,31 @@ class Task:
         return value >= target if self.higher_is_better else value <= target
 
 
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Area under the ROC curve of ``scores`` for binary ``labels``: the Mann-Whitney statistic
+    from the ranks of the scores (ties get their mean rank); 0.5 when one class is absent."""
+    s = scores.double().reshape(-1)
+    pos = labels.reshape(-1) > 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return 0.5
+    order = torch.argsort(s)
+    ranks = torch.empty_like(s)
+    sorted_s = s[order]
+    # mean rank (1-based) of each run of equal scores
+    _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True,
+                                                  return_counts=True)
+    ends = torch.cumsum(counts, 0).double()
+    mean_rank = ends - (counts.double() - 1) / 2
+    ranks[order] = mean_rank[inverse]
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 TASKS: dict[str, Task] = {
     "classification": Task("classification", "accuracy", True),
     "node": Task("node", "accuracy", True),
     "sequence": Task("sequence", "perplexity", False),
+    "click": Task("click", "auc", True),
 }
 
 

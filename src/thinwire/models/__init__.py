@@ -15,6 +15,7 @@ MODELS: Registry[ModelEntry] = Registry("model", {
     "gpt": "thinwire.models.gpt:MODEL",
     "resnet": "thinwire.models.resnet:MODEL",
     "gcn": "thinwire.models.gcn:MODEL",
+    "dlrm": "thinwire.models.dlrm:MODEL",
 })
 """Every model by name."""
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from thinwire.errors import UsageError
 from thinwire.models.registry import ModelEntry
+from thinwire.models.tensor_plan import Region, TensorPlan
 from thinwire.options import check, opt
 
 if TYPE_CHECKING:
@@ -245,8 +246,26 @@ def build_gpt(options: Options, dataset: Dataset, seed: int) -> GPT:
                    tie_embeddings=options.tie_embeddings, dropout=options.dropout)
 
 
+def tensor_plan(model: nn.Module) -> TensorPlan:
+    """Megatron's split of the GPT (:mod:`thinwire.models.tensor_plan`): per block, attention by
+    heads (q, k, v column-parallel in units of ``head_dim`` rows, ``proj`` row-parallel) and the
+    MLP by neurons (``fc1`` column, ``fc2`` row); the blocks are the sequence-parallel span.
+    Embeddings, the final LayerNorm and the head stay whole on every rank."""
+    assert isinstance(model, GPT)
+    regions: list[Region] = []
+    span: list[str] = []
+    for i, block in enumerate(model.blocks):
+        assert isinstance(block, Block)
+        regions.append(Region(f"blocks.{i}.attn", ("q", "k", "v"), ("proj",),
+                              unit=block.attn.head_dim))
+        regions.append(Region(f"blocks.{i}.mlp", ("fc1",), ("fc2",)))
+        span.append(f"blocks.{i}")
+    return TensorPlan(tuple(regions), tuple(span), seq_dim=1,
+                      width=model.tok_emb.embedding_dim, seq_len=model.context)
+
+
 MODEL = ModelEntry(
     name="gpt", summary="decoder-only transformer LM, pre-LayerNorm GPT-2 layout, char level",
     build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options,
     blocks=(r"blocks\.\d+",), selective=(r"blocks\.\d+\.attn",), activations=activation_bytes,
-    chain=gpt_chain)
+    chain=gpt_chain, tensor=tensor_plan)

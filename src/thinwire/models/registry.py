@@ -12,7 +12,9 @@ of the parts recomputed under ``--memory.recompute selective`` (empty: the model
 ``activations(options, dataset, batch, recompute)`` gives the bytes the model's forward pass and
 loss keep for backward, from its shapes (the planner's prediction of the measured figure). ``chain`` gives the
 model as a chain of modules whose composition, in order, is the model's forward pass (sharing its
-parameters): where pipeline stages may be cut; None when the model is not a chain.
+parameters): where pipeline stages may be cut; None when the model is not a chain. ``tensor`` gives its
+tensor-parallel plan and ``tables`` its embedding tables for model parallelism by table
+(:mod:`thinwire.models.tensor_plan`), None when it has none.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
     from thinwire.data.datasets import Dataset
     from thinwire.models.adapter import ISTAdapter
+    from thinwire.models.tensor_plan import EmbeddingPlan, TensorPlan
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,5 @@ class ModelEntry:
     selective: tuple[str, ...] = ()
     activations: Callable[[Any, Dataset, int, str], int] | None = None
     chain: Callable[[nn.Module], list[nn.Module]] | None = None
+    tensor: Callable[[nn.Module], TensorPlan] | None = None
+    tables: Callable[[nn.Module], EmbeddingPlan] | None = None

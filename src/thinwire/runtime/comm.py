@@ -285,6 +285,47 @@ class Comm:
                              async_op=async_op)
         return self._logged(work, "reduce_scatter", nbytes(tensor), t0, tag, async_op)
 
+    def reduce_scatter(self, tensor: torch.Tensor, *, tag: str = "") -> torch.Tensor:
+        """Sum ``tensor`` over ranks and return this rank's chunk of the sum along dim 0
+        (dim 0 must be divisible by the world size)."""
+        n = self.world_size
+        if n == 1:
+            return tensor
+        if tensor.shape[0] % n:
+            raise ValueError(f"reduce_scatter: dim 0 of {tuple(tensor.shape)} is not divisible "
+                             f"by {n} ranks")
+        src = tensor.contiguous()
+        out = torch.empty((src.shape[0] // n, *src.shape[1:]), dtype=src.dtype,
+                          device=src.device)
+        t0 = time.perf_counter()
+        _SCATTER_FROM(out, src, group=self.group)
+        self._log("reduce_scatter", nbytes(src), "all", time.perf_counter() - t0, tag)
+        return out
+
+    def all_to_all(self, sends: Sequence[torch.Tensor], recvs: Sequence[torch.Tensor], *,
+                   tag: str = "") -> None:
+        """Personalised exchange: ``sends[j]`` goes to rank j, rank j's message for this rank
+        lands in ``recvs[j]`` (own chunk copied locally). Posted as one batch of point-to-point
+        messages (gloo has no list all-to-all), so the bytes are exact: one ledger entry with
+        the bytes sent to and received from the other ranks."""
+        n, me = self.world_size, self.rank
+        if len(sends) != n or len(recvs) != n:
+            raise ValueError(f"all_to_all: need {n} send and receive tensors")
+        recvs[me].copy_(sends[me])
+        if n == 1:
+            return
+        t0 = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, sends[j].contiguous(), self._global(j), self.group)
+               for j in range(n) if j != me and sends[j].numel()]
+        ops += [dist.P2POp(dist.irecv, recvs[j], self._global(j), self.group)
+                for j in range(n) if j != me and recvs[j].numel()]
+        if ops:
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        sent = sum(nbytes(sends[j]) for j in range(n) if j != me)
+        recv = sum(nbytes(recvs[j]) for j in range(n) if j != me)
+        self._log("all_to_all", sent, "all", time.perf_counter() - t0, tag, exact=(sent, recv))
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0, *, tag: str = "") -> torch.Tensor:
         if self.world_size == 1:
             return tensor

@@ -16,6 +16,8 @@ METHODS: Registry[MethodEntry] = Registry("method", {
     "diloco": "thinwire.strategies.diloco:METHOD",
     "ist": "thinwire.strategies.ist.method:METHOD",
     "pipeline": "thinwire.strategies.pipeline.method:METHOD",
+    "tensor": "thinwire.strategies.tensor:METHOD",
+    "hybrid": "thinwire.strategies.hybrid:METHOD",
 })
 """Every method by name."""
 

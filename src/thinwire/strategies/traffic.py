@@ -37,13 +37,18 @@ def ring_all_gather(payload: int, n: int) -> int:
     return (n - 1) * payload if n > 1 else 0
 
 
+def ring_reduce_scatter(payload: int, n: int) -> int:
+    """Bytes one rank sends (and receives) in a ring reduce-scatter of ``payload`` bytes."""
+    return round((n - 1) / n * payload) if n > 1 else 0
+
+
 def wire(op: str, payload: int, n: int) -> int:
     if op == "all_reduce":
         return ring_all_reduce(payload, n)
     if op == "all_gather":
         return ring_all_gather(payload, n)
     if op == "reduce_scatter":
-        return round((n - 1) / n * payload) if n > 1 else 0
+        return ring_reduce_scatter(payload, n)
     raise ValueError(f"unknown collective {op!r}")
 
 
