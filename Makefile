@@ -16,7 +16,7 @@ data: $(STAMP)
 	$(PY) -m thinwire.data.setup
 
 demo: $(STAMP) data
-	$(VENV)/bin/thinwire compare --config configs/demo.toml
+	$(VENV)/bin/thinwire compare --config configs/demo.toml --overwrite
 
 test: $(STAMP) data
 	$(PY) -m pytest -q

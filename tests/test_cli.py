@@ -128,3 +128,39 @@ def test_unknown_key_in_toml_names_it(tmp_path: Path) -> None:
     bad.write_text("[train]\nlearning_rate = 0.1\n")
     r = thinwire("train", "--config", str(bad))
     assert r.returncode == 2 and "unknown option train.learning_rate" in r.stderr
+
+
+def test_compare_end_to_end_prints_one_row_per_method(tmp_path: Path) -> None:
+    """Guards compare's option splitting and run names end to end: two methods with their own
+    options give two run directories and two rows, each labelled with its options."""
+    r = thinwire("compare", "--methods", "dp,ist:local_steps=5,train.lr=0.1", "--workers", "2",
+                 "--out", str(tmp_path), *QUICK, timeout=300)
+    assert r.returncode == 0, r.stderr
+    table = (tmp_path / "compare.md").read_text()
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| dp [hidden=32,32]", "| ist(K=5,central) [lr=0.1, hidden=32,32]"]
+    assert (tmp_path / "ist_local_steps5_train.lr0.1" / "summary.json").is_file()
+    assert (tmp_path / "report" / "accuracy.png").is_file()
+
+
+def test_bench_modelled_end_to_end(tmp_path: Path) -> None:
+    r = thinwire("bench", "--modelled", "--link", "100mbit,1gbit", "--methods", "dp,localsgd",
+                 "--workers", "2", "--out", str(tmp_path), *QUICK, timeout=300)
+    assert r.returncode == 0, r.stderr
+    table = (tmp_path / "bench.md").read_text()
+    assert "modelled" in table
+    rows = [ln for ln in table.splitlines() if ln.startswith("| 100mbit") or ln.startswith("| 1gbit")]
+    assert len(rows) == 4
+    # the modelled wall time of dp grows on the slower link; local SGD's bytes are 1/10 of dp's
+    data = json.loads((tmp_path / "bench.json").read_text())["results"]
+    wall = {(d["link_label"], d["method"].split(" ")[0]): d["wall_s"] for d in data}
+    assert wall[("100mbit", "dp")] > wall[("1gbit", "dp")]
+
+
+def test_worker_entry_usage_errors(tmp_path: Path) -> None:
+    for argv in ([], ["a", "b"], [str(tmp_path / "missing.toml")]):
+        r = subprocess.run([sys.executable, "-m", "thinwire.worker", *argv], capture_output=True,
+                           text=True, timeout=60)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (argv, r.stderr)

@@ -1,8 +1,66 @@
 """thinwire: training neural networks across workers joined by thin links.
 
-Independent Subnetwork Training (IST), data parallelism, compressed data parallelism, local SGD
-and DiLoCo on one harness and one per-rank byte ledger; a planner that predicts memory, bytes and
-step time; a theory lab for IST on quadratics.
+Independent Subnetwork Training (IST), data parallelism with gradient codecs, local SGD and
+DiLoCo on one per-rank byte ledger; a planner that predicts memory, bytes and step time; a theory
+lab for IST on quadratics. Use it from the ``thinwire`` command or in your own training loop
+(after ``torch.distributed.init_process_group``, e.g. under ``torchrun``)::
+
+    import thinwire
+    ist = thinwire.IST(model, optimizer, local_steps=10)          # any stack of nn.Linear
+    with thinwire.LocalSGD(model, optimizer, sync_every=10): ...   # torchft's shape
+    thinwire.register_codec(ddp_model, "powersgd", rank=2)         # a DDP comm hook
+    comm = thinwire.Comm(); comm.ledger.totals()                   # every byte, counted
+
+Names are imported on first use, so ``import thinwire`` itself is light.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
+
+_EXPORTS: dict[str, str] = {
+    # Independent Subnetwork Training
+    "IST": "thinwire.strategies.ist.core:IST",
+    "ISTAdapter": "thinwire.models.adapter:ISTAdapter",
+    "ISTPlan": "thinwire.models.adapter:ISTPlan",
+    "linear_stack": "thinwire.models.adapter:linear_stack",
+    # local methods
+    "LocalSGD": "thinwire.strategies.local_sgd:LocalSGD",
+    "DiLoCo": "thinwire.strategies.diloco:DiLoCo",
+    # codecs as DDP communication hooks
+    "ddp_hook": "thinwire.compression:ddp_hook",
+    "register_codec": "thinwire.compression:register",
+    "build_codec": "thinwire.compression:build",
+    # the communication layer and its ledger
+    "Comm": "thinwire.runtime.comm:Comm",
+    "Ledger": "thinwire.runtime.comm:Ledger",
+    "Mesh": "thinwire.runtime.mesh:Mesh",
+    # models, data and tasks of the registries
+    "MODELS": "thinwire.models:MODELS",
+    "DATASETS": "thinwire.data:DATASETS",
+    "METHODS": "thinwire.strategies:METHODS",
+    "task_for": "thinwire.data.task:task_for",
+    "recalibrate_batchnorm": "thinwire.models.norms:recalibrate_batchnorm",
+    # running a config
+    "load_config": "thinwire.config:load",
+    "run_config": "thinwire.run:run_config",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'thinwire' has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

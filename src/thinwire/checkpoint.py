@@ -1,44 +1,122 @@
 """Atomic per-rank checkpoints and resume.
 
-Layout: ``RUN/checkpoints/step_00000100/rank0.pt ... rankN.pt`` plus ``COMPLETE``. Every rank
-writes its own state (a sharded strategy holds different parameters on each rank) to a
-temporary file and renames it into place; after a barrier rank 0 writes ``COMPLETE`` the same
-way. Resume takes the newest step whose ``COMPLETE`` exists, so a crash mid-write never loses
-the previous checkpoint. Loading uses ``torch.load(weights_only=True)``: no arbitrary objects are
-unpickled. Older complete checkpoints beyond ``keep`` are removed by rank 0.
+Layout: ``RUN/checkpoints/step_00000100/rank0.pt ... rankN.pt`` plus ``COMPLETE`` (the worker
+count, one decimal line). Every rank writes its own state (a sharded strategy holds different
+parameters on each rank) to a temporary file, fsyncs it and renames it into place; after a
+barrier rank 0 writes ``COMPLETE`` the same way. Resume takes the newest step whose ``COMPLETE``
+exists, so a crash mid-write never loses the previous checkpoint; older complete checkpoints
+beyond ``keep`` are removed by rank 0 only after a newer one is sealed.
+
+Guarantees (tests: ``tests/reliability/test_checkpoint.py`` and the property-based
+``tests/reliability/test_fuzz.py``):
+
+- Loading uses ``torch.load(weights_only=True)``: no arbitrary objects are unpickled.
+- Every unusable checkpoint is a one-line :class:`CheckpointError` (a
+  :class:`~thinwire.errors.UsageError`) naming the file and the fix, never a traceback: a
+  missing, empty, truncated or random-bytes rank file, a ``COMPLETE`` that does not hold a
+  worker count, a checkpoint of another world size, a pickle refused by safe loading, a valid
+  torch file whose content is not a thinwire state (wrong types).
+- A failed write (ENOSPC, EDQUOT, EROFS...) is a one-line CheckpointError naming the errno and
+  the file; the temporary file is removed and earlier checkpoints are untouched.
+- :func:`require_resumable` turns "resume, but there is no checkpoint" into a one-line error
+  instead of a silent fresh start.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from thinwire.errors import UsageError
+
+TRAINER_KEYS = ("wall_s", "sent_bytes", "payload_bytes", "recv_bytes")
+_STEP_RE = re.compile(r"step_(\d{1,12})")
+
+
+class CheckpointError(UsageError):
+    """An unusable checkpoint or a failed checkpoint write; the message names the file and fix."""
 
 
 def _step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:08d}"
 
 
+def step_dir(run_dir: Path, step: int) -> Path:
+    """The directory of the checkpoint of ``step``."""
+    return _step_dir(run_dir, step)
+
+
+# --- writing ------------------------------------------------------------------------------------
+class _RecordingFile:
+    """A file wrapper remembering the first OSError of a write (torch's zip writer reports a
+    failed write as an opaque RuntimeError; this keeps the real errno)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.f.write(data))
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_error(run_dir: Path, path: Path, exc: OSError) -> CheckpointError:
+    from thinwire.rundir import describe_os_error
+
+    prev = latest_step(run_dir)
+    kept = f" (the previous checkpoint, step {prev}, is kept)" if prev is not None else ""
+    return CheckpointError(f"checkpoint: {describe_os_error(exc, path)}{kept}")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` atomically (temporary file, fsync, rename); OSError propagates after
+    the temporary file is removed."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        _unlink(tmp)
+        raise
 
 
 def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
+    """Write this rank's state of ``step`` atomically; CheckpointError (one line) on failure."""
+    import torch
+
     d = _step_dir(run_dir, step)
-    d.mkdir(parents=True, exist_ok=True)
+    target = d / f"rank{rank}.pt"
     tmp = d / f"rank{rank}.pt.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, d / f"rank{rank}.pt")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            rec = _RecordingFile(f)
+            try:
+                torch.save(state, rec)  # type: ignore[arg-type]
+            except RuntimeError:
+                if rec.error is not None:
+                    raise rec.error from None
+                raise
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as exc:
+        _unlink(tmp)
+        raise _write_error(run_dir, target, exc) from None
 
 
 def mark_complete(run_dir: Path, step: int, world_size: int, keep: int = 2) -> None:
@@ -46,17 +124,35 @@ def mark_complete(run_dir: Path, step: int, world_size: int, keep: int = 2) -> N
     d = _step_dir(run_dir, step)
     missing = [r for r in range(world_size) if not (d / f"rank{r}.pt").exists()]
     if missing:
-        raise RuntimeError(f"checkpoint {d} lacks ranks {missing}")
-    atomic_write_bytes(d / "COMPLETE", f"{world_size}\n".encode())
+        raise CheckpointError(f"checkpoint {d} lacks ranks {missing} after every rank saved; "
+                              "is another job writing into this run directory?")
+    try:
+        atomic_write_bytes(d / "COMPLETE", f"{world_size}\n".encode())
+    except OSError as exc:
+        raise _write_error(run_dir, d / "COMPLETE", exc) from None
     for old in complete_steps(run_dir)[:-keep]:
         shutil.rmtree(_step_dir(run_dir, old), ignore_errors=True)
 
 
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# --- finding ------------------------------------------------------------------------------------
 def complete_steps(run_dir: Path) -> list[int]:
+    """Steps whose directory holds a ``COMPLETE`` file, oldest first (contents not checked)."""
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return []
-    return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / "COMPLETE").exists())
+    steps = []
+    for p in root.iterdir():
+        m = _STEP_RE.fullmatch(p.name)
+        if m and (p / "COMPLETE").is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
 
 
 def latest_step(run_dir: Path) -> int | None:
@@ -64,10 +160,100 @@ def latest_step(run_dir: Path) -> int | None:
     return steps[-1] if steps else None
 
 
-def load_rank(run_dir: Path, step: int, rank: int, world_size: int) -> dict[str, Any]:
+def _fix(run_dir: Path, step: int) -> str:
+    older = [s for s in complete_steps(run_dir) if s < step]
     d = _step_dir(run_dir, step)
-    saved_world = int((d / "COMPLETE").read_text().strip())
+    if older:
+        return f"delete {d} to resume from the previous checkpoint (step {older[-1]})"
+    return "start the run afresh (--run.overwrite true) or restore the file"
+
+
+def read_complete(run_dir: Path, step: int) -> int:
+    """The worker count sealed in the step's ``COMPLETE``; CheckpointError when it is not one."""
+    path = _step_dir(run_dir, step) / "COMPLETE"
+    try:
+        raw = path.read_bytes()[:64]
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read ({exc.strerror}); "
+                              f"{_fix(run_dir, step)}") from None
+    text = raw.decode("ascii", "replace").strip()
+    if not re.fullmatch(r"[1-9][0-9]{0,6}", text):
+        shown = ascii(text[:20]) if text else "nothing"
+        raise CheckpointError(f"checkpoint {path} is corrupt (holds {shown}, not a worker "
+                              f"count); {_fix(run_dir, step)}")
+    return int(text)
+
+
+def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = True) -> int:
+    """The step a resume of ``run_dir`` by ``world_size`` workers starts from.
+
+    CheckpointError (one line) when there is no complete checkpoint, its ``COMPLETE`` is
+    corrupt, it was written by another number of workers, or (``check_ranks``) any rank file is
+    missing or unusable: the launching process calls this before any worker starts.
+    """
+    step = latest_step(run_dir)
+    if step is None:
+        raise CheckpointError(f"run.resume: no complete checkpoint in {run_dir / 'checkpoints'}; "
+                              "start the run without --resume (checkpoints are written every "
+                              "--run.checkpoint_every steps and at the end)")
+    _check_world(run_dir, step, world_size)
+    if check_ranks:
+        for rank in range(world_size):
+            load_rank(run_dir, step, rank, world_size)
+    return step
+
+
+def _check_world(run_dir: Path, step: int, world_size: int) -> None:
+    d = _step_dir(run_dir, step)
+    saved_world = read_complete(run_dir, step)
     if saved_world != world_size:
-        raise UsageError(f"checkpoint {d} was written by {saved_world} workers, this run has "
-                         f"{world_size}; resume with --runtime.workers {saved_world}")
-    return torch.load(d / f"rank{rank}.pt", weights_only=True, map_location="cpu")  # type: ignore[no-any-return]
+        raise CheckpointError(f"checkpoint {d} was written by {saved_world} workers, this run has "
+                              f"{world_size}; resume with --runtime.workers {saved_world}")
+
+
+# --- loading ------------------------------------------------------------------------------------
+def load_rank(run_dir: Path, step: int, rank: int, world_size: int) -> dict[str, Any]:
+    """This rank's state of ``step``, validated (see the module docstring); safe loading only."""
+    import torch
+
+    _check_world(run_dir, step, world_size)
+    d = _step_dir(run_dir, step)
+    path = d / f"rank{rank}.pt"
+    fix = _fix(run_dir, step)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing (rank {rank} of {world_size}); "
+                              f"{fix}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty; {fix}")
+    try:
+        with warnings.catch_warnings():  # e.g. "unsupported pickle protocol": we report it below
+            warnings.simplefilter("ignore")
+            state = torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        if "weights only" in str(exc).lower() or "weights_only" in str(exc):
+            raise CheckpointError(f"checkpoint {path} holds objects other than tensors and plain "
+                                  "values, refused by safe loading; it was not written by "
+                                  f"thinwire: {fix}") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt (not a torch file); {fix}") from None
+    except Exception as exc:  # noqa: BLE001 - any reader failure is a corrupt file
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated "
+                              f"({type(exc).__name__}); {fix}") from None
+    problem = _state_problem(state)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} is not a thinwire state ({problem}); {fix}")
+    return state  # type: ignore[no-any-return]
+
+
+def _state_problem(state: Any) -> str:
+    """Why ``state`` is not what :func:`save_rank` writes for the trainer; '' when it is."""
+    if not isinstance(state, dict):
+        return f"top level is {type(state).__name__}, not a dict"
+    for key in ("strategy", "trainer"):
+        if not isinstance(state.get(key), dict):
+            return f"{key!r} is {type(state.get(key)).__name__}, not a dict"
+    trainer = state["trainer"]
+    for key in TRAINER_KEYS:
+        v = trainer.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"trainer[{key!r}] is {type(v).__name__}, not a number"
+    return ""

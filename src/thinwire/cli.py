@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from thinwire.errors import UsageError
+from thinwire.errors import RunFailed, UsageError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"thinwire {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:
+        print(f"thinwire {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"thinwire {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -17,7 +17,6 @@ directory as TOML and reads back to the same :class:`Config`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
+from thinwire.models import MODELS
 from thinwire.options import (
     NoOptions,
     OptionError,
@@ -34,6 +34,7 @@ from thinwire.options import (
     iter_fields,
     opt,
 )
+from thinwire.strategies import METHODS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,15 +68,20 @@ class DataConfig:
         check(self.limit_test >= 0, "data.limit_test", "must be >= 0 (0 means all)")
 
 
+def _first(registry: Registry[Any]) -> str:
+    """A registry's first entry: the default of its section."""
+    return registry.names()[0]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = opt("mlp", "model")
+    name: str = opt(_first(MODELS), "model")
     options: Any = field(default_factory=NoOptions, metadata={"entry_options": True})
 
 
 @dataclass(frozen=True)
 class MethodConfig:
-    name: str = opt("dp", "method of distributed training")
+    name: str = opt(_first(METHODS), "method of distributed training")
     options: Any = field(default_factory=NoOptions, metadata={"entry_options": True})
 
 
@@ -147,10 +153,10 @@ class RunConfig:
         check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
         check(not (self.resume and self.overwrite), "run.overwrite",
               "cannot be combined with --resume; choose one")
-        check(self.name == "" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}", self.name)
-              is not None, "run.name",
-              f"{self.name!r} is not a plain name; use letters, digits and . _ - + = @ "
-              "(no path separators, not . or ..)")
+        if self.name:
+            from thinwire.rundir import check_name
+
+            check_name(self.name)
 
 
 @dataclass(frozen=True)

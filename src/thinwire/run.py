@@ -14,9 +14,11 @@ command modules only parse arguments. Steps of :func:`run_config`:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,8 @@ from torch import nn
 from thinwire import config as config_mod
 from thinwire.config import Config
 from thinwire.data import DATASETS, BatchStream, Dataset, DataSource, shard_indices
-from thinwire.data.task import Task, task_for
-from thinwire.errors import UsageError
+from thinwire.data.task import Task
+from thinwire.errors import RunFailed, UsageError
 from thinwire.models import MODELS
 from thinwire.options import parse_spec
 from thinwire.runtime.comm import Comm
@@ -91,7 +93,12 @@ def preflight(cfg: Config) -> Dataset:
         raise UsageError(f"data.dir: {cfg.data.dir} is not a directory; pass the folder holding "
                          "the dataset files, or leave it empty for the standard places")
     ds = load_data(cfg)
-    model = build_model(cfg, ds)
+    try:
+        model = build_model(cfg, ds)
+    except (RuntimeError, MemoryError, OverflowError) as exc:
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        raise UsageError(f"model {cfg.model.name}: cannot be built with these options ({first}); "
+                         "choose smaller --model.* sizes") from None
     entry = METHODS.get(cfg.method.name)
     if entry.check_model is not None:
         entry.check_model(cfg, model)
@@ -105,28 +112,36 @@ def preflight(cfg: Config) -> Dataset:
 
 
 # --- the run directory and the launch -----------------------------------------------------------
-def prepare_run_dir(cfg: Config) -> Path:
-    """Step 2 (:mod:`thinwire.rundir`): the run directory, with the resolved config in it."""
-    from thinwire import rundir
+@contextlib.contextmanager
+def run_directory(cfg: Config) -> Iterator[Any]:
+    """Step 2 (:mod:`thinwire.rundir`): the run directory claimed for the job (locked; a
+    replacement staged beside the old run and swapped in only if the body succeeds), with the
+    resolved ``config.toml`` written into it. Yields the :class:`~thinwire.rundir.RunDir`."""
+    from thinwire import checkpoint, rundir
 
-    return rundir.prepare(cfg.run_dir, resume=cfg.run.resume, overwrite=cfg.run.overwrite,
-                          config_text=config_mod.dumps(cfg))
+    with rundir.open_run(cfg.run.out, cfg.run_name, resume=cfg.run.resume,
+                         overwrite=cfg.run.overwrite) as rd:
+        if cfg.run.resume:
+            checkpoint.require_resumable(rd.path, cfg.runtime.workers)
+        rundir.write_text(rd.path / "config.toml", config_mod.dumps(cfg))
+        yield rd
+        rd.commit()
 
 
 def run_config(cfg: Config) -> dict[str, Any]:
-    """Train one config on its local workers (steps 1-4); returns the run's summary."""
-    from thinwire import rundir
+    """Train one config on its local workers (steps 1-4); returns the run's summary. A bad input
+    found by a worker is a :class:`UsageError`, a failed worker a :class:`RunFailed`."""
     from thinwire.launch import WorkerFailed, launch
 
     preflight(cfg)
-    with rundir.claim(cfg.run_dir, resume=cfg.run.resume, overwrite=cfg.run.overwrite,
-                      config_text=config_mod.dumps(cfg)) as work_dir:
+    with run_directory(cfg) as rd:
         try:
-            launch(work_dir, cfg.runtime.workers, max_restarts=cfg.runtime.max_restarts)
+            launch(rd.path, cfg.runtime.workers, max_restarts=cfg.runtime.max_restarts)
         except WorkerFailed as exc:
-            raise UsageError(f"{cfg.run_name}: {exc}") from None
-        summary = json.loads((work_dir / "summary.json").read_text())
-    return summary  # type: ignore[no-any-return]
+            if exc.kind == "usage":
+                raise UsageError(f"{cfg.run_name}: {exc.cause or exc}") from None
+            raise RunFailed(f"{cfg.run_name}: {exc}") from None
+    return json.loads((rd.final / "summary.json").read_text())  # type: ignore[no-any-return]
 
 
 # --- several methods: the spec syntax of compare and bench ---------------------------------------
@@ -169,7 +184,7 @@ def split_methods(text: str) -> list[str]:
 def run_name(spec: str) -> str:
     """A plain directory name for a method spec (``ist:local_steps=20`` -> ``ist_local_steps20``)."""
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", spec.replace("=", "")).strip("._-")
-    return name[:120] or "run"
+    return name[:100].rstrip("._-") or "run"
 
 
 def method_configs(specs: list[str], base_path: str | None, base: dict[str, Any]

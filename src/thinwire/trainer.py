@@ -62,11 +62,16 @@ class Trainer:
     # --- resume ------------------------------------------------------------------------------
     def _resume(self) -> None:
         step = checkpoint.latest_step(self.run_dir)
-        if step is None:
+        if step is None:  # a restart before the first checkpoint: from the start
             return
         state = checkpoint.load_rank(self.run_dir, step, self.comm.rank, self.comm.world_size)
+        saved = state.get("trainer", {}).get("label")
+        if saved is not None and saved != label(self.cfg):
+            raise UsageError(f"--resume: the checkpoint in {self.run_dir} was written by "
+                             f"{saved}, this run is {label(self.cfg)}; resume with the same "
+                             "method and options, or start a new run")
         self.strategy.load_state_dict(state["strategy"])
-        self.carry = {k: float(v) for k, v in state["trainer"].items()}
+        self.carry = {k: float(v) for k, v in state["trainer"].items() if k in self.carry}
         self.start = step
 
     def _counters(self) -> dict[str, float]:
@@ -158,7 +163,7 @@ class Trainer:
 
     def _save(self, step: int, wall: float) -> None:
         state = {"strategy": self.strategy.state_dict(),
-                 "trainer": {"wall_s": wall, **self._counters()}}
+                 "trainer": {"wall_s": wall, **self._counters(), "label": label(self.cfg)}}
         checkpoint.save_rank(self.run_dir, step, self.comm.rank, state)
         self.comm.barrier()
         if self.comm.rank == 0:

@@ -1,51 +1,242 @@
 """The worker entry: ``python -m thinwire.worker RUN_DIR/config.toml``.
 
-``thinwire train`` starts it through torch's elastic launcher; on several machines start it with
-an external torchrun, for example on each of 2 nodes::
+``thinwire train`` starts it through torch's elastic launcher (:mod:`thinwire.launch`); on
+several machines start it with an external torchrun, for example on each of 2 nodes::
 
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
         --rdzv-endpoint HOST:29400 --rdzv-id myrun -m thinwire.worker runs/dp/config.toml
 
 The run directory is the folder holding the config file.
+
+Guarantees (tests in ``tests/reliability/``):
+
+- **Dies with its launcher** (``test_orphans.py``). On Linux the worker asks the kernel for
+  ``SIGKILL`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``), then checks that its parent is
+  still the launcher (``THINWIRE_LAUNCHER_PID``): a launcher killed before that call is caught by
+  the check. The kernel's signal fires when the *thread* that forked the worker exits; torch's
+  agent forks the workers from the thread that runs :func:`thinwire.launch.launch`, which blocks
+  until the last worker is gone (restarts included), so it outlives every worker. We chose the
+  kernel's signal over a polling thread: it acts at once and also reaches a worker that is
+  stopped (SIGSTOP) or busy in C code without the GIL. Where ``prctl`` is missing (not Linux) a
+  daemon thread polls the parent pid every second instead.
+- **Quiet signals** (``test_errors.py``). SIGINT and SIGTERM keep their default action (end the
+  process): a worker stopped by Ctrl-C or by its agent prints no KeyboardInterrupt traceback.
+  Checkpoints are written atomically, so ending a worker at any instant loses no checkpoint.
+- **One-line failures.** A bad input (config, checkpoint, disk full) ends the worker with one
+  line, never a traceback; communication failures caused by a dead or stuck peer are recorded
+  as such (``kind: peer``). The record goes to torch's per-worker error file
+  (``TORCHELASTIC_ERROR_FILE``) with a precise time, so the launcher names the worker that
+  failed first. Under thinwire's own launcher the worker prints nothing for these (the launcher
+  prints the one line); under an external torchrun it prints ``thinwire worker rank R: error:
+  ...``. Unexpected exceptions (bugs) print their traceback.
+- **Resume on restart** (``test_elastic.py``). A worker restarted by the elastic agent
+  (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest complete checkpoint, as with
+  ``--run.resume``; a first start with ``run.resume`` and no checkpoint is a one-line error.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import json
+import os
+import signal
 import sys
+import threading
+import time
+import traceback
 from pathlib import Path
+from typing import Any
 
-from torch.distributed.elastic.multiprocessing.errors import record
+LAUNCHER_PID_ENV = "THINWIRE_LAUNCHER_PID"
+"""Set by :func:`thinwire.launch.launch`: the pid the workers must die with."""
 
-from thinwire import config as config_mod
-from thinwire.errors import UsageError
-from thinwire.runtime import dist as rt
-from thinwire.runtime.comm import Comm
-from thinwire.trainer import Trainer
+EXIT_USAGE = 2
+EXIT_ERROR = 1
 
 
-@record
+# --- process set-up (before torch is imported) ---------------------------------------------------
+def die_with_parent() -> str:
+    """Arrange for this process to end when its parent (the launcher) does; returns the means
+    ("pdeathsig" or "watchdog"). Exits at once if the launcher is already gone."""
+    expected = os.environ.get(LAUNCHER_PID_ENV, "")
+    means = "watchdog"
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0:
+                means = "pdeathsig"
+        except (OSError, AttributeError):
+            pass
+    parent = os.getppid()
+    if expected.isdigit() and parent != int(expected):
+        os._exit(EXIT_ERROR)  # the launcher died before the kernel could be told
+    if means == "watchdog":
+        threading.Thread(target=_watch_parent, args=(parent,), name="thinwire-parent-watch",
+                         daemon=True).start()
+    return means
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(EXIT_ERROR)
+
+
+def quiet_signals() -> None:
+    """Default actions for SIGINT and SIGTERM: the process ends without a traceback."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+# --- failure records ----------------------------------------------------------------------------
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def record_failure(message: str, kind: str, detail: str = "") -> None:
+    """Write torch's per-worker error file with a one-line ``message`` and thinwire's fields
+    (``kind``: usage, io, peer or error; a precise ``time``); nothing without the file's env."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    data = {"message": message, "timestamp": int(now),
+            "thinwire": {"kind": kind, "time": now, "rank": _rank(), "detail": detail[-4000:]}}
+    target = Path(path)
+    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+    try:  # atomically: torch's agent cannot parse a half-written file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, target)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _one_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+_COMM_MARKERS = ("thinwire/runtime/comm.py", "/gloo/", "ProcessGroupGloo", "ProcessGroupNCCL",
+                 "NCCL error", "Connection reset by peer", "Connection closed by peer")
+
+
+def _from_comm(exc: BaseException) -> bool:
+    """True when the exception was raised inside a communication call (thinwire's comm layer
+    or torch.distributed): a symptom of a dead or stuck peer, not a cause."""
+    import torch.distributed as dist
+
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    if any(m in text for m in _COMM_MARKERS):
+        return True  # raised in a callback of a collective (the autograd engine re-raises it)
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if name.endswith("thinwire/runtime/comm.py") or "/torch/distributed/" in name:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _fail(message: str, kind: str, code: int, detail: str = "") -> int:
+    record_failure(message, kind, detail)
+    if not os.environ.get(LAUNCHER_PID_ENV):
+        print(f"thinwire worker rank {_rank()}: error: {message}", file=sys.stderr)
+    return code
+
+
+# --- the entry ----------------------------------------------------------------------------------
+def resume_wanted(resume: bool) -> bool:
+    """Whether this start resumes: asked for, or a restart by the elastic agent."""
+    return resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()
+    quiet_signals()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m thinwire.worker RUN_DIR/config.toml", file=sys.stderr)
-        return 2
-    path = Path(argv[0])
+        return EXIT_USAGE
+    from thinwire.errors import UsageError
+
     try:
-        cfg = config_mod.load(path)
-        device = rt.init_from_env(cfg.runtime)
+        return _run(Path(argv[0]))
     except UsageError as exc:
-        print(f"thinwire worker: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(_one_line(str(exc)), "usage", EXIT_USAGE)
+    except OSError as exc:
+        from thinwire.rundir import describe_os_error
+
+        where = exc.filename or f"into {Path(argv[0]).parent}"
+        msg = (describe_os_error(exc, where) if exc.errno in
+               (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+               else f"{type(exc).__name__}: {_one_line(str(exc))}")
+        return _fail(msg, "io", EXIT_ERROR)
+    except Exception as exc:  # noqa: BLE001 - recorded for the launcher, then reported
+        detail = traceback.format_exc()
+        if _from_comm(exc):
+            return _fail(f"communication failed: {_one_line(str(exc))[:300]}", "peer",
+                         EXIT_ERROR, detail)
+        record_failure(f"{type(exc).__name__}: {_one_line(str(exc))[:300]}", "error", detail)
+        print(f"thinwire worker rank {_rank()}: unexpected error:\n{detail}", file=sys.stderr,
+              end="")
+        return EXIT_ERROR
+
+
+def _run(path: Path) -> int:
+    import dataclasses
+
+    from thinwire import checkpoint
+    from thinwire import config as config_mod
+    from thinwire.runtime import dist as rt
+    from thinwire.runtime.comm import Comm
+    from thinwire.trainer import Trainer
+
+    cfg = config_mod.load(path)
+    run_dir = path.parent
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if resume_wanted(cfg.run.resume) and not cfg.run.resume:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
+    device = rt.init_from_env(cfg.runtime)
     comm = Comm() if rt.initialised() else Comm.local()
-    try:
-        trainer = Trainer(cfg, comm, device, path.parent)
-        trainer.run()
-    except UsageError as exc:
-        print(f"thinwire worker: error: {exc}", file=sys.stderr)
-        return 2
+    if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
+        checkpoint.require_resumable(run_dir, comm.world_size, check_ranks=False)
+    trainer = _build_trainer(Trainer, cfg, comm, device, run_dir)
+    trainer.run()
     del trainer
     rt.teardown(comm)
     return 0
+
+
+def _build_trainer(trainer_cls: Any, cfg: Any, comm: Any, device: Any, run_dir: Path) -> Any:
+    """The trainer; a checkpoint that loads but does not fit this config is one line."""
+    from thinwire import checkpoint
+    from thinwire.errors import UsageError
+
+    try:
+        return trainer_cls(cfg, comm, device, run_dir)
+    except (UsageError, OSError):
+        raise
+    except Exception as exc:
+        step = checkpoint.latest_step(run_dir) if cfg.run.resume else None
+        if step is None or _from_comm(exc):
+            raise
+        d = checkpoint.step_dir(run_dir, step)
+        raise checkpoint.CheckpointError(
+            f"checkpoint {d} does not fit this config ({type(exc).__name__}: "
+            f"{_one_line(str(exc))[:160]}); resume with the run's own config.toml, or start "
+            "afresh with --run.overwrite true") from None
 
 
 if __name__ == "__main__":

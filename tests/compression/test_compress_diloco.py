@@ -8,10 +8,10 @@ import torch
 from harness import run_workers
 
 from thinwire.config import load
-from thinwire.models import build_mlp
-from thinwire.runtime.comm import Comm
 from thinwire.data.task import TASKS
+from thinwire.models import build_mlp
 from thinwire.run import build_strategy
+from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import Strategy
 
 IN, OUT, STEPS, PERIOD = 8, 4, 6, 2

@@ -124,8 +124,24 @@ def test_fashion_missing_names_files_dirs_and_fix(tmp_path: Path, no_fashion: Pa
     for f in FASHION_MNIST_FILES:
         assert f in msg
     assert f"{data_dir} (missing train-images-idx3-ubyte.gz, t10k-images" in msg
-    assert str(tmp_path / "system") in msg and str(tmp_path / "cache") in msg
+    # an explicit directory is the only place searched: no silent fall-back elsewhere
+    assert str(tmp_path / "system") not in msg and str(tmp_path / "cache") not in msg
     assert "apt-get install dataset-fashion-mnist" in msg and "--data.download true" in msg
+    with pytest.raises(UsageError):
+        load_dataset("fashion-mnist")  # nothing in the standard places either
+    msg = str(pytest.raises(UsageError, load_dataset, "fashion-mnist").value)
+    assert str(tmp_path / "system") in msg and str(tmp_path / "cache") in msg
+
+
+def test_an_explicit_empty_directory_never_falls_back(tmp_path: Path, no_fashion: Path) -> None:
+    """Guards ``--data.dir EMPTY`` silently training on the system copy."""
+    (no_fashion / "system").mkdir()
+    write_fake_fashion(no_fashion / "system")
+    assert load_dataset("fashion-mnist").x_train.shape == (20, 784)  # the system copy exists
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError, match="empty"):
+        load_dataset("fashion-mnist", empty)
 
 
 def test_download_failure_is_usage_error(no_fashion: Path, monkeypatch: pytest.MonkeyPatch) -> None:

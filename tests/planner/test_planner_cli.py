@@ -55,50 +55,73 @@ def test_single_plan_text_and_json(capsys):
     assert data["step_seconds"]["total"] == pytest.approx(13.75, rel=0.1)  # Korthikanti T5
 
 
-def test_validate_crossover_and_scaling(capsys, tmp_path):
+def test_validate_prints_held_out_errors_within_sane_bounds(capsys):
     assert main(["plan", "--validate"]) == 0
     out = capsys.readouterr().out
     assert "Korthikanti" in out and "Narayanan" in out and "leave-one-out" in out
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                "mlp-784-2048-2048-10",
-                "--cluster",
-                "cpu-1gbe",
-                "--nodes",
-                "8",
-                "--crossover",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    rows = re.findall(r"^(Korthikanti 2022 T5|Narayanan 2021 T1)\s+\S+ \S+ \S+\s+(\d\.\d+)\s+"
+                      r"(\d+\.\d+)% \(max \d+\.\d+%\)\s+(\d+\.\d+)% \(max (\d+\.\d+)%\)",
+                      out, re.M)
+    assert [r[0] for r in rows] == ["Korthikanti 2022 T5", "Narayanan 2021 T1"]
+    for _, fit, in_sample, held, held_max in rows:
+        assert 0.7 < float(fit) < 0.95
+        assert float(in_sample) < float(held) < 10.0 and float(held_max) < 15.0
+    assert main(["plan", "--validate", "--json"]) == 0
+    sm = json.loads(capsys.readouterr().out)["summary"]
+    assert sm["heldout_korthikanti_mean"] == pytest.approx(float(rows[0][3]) / 100, abs=5e-5)
+    assert sm["heldout_narayanan_mean"] == pytest.approx(float(rows[1][3]) / 100, abs=5e-5)
+    assert sm["fit_narayanan"] == pytest.approx(float(rows[0][1]), abs=5e-4)
+
+
+def test_crossover_is_where_the_step_times_meet(capsys):
+    from thinwire.planner.insight import method_variants, step_at
+    from thinwire.planner.presets import load_cluster, load_model
+
+    argv = ["plan", "--model", "mlp-784-2048-2048-10", "--cluster", "cpu-1gbe", "--nodes", "8",
+            "--crossover", "--method", "topk:ratio=0.01", "--json"]
+    assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
-    assert 0 < data["crossover_bytes_per_s"]["compressed"] < 1e12
-    assert (
-        main(
-            [
-                "plan",
-                "--model",
-                "mlp-784-2048-2048-10",
-                "--cluster",
-                "cpu-1gbe",
-                "--nodes",
-                "8",
-                "--scaling",
-                "--max-workers",
-                "16",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    assert "DP knee" in capsys.readouterr().out
+    cross = data["crossover_bytes_per_s"]
+    assert cross["ist"] is None and cross["localsgd"] is None  # they win on every link
+    w = cross["topk:ratio=0.01"]
+    model, cluster = load_model("mlp-784-2048-2048-10"), load_cluster("cpu-1gbe", nodes=8)
+    v = method_variants(model, data_strategy(model, cluster), ["topk:ratio=0.01"])
+    base, topk = v["data parallel"], v["topk:ratio=0.01"]
+    assert step_at(model, cluster, topk, w) == pytest.approx(step_at(model, cluster, base, w),
+                                                             rel=1e-6)
+    assert step_at(model, cluster, topk, w / 2) < step_at(model, cluster, base, w / 2)
+    assert step_at(model, cluster, topk, w * 2) > step_at(model, cluster, base, w * 2)
+
+
+def data_strategy(model, cluster):
+    from thinwire.planner.strategy import StrategySpec
+
+    return StrategySpec(dp=8, micro_batch_size=1, micro_batches=512 // 8)
+
+
+def test_scaling_writes_a_png_and_names_the_knee(capsys, tmp_path):
+    argv = ["plan", "--model", "mlp-784-2048-2048-10", "--cluster", "cpu-1gbe", "--nodes", "8",
+            "--scaling", "--max-workers", "16", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Data-parallel knee: parallel efficiency falls below 50% at 2 workers" in out
     png = tmp_path / "scaling.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_device_and_devices_that_are_not_whole_nodes(capsys):
+    assert main(["plan", "--model", "gpt2-small", "--cluster", "h100", "--devices", "1",
+                 "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert one["strategy"]["dp"] == 1 and one["step_seconds"]["dp_comm"] == 0.0
+    assert main(["plan", "--model", "gpt2-small", "--cluster", "h100", "--devices", "1"]) == 0
+    assert "on h100: 1 device on 1 node of 8" in capsys.readouterr().out
+    argv = ["plan", "--model", "gpt2-small", "--cluster", "a100-80gb", "--devices", "12",
+            "--micro-batch-size", "4", "--global-batch", "48", "--json"]
+    assert main(argv) == 0
+    twelve = json.loads(capsys.readouterr().out)
+    assert twelve["nodes"] == 2 and twelve["strategy"]["dp"] == 12
+    assert twelve["strategy"]["micro_batches"] == 1
 
 
 @pytest.mark.parametrize(
@@ -126,6 +149,15 @@ def test_validate_crossover_and_scaling(capsys, tmp_path):
         (["--model", "mlp-784-2048-2048-10", "--cluster", "cpu-1gbe", "--scaling"], "--out"),
         (["--model", "gpt3-175b", "--cluster", "a100-80gb", "--bandwidth", "fast"], "--bandwidth"),
         (["--cluster", "a100-80gb"], "--model"),
+        (["--model", "gpt2-small", "--cluster", "h100", "--workers", "4"], "--devices"),
+        (["--model", "gpt2-small", "--cluster", "h100", "--steps", "10"], "--calibrate"),
+        (["--model", "gpt2-small", "--cluster", "h100", "--nodes", "2", "--devices", "3"],
+         "not both"),
+        (["--model", "gpt2-small", "--cluster", "h100", "--devices", "0"], "--devices"),
+        (["--model", "gpt2-small", "--cluster", "h100", "--method", "ring"], "unknown method"),
+        (["--model", "gpt2-small", "--cluster", "h100", "--method", "ist"], "MLP specs"),
+        (["--model", "mlp-784-64-10", "--cluster", "cpu-1gbe", "--nodes", "8", "--method",
+          "localsgd", "--zero", "1"], "--zero"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys, argv, needle):

@@ -1,5 +1,6 @@
 """Memory formulas pinned to published points (Korthikanti et al. 2022 Fig. 1; ZeRO paper;
-Narayanan et al. 2021 Table 1 parameter counts; the IST subnet fractions of ist.md)."""
+Narayanan et al. 2021 Table 1 parameter counts; the IST subnet fractions of ist.md), the fused
+attention kernel and the logits."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from thinwire.planner.memory import (
     GIB,
     ParamBytes,
     activation_bytes,
-    ist_subnet_params,
     layer_activation_units,
+    logits_bytes,
     memory_breakdown,
     param_bytes,
     transformer_params_per_device,
     zero_model_states,
 )
-from thinwire.planner.presets import load_cluster
+from thinwire.planner.methods import worker_params
+from thinwire.planner.presets import load_cluster, load_model
 from thinwire.planner.published import korthikanti_memory, narayanan_table1
 from thinwire.planner.specs import MLPSpec, TransformerSpec
 from thinwire.planner.strategy import StrategySpec
@@ -61,8 +63,49 @@ def test_activation_table_rows_for_a_config_outside_the_figure():
         ("full", False): 2 * unit,
     }
     for (rec, sp), want in rows.items():
-        assert layer_activation_units(model, t, sp, rec) * unit == pytest.approx(want)
-    assert layer_activation_units(model, 1, False, "none") == pytest.approx(34 + 5 * a * s / h)
+        got = layer_activation_units(model, t, sp, rec, "materialized") * unit
+        assert got == pytest.approx(want)
+    assert layer_activation_units(model, 1, False, "none", "materialized") == pytest.approx(
+        34 + 5 * a * s / h
+    )
+
+
+def test_fused_attention_drops_the_score_term_only():
+    model = TransformerSpec("x", layers=4, hidden=1024, heads=16, seq=512, vocab=1000)
+    for t, sp in ((1, False), (4, False), (4, True)):
+        fused = layer_activation_units(model, t, sp, "none", "fused")
+        selective = layer_activation_units(model, t, sp, "selective", "materialized")
+        assert fused == pytest.approx(selective)
+        gap = layer_activation_units(model, t, sp, "none", "materialized") - fused
+        assert gap == pytest.approx(5 * 16 * 512 / 1024 / t)  # 5as/(ht)
+    assert layer_activation_units(model, 4, True, "full", "fused") == 0.5  # 2/t either way
+    one = StrategySpec(micro_batch_size=2)
+    gpt = load_model("gpt2-small")
+    mat = memory_breakdown(gpt, A100, dataclasses.replace(one, attention="materialized"))
+    fused = memory_breakdown(gpt, A100, one)
+    s, a, L = 1024, 12, 12
+    assert mat.activations - fused.activations == pytest.approx(5 * a * s * s * 2 * L)
+
+
+def test_logits_are_bsv_in_the_compute_dtype_plus_an_fp32_copy():
+    gpt = load_model("gpt2-small")
+    s = StrategySpec(micro_batch_size=4, tp=2, dtype="bf16")
+    assert logits_bytes(gpt, s, 2.0) == 4 * 1024 * 50257 / 2 * (2 + 4)
+    mem = memory_breakdown(gpt, load_cluster("h100"), dataclasses.replace(s, dp=4))
+    assert mem.logits == 4 * 1024 * 50257 / 2 * 6
+    assert mem.total == pytest.approx(mem.model_states + mem.activations + mem.logits)
+    # in a pipeline the last stage holds one micro-batch of its layers and the logits, the
+    # first min(m, p): with a small model and a large vocabulary the last one holds more
+    piped = StrategySpec(pp=4, micro_batches=8, micro_batch_size=1, dp=2)
+    last = memory_breakdown(gpt, load_cluster("h100"), piped)
+    per_layer = layer_activation_units(gpt, 1, False, "none") * 1024 * 768
+    assert last.activations == pytest.approx(per_layer * 12 / 4)
+    assert last.logits == 1024 * 50257 * (2 + 4)
+    wide = load_model("megatron-22b")
+    first = memory_breakdown(wide, A100, dataclasses.replace(piped, tp=8, dp=1))
+    assert first.logits == 0.0 and first.activations == pytest.approx(
+        layer_activation_units(wide, 8, False, "none") * 2048 * 6144 * 48 / 4 * 4
+    )
 
 
 def test_1f1b_in_flight_and_interleaving_factor():
@@ -86,20 +129,31 @@ def test_parameter_counts_match_narayanan_table1(run):
 def test_ist_subnet_fractions_from_ist_notes():
     mlp = MLPSpec("digits", (64, 512, 512, 10))
     assert mlp.params == 301_066
-    assert ist_subnet_params(mlp, 4) / mlp.params == pytest.approx(0.087, abs=0.0005)
-    assert ist_subnet_params(mlp, 8) / mlp.params == pytest.approx(0.030, abs=0.0005)
-    # d*h/n + (L-1) h^2/n^2 + h*C/n + vectors, written out for n = 4
-    assert ist_subnet_params(mlp, 4) == 64 * 128 + 128 * 128 + 128 * 10 + (128 + 128 + 10)
+    assert worker_params(mlp, 4) / mlp.params == pytest.approx(0.087, abs=0.0005)
+    assert worker_params(mlp, 8) / mlp.params == pytest.approx(0.030, abs=0.0005)
+    # d*h/n + (L-1) h^2/n^2 + h*C/n + its biases + the shared output bias, for n = 4
+    assert worker_params(mlp, 4) == 64 * 128 + 128 * 128 + 128 * 10 + (128 + 128 + 10)
+    # batch norm: no biases, a BatchNorm weight and bias per hidden neuron, nothing shared
+    batch = MLPSpec("digits", (64, 512, 512, 10), norm="batch")
+    assert batch.params == 64 * 512 + 512 * 512 + 512 * 10 + 2 * 1024
+    assert worker_params(batch, 4) == 64 * 128 + 128 * 128 + 128 * 10 + 2 * 256
+    # widths not divisible by n: round 0's groups, the mean over workers
+    odd = MLPSpec("odd", (64, 33, 30, 10))
+    sizes = [(17, 15), (16, 15)]  # Partitioner round 0: (33, 30) over 2 workers
+    want = [64 * a + a * b + b * 10 + a + b + 10 for a, b in sizes]
+    assert worker_params(odd, 2) == sum(want) / 2
 
 
 def test_ist_memory_scales_with_the_subnet():
     mlp = MLPSpec("m", (784, 2048, 2048, 10))
     cpu = load_cluster("cpu-1gbe", nodes=8)
-    dp = memory_breakdown(mlp, cpu, StrategySpec(dp=8))
-    ist = memory_breakdown(mlp, cpu, StrategySpec(dp=8, method="ist"))
-    ratio = ist_subnet_params(mlp, 8) / mlp.params
+    dp = memory_breakdown(mlp, cpu, StrategySpec(dp=8, micro_batch_size=32))
+    ist = memory_breakdown(mlp, cpu, StrategySpec(dp=8, micro_batch_size=32, method="ist"))
+    ratio = worker_params(mlp, 8) / mlp.params
     assert ist.model_states == pytest.approx(dp.model_states * ratio)
-    assert ist.activations < dp.activations
+    # input, then pre- and post-activation of 2048/8-wide hidden layers and the 10 outputs
+    assert ist.activations == (784 + 2 * (256 + 256 + 10)) * 32 * 4
+    assert dp.activations == (784 + 2 * (2048 + 2048 + 10)) * 32 * 4
 
 
 def test_zero_and_offload_reduce_device_memory():
@@ -110,4 +164,4 @@ def test_zero_and_offload_reduce_device_memory():
     ]
     assert states == sorted(states, reverse=True) and states[0] > 7 * states[3]
     off = memory_breakdown(model, cluster, StrategySpec(dp=8, offload=True))
-    assert off.optimizer == 0 and off.weights > 0
+    assert off.optimizer == 0 and off.weights == states[0] * 2 / 18  # bf16 weights of 18 B

@@ -17,7 +17,8 @@ def test_every_preset_loads():
     clusters = list_presets("cluster")
     assert {"a100-80gb", "h100", "h200", "cpu-1gbe", "cpu-10gbe", "cpu-100gbe"} <= set(clusters)
     for name in clusters:
-        assert load_cluster(name).devices >= 1
+        c = load_cluster(name)
+        assert c.devices == c.nodes * c.devices_per_node and c.peak(c.default_dtype) >= 1e12
     models = list_presets("model")
     assert {
         "gpt3-175b",
@@ -26,8 +27,13 @@ def test_every_preset_loads():
         "gpt2-small",
         "mlp-784-2048-2048-10",
     } <= set(models)
+    published = {  # parameters in billions, as the models are named (GPT-2 sizes: OpenAI)
+        "gpt2-small": 0.124, "gpt2-medium": 0.355, "gpt2-large": 0.774, "gpt2-xl": 1.558,
+        "gpt3-175b": 175, "megatron-175b": 175, "megatron-22b": 22, "megatron-530b": 530,
+        "megatron-1t": 1008, "mlp-784-2048-2048-10": 0.0058,
+    }
     for name in models:
-        assert load_model(name).params > 0
+        assert load_model(name).params / 1e9 == pytest.approx(published[name], rel=0.01)
 
 
 def test_presets_carry_the_right_numbers():
@@ -40,6 +46,11 @@ def test_presets_carry_the_right_numbers():
     mlp = load_model("mlp-784-2048-2048-10")
     assert isinstance(mlp, MLPSpec) and mlp.widths == (784, 2048, 2048, 10)
     assert load_model("mlp-64-512-512-10").params == 301_066  # built from the name
+    from thinwire.models import build_mlp
+
+    for norm in ("batch", "layer", "none"):  # thinwire's MLP, counted without building it
+        built = sum(p.numel() for p in build_mlp(64, (512, 512), 10, norm=norm).parameters())
+        assert MLPSpec("m", (64, 512, 512, 10), norm=norm).params == built
 
 
 def test_toml_files(tmp_path):
@@ -97,17 +108,20 @@ def test_check_layout_rejects_impossible_degrees():
         (StrategySpec(dp=2, tp=8, pp=8), "devices"),
         (StrategySpec(dp=4, tp=16, pp=1), "inside a node"),
         (StrategySpec(dp=1, tp=8, pp=8, interleave=5, micro_batches=8), "divide model.layers"),
-        (StrategySpec(dp=64, method="ist", tp=1), None),
+        (StrategySpec(dp=64, method="ist"), "MLP specs"),  # no IST plan of a transformer
     ]
-    for s, msg in bad[:3]:
+    for s, msg in bad:
         with pytest.raises(UsageError, match=msg):
             check_layout(model, cluster, s)
-    check_layout(model, cluster, bad[3][0])
-    with pytest.raises(UsageError, match="tp 1"):
-        check_layout(model, cluster, StrategySpec(dp=8, tp=8, method="ist"))
-    mlp = load_model("mlp-784-2048-2048-10")
+    mlp, cpu = load_model("mlp-784-2048-2048-10"), load_cluster("cpu-1gbe", nodes=8)
+    check_layout(mlp, cpu, StrategySpec(dp=8, method="ist"))
     with pytest.raises(UsageError, match="not a transformer"):
         check_layout(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2))
+    with pytest.raises(UsageError, match="tp 1"):
+        check_layout(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2, method="ist"))
+    tiny = load_model("mlp-64-4-10")
+    with pytest.raises(UsageError, match="widths >= 8"):
+        check_layout(tiny, cpu, StrategySpec(dp=8, method="ist"))
 
 
 def test_spec_from_torch_module():

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from thinwire.planner.comm import Link, allreduce
 from thinwire.planner.compute import layer_cost, logits_cost, matmul_efficiency
-from thinwire.planner.memory import subnet_params
+from thinwire.planner.methods import worker_params
 from thinwire.planner.presets import load_cluster, load_model
 from thinwire.planner.published import korthikanti_times, narayanan_table1
 from thinwire.planner.specs import MLPSpec, TransformerSpec
@@ -99,27 +100,54 @@ def _mlp_run(method: str, bandwidth: float, **kw):
     return mlp, predict(mlp, cluster, s)
 
 
+PSI = 784 * 2048 + 2048 * 2048 + 2048 * 10 + 2048 + 2048 + 10
+
+
 def test_local_sgd_divides_dp_traffic_and_time_by_h():
-    _, dp = _mlp_run("dp", 125e6)
-    _, local = _mlp_run("localsgd", 125e6, period=10)
-    assert local.traffic.dp_payload == pytest.approx(dp.traffic.dp_payload / 10)
+    _, dp = _mlp_run("", 125e6)
+    _, local = _mlp_run("localsgd", 125e6)  # H = 10, the method's default
+    assert dp.traffic.dp_payload == 4 * PSI
+    assert local.traffic.dp_payload == pytest.approx(4 * PSI / 10)
+    assert local.traffic.dp == pytest.approx(2 * 7 / 8 * 4 * PSI / 10)
     assert local.breakdown.dp_comm == pytest.approx(dp.breakdown.dp_comm / 10)
     assert local.breakdown.compute == pytest.approx(dp.breakdown.compute)
+    _, h20 = _mlp_run("localsgd:period=20", 125e6)
+    assert h20.traffic.dp_payload == pytest.approx(4 * PSI / 20)
 
 
 def test_compression_only_where_it_pays():
-    _, slow = _mlp_run("compressed", 125e6, compression_ratio=100)
-    _, fast = _mlp_run("compressed", 1e13, compression_ratio=100)
-    _, dp_fast = _mlp_run("dp", 1e13)
-    assert slow.compressed and slow.breakdown.codec > 0
-    assert not fast.compressed and fast.step_time == pytest.approx(dp_fast.step_time)
+    _, slow = _mlp_run("topk:ratio=0.01", 125e6)
+    _, fast = _mlp_run("topk:ratio=0.01", 1e13)
+    _, ddp_fast = _mlp_run("dp", 1e13)
+    assert slow.compressed and slow.breakdown.codec == pytest.approx(4 * 4 * PSI / (50e9 * 0.9))
+    assert not fast.compressed and fast.step_time == pytest.approx(ddp_fast.step_time)
+    assert fast.breakdown.codec == 0.0 and fast.traffic.dp_payload == 4 * PSI
 
 
-def test_ist_bytes_are_two_subnets_per_round_over_k():
-    mlp, ist = _mlp_run("ist", 125e6, local_steps=5)
-    sub = subnet_params(mlp, 8) * 4
-    assert ist.traffic.dp_payload == pytest.approx(2 * sub / 5)
-    assert ist.traffic.dp == pytest.approx(2 * sub * 7 / 8 / 5)
-    _, central = _mlp_run("ist", 125e6, local_steps=5, ist_deployment="central")
-    assert central.traffic.dp == pytest.approx(2 * 7 * sub / 5)  # rank 0's link
-    assert central.breakdown.dp_comm > ist.breakdown.dp_comm
+def test_ist_bytes_and_time_come_from_its_traffic_formula():
+    """Central IST (K = 5), 8 workers, widths divisible by 8: every worker's subnet has S
+    elements, S - 10 of them its own (the output bias is shared); rank 0 sends 7 pieces of
+    S - 10 and gets them back each round; the shared bias (10 floats) is averaged by one
+    all-reduce (ring: round(2 * 7/8 * 40) = 70 bytes sent)."""
+    mlp, ist = _mlp_run("ist:local_steps=5", 125e6)
+    sub = 784 * 256 + 256 * 256 + 256 * 10 + 256 + 256 + 10
+    assert worker_params(mlp, 8) == sub
+    piece = 4 * (sub - 10)
+    assert ist.traffic.dp == pytest.approx((7 * piece + 70) / 5)  # rank 0's link
+    # payload counts both directions: rank 0 14 pieces, each worker 2, all the bias's 40 bytes
+    assert ist.traffic.dp_payload == pytest.approx(((14 * piece + 7 * 2 * piece) / 8 + 40) / 5)
+    link = Link.of(125e6, 0.9, 50e-6)
+    want = (2 * 7 * link.alpha + 2 * 7 * piece * link.beta + allreduce(40, 1, 8, link, link)) / 5
+    assert ist.breakdown.dp_comm == pytest.approx(want)
+    _, sharded = _mlp_run("ist:local_steps=5,deployment=sharded", 125e6)
+    assert sharded.traffic.dp < ist.traffic.dp / 3  # no hot spot on rank 0
+    assert sharded.breakdown.dp_comm < ist.breakdown.dp_comm
+
+
+def test_plan_ist_defaults_are_the_methods_own():
+    from thinwire.planner.methods import resolve
+    from thinwire.strategies.ist.method import Options
+
+    ist = resolve("ist")
+    assert ist.options == Options() and ist.label == "ist(K=10,central)"
+    assert ist.sync_every == Options().local_steps == 10

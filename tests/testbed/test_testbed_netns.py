@@ -18,11 +18,17 @@ from pathlib import Path
 import pytest
 
 from thinwire import config as config_mod
-from thinwire.run import prepare_run_dir
+from thinwire.run import run_directory
 from thinwire.testbed.measure import compare, read_ledgers
 from thinwire.testbed.netns import Testbed, cleanup_stale, list_namespaces, sh, unavailable_reason
 from thinwire.testbed.rates import Link
-from thinwire.testbed.run import BenchTimeout, run_in_testbed, run_processes, worker_env
+from thinwire.testbed.run import (
+    BenchFailed,
+    BenchTimeout,
+    run_in_testbed,
+    run_processes,
+    worker_env,
+)
 
 REASON = unavailable_reason()
 if REASON:
@@ -87,8 +93,9 @@ def test_training_bytes_match_the_ledger(tmp_path: Path) -> None:
         "data.name": "teacher", "model.hidden": "64,64", "method.name": "localsgd",
         "method.period": 1, "train.steps": 40, "train.eval_every": 20, "runtime.workers": 2,
         "runtime.threads": 1, "run.out": str(tmp_path), "run.progress": False})
-    run_dir = prepare_run_dir(cfg)
-    wire = run_in_testbed(run_dir, 2, Link(RATE), 1, time.monotonic() + 60)
+    with run_directory(cfg) as rd:
+        wire = run_in_testbed(rd.path, 2, Link(RATE), 1, time.monotonic() + 60)
+    run_dir = rd.final
     ledgers = read_ledgers(run_dir, 2)
     cmp = compare(wire.tx_bytes, wire.rx_bytes, ledgers)
     assert cmp.estimated_total > 1_500_000  # the training traffic dominates the fixed set-up
@@ -114,6 +121,21 @@ def test_timeout_kills_workers_and_errors_tear_down(tmp_path: Path) -> None:
             assert time.monotonic() - t0 < 10
             assert sh(["ip", "netns", "pids", ns]).split() == []  # the sleeper is gone
     assert leftovers() == ([], [])
+
+
+def test_a_failing_worker_names_its_rank_and_tears_everything_down(tmp_path: Path) -> None:
+    """Guards the testbed's teardown when a worker raises: the other worker is killed, the
+    namespaces, veths and bridge are gone, and the error names the failing rank."""
+    with pytest.raises(BenchFailed, match="worker rank 1 failed .exit code 3"), \
+            Testbed(2, Link(RATE)) as tb:
+        names = [tb.namespace(0), tb.namespace(1)]
+        specs = [(tb.exec_argv(0, ["sleep", "60"]),
+                  worker_env(0, 2, tb.addr(0), 29500, tb.ifname(0), 1)),
+                 (tb.exec_argv(1, ["sh", "-c", "sleep 0.5; echo boom; exit 3"]),
+                  worker_env(1, 2, tb.addr(0), 29500, tb.ifname(1), 1))]
+        run_processes(specs, tmp_path, time.monotonic() + 30)
+    assert leftovers() == ([], [])
+    assert not set(names) & set(list_namespaces())
 
 
 def test_stale_namespaces_of_dead_owners_are_removed() -> None:

@@ -1,8 +1,10 @@
 """``thinwire plan``: predict memory, bytes and step time; search plans; validate; insight.
 
   thinwire plan --model gpt3-175b --cluster a100-80gb --nodes 8 --tp 8 --pp 8 --sp --recompute selective
+  thinwire plan --model gpt2-small --cluster h100 --devices 1
   thinwire plan --model gpt3-175b --cluster a100-80gb --nodes 8 --search
   thinwire plan --validate
+  thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 8 --method ist
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 8 --crossover
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 64 --scaling --out runs/plan
   thinwire plan --calibrate --model mlp-784-512-512-10 --workers 4 --steps 100 --out runs/calibrate
@@ -15,18 +17,30 @@ import argparse
 import dataclasses
 import json
 import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
 
 from thinwire.errors import UsageError
-from thinwire.planner.modes import calibrate_mode, crossover_mode, scaling_mode
+from thinwire.planner.modes import crossover_mode, scaling_mode
 from thinwire.planner.presets import list_presets, load_cluster, load_model
 from thinwire.planner.report import plan_report, prediction_json, search_report
 from thinwire.planner.search import search
-from thinwire.planner.specs import DTYPE_BYTES, METHODS, RECOMPUTE, ClusterSpec, ModelSpec
+from thinwire.planner.specs import (
+    ATTENTION,
+    DTYPE_BYTES,
+    RECOMPUTE,
+    ClusterSpec,
+    MLPSpec,
+    ModelSpec,
+)
 from thinwire.planner.step import predict
 from thinwire.planner.strategy import StrategySpec
 from thinwire.planner.validation import render_validation, step_time_records
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+CALIBRATE_MODEL = "mlp-784-512-512-10"
 
 
 def parse_rate(text: str) -> float:
@@ -46,15 +60,22 @@ def parse_rate(text: str) -> float:
     return value / 8 if unit.startswith("b") else value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``thinwire plan``."""
+def _where(parser: argparse.ArgumentParser) -> None:
+    """The model and the cluster."""
     g = parser.add_argument_group("what and where")
     g.add_argument("--model", help="preset name, mlp-W0-W1-...-WL, or FILE.toml")
     g.add_argument(
         "--cluster", help="preset name (a100-80gb, h100, h200, cpu-1gbe, ...) or FILE.toml"
     )
     g.add_argument("--nodes", type=int, help="number of nodes (default: the preset's)")
+    g.add_argument("--devices", type=int,
+                   help="number of devices in all, e.g. 1 or 12 (nodes follow; the last one "
+                   "may be partly used); instead of --nodes")
     g.add_argument("--bandwidth", help="override the inter-node bandwidth per device, e.g. 1gbit")
+
+
+def _strategy_flags(parser: argparse.ArgumentParser) -> None:
+    """The layout, the memory savers and the method."""
     s = parser.add_argument_group("strategy")
     for flag, help_ in (
         ("--dp", "data-parallel degree (default: devices / (tp*pp))"),
@@ -65,159 +86,188 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--global-batch", "B in samples (default: the model preset's)"),
         ("--interleave", "v, interleaved chunks per stage"),
         ("--zero", "ZeRO stage 0-3"),
-        ("--period", "local SGD: average every H steps"),
-        ("--local-steps", "IST: K local steps per round"),
     ):
         s.add_argument(flag, type=int, help=help_)
     s.add_argument("--recompute", choices=RECOMPUTE, default="none")
     s.add_argument("--sp", action="store_true", help="sequence parallelism")
+    s.add_argument("--attention", choices=ATTENTION, default="fused",
+                   help="fused (SDPA / flash: no attention scores stored) or materialized")
     s.add_argument("--offload", action="store_true", help="optimizer state on the host")
     s.add_argument("--overlap-dp", action="store_true", help="overlap the all-reduce with backward")
     s.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="default: the cluster's")
     s.add_argument("--accounting", choices=("megatron", "zero"), default="megatron")
     s.add_argument("--optimizer", choices=("adam", "momentum", "sgd"), default="adam")
-    s.add_argument("--method", choices=METHODS, default="dp")
-    s.add_argument("--compression-ratio", type=float, default=1.0)
-    s.add_argument("--codec-passes", type=float, default=4.0, help="compressed DP codec cost")
-    s.add_argument("--ist-deployment", choices=("sharded", "central"), default="sharded")
+    s.add_argument("--method", default="",
+                   help="a method of thinwire train instead of the gradient all-reduce, with "
+                   "its options as there: e.g. localsgd:period=20, ist, ist:deployment=sharded, "
+                   "topk:ratio=0.01 (defaults: the method's own)")
+    s.add_argument("--codec-passes", type=float, default=4.0,
+                   help="a codec's encode + decode cost in passes over the gradient")
+
+
+def _mode_flags(parser: argparse.ArgumentParser) -> None:
+    """What to print instead of one plan."""
     a = parser.add_argument_group("modes")
     a.add_argument("--search", action="store_true", help="rank all feasible plans by step time")
     a.add_argument("--top", type=int, default=10, help="plans to show with --search")
-    a.add_argument(
-        "--validate",
-        "--report",
-        dest="validate",
-        action="store_true",
-        help="print the validation tables against published runs",
-    )
-    a.add_argument(
-        "--crossover", action="store_true", help="when IST / compressed / local SGD beat DP"
-    )
+    a.add_argument("--validate", "--report", dest="validate", action="store_true",
+                   help="print the validation tables against published runs")
+    a.add_argument("--crossover", action="store_true",
+                   help="when thinwire's methods beat data parallelism, per link speed")
     a.add_argument("--penalty", default="", help="extra-steps factors, e.g. ist=2,localsgd=1.5")
-    a.add_argument(
-        "--scaling", action="store_true", help="step time and throughput vs workers (PNG)"
-    )
+    a.add_argument("--scaling", action="store_true",
+                   help="step time and throughput vs workers (PNG)")
     a.add_argument("--max-workers", type=int, default=256)
     a.add_argument("--weak", action="store_true", help="scaling with a fixed per-worker batch")
     a.add_argument("--out", help="directory for --scaling's scaling.png, --calibrate's tables")
-    a.add_argument(
-        "--calibrate",
-        action="store_true",
-        help="measure this machine, run dp / localsgd / ist / dp+topk here and print predicted "
-        "against measured (--model mlp-..., --workers, --steps, --micro-batch-size per worker)",
-    )
+    a.add_argument("--calibrate", action="store_true",
+                   help="measure this machine, run every method here and print predicted "
+                   "against measured (--model mlp-..., --workers, --steps, --micro-batch-size "
+                   "per worker)")
     a.add_argument("--workers", type=int, help="--calibrate: local worker processes (4)")
     a.add_argument("--steps", type=int, help="--calibrate: steps per run, a multiple of 10 (100)")
     a.add_argument("--list", action="store_true", help="list the presets")
     a.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``thinwire plan``."""
+    _where(parser)
+    _strategy_flags(parser)
+    _mode_flags(parser)
+
+
+def _micro_batches(args: argparse.Namespace, model: ModelSpec, b: int, dp: int) -> int:
+    """m from --micro-batches, or the global batch over b * dp."""
+    if args.micro_batches is not None:
+        return int(args.micro_batches)
+    batch = args.global_batch or model.global_batch
+    if batch and batch % (b * dp):
+        raise UsageError(
+            f"global batch {batch} is not a multiple of b*dp = {b * dp}; "
+            "set --global-batch or --micro-batches"
+        )
+    return max(1, batch // (b * dp)) if batch else 1
+
+
 def _strategy(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> StrategySpec:
+    """The StrategySpec the flags describe (degrees defaulting to the whole cluster)."""
     tp, pp = args.tp or 1, args.pp or 1
     n = cluster.devices
     if args.dp is None and n % (tp * pp):
         raise UsageError(
-            f"tp*pp = {tp * pp} does not divide the {n} devices; change --tp/--pp or --nodes"
+            f"tp*pp = {tp * pp} does not divide the {n} devices; change --tp/--pp, --nodes or "
+            "--devices"
         )
     dp = args.dp or n // (tp * pp)
     b = args.micro_batch_size or 1
-    batch = args.global_batch or model.global_batch
-    m = args.micro_batches
-    if m is None:
-        if batch and batch % (b * dp):
-            raise UsageError(
-                f"global batch {batch} is not a multiple of b*dp = {b * dp}; "
-                "set --global-batch or --micro-batches"
-            )
-        m = max(1, batch // (b * dp)) if batch else 1
     return StrategySpec(
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        micro_batch_size=b,
-        micro_batches=m,
-        interleave=args.interleave or 1,
-        zero=args.zero or 0,
-        recompute=args.recompute,
-        sequence_parallel=args.sp,
-        offload=args.offload,
-        dtype=args.dtype or "",
-        accounting=args.accounting,
-        optimizer=args.optimizer,
-        overlap_dp=args.overlap_dp,
-        method=args.method,
-        compression_ratio=args.compression_ratio,
-        codec_passes=args.codec_passes,
-        period=args.period or 1,
-        local_steps=args.local_steps or 1,
-        ist_deployment=args.ist_deployment,
+        dp=dp, tp=tp, pp=pp, micro_batch_size=b, micro_batches=_micro_batches(args, model, b, dp),
+        interleave=args.interleave or 1, zero=args.zero or 0, recompute=args.recompute,
+        sequence_parallel=args.sp, attention=args.attention, offload=args.offload,
+        dtype=args.dtype or "", accounting=args.accounting, optimizer=args.optimizer,
+        overlap_dp=args.overlap_dp, method=args.method, codec_passes=args.codec_passes,
     )
+
+
+def _cluster(args: argparse.Namespace) -> ClusterSpec:
+    """--cluster with --nodes or --devices and --bandwidth applied."""
+    if args.nodes is not None and args.devices is not None:
+        raise UsageError("give --nodes or --devices, not both (--devices sets the nodes)")
+    cluster = load_cluster(args.cluster, args.nodes)
+    if args.devices is not None:
+        cluster = cluster.with_devices(args.devices)
+    if args.bandwidth:
+        cluster = dataclasses.replace(cluster, inter_bandwidth=parse_rate(args.bandwidth))
+    return cluster
+
+
+def _print(out: str | dict[str, Any] | list[Any]) -> None:
+    if isinstance(out, str):
+        print(out, end="")
+    else:
+        print(json.dumps(out, indent=2, default=str))
+
+
+def _validate(args: argparse.Namespace) -> str | dict[str, Any]:
+    """--validate: the validation tables, or their records as JSON."""
+    if not args.json:
+        return render_validation()
+    records, summary = step_time_records(load_cluster("a100-80gb"))
+    return {"summary": summary, "runs": [dataclasses.asdict(r) for r in records]}
+
+
+def calibrate_mode(args: argparse.Namespace) -> str | dict[str, Any]:
+    """``--calibrate``: the suite of :mod:`thinwire.measure.suite`; predicted against measured
+    (bytes exactly, step time) as markdown, written to ``--out``."""
+    from thinwire.measure.suite import calibration_report, run_suite
+
+    model = load_model(args.model or CALIBRATE_MODEL)
+    if not isinstance(model, MLPSpec):
+        raise UsageError("--calibrate trains an MLP: give --model mlp-784-H-...-10")
+    n, steps, batch = args.workers or 4, args.steps or 100, args.micro_batch_size or 128
+    out = Path(args.out or "runs/calibrate")
+    data = run_suite(model.widths, n, steps, batch, str(out / "runs"),
+                     log=lambda m: print(f"thinwire plan --calibrate: {m}", file=sys.stderr))
+    data["command"] = (f"thinwire plan --calibrate --model {model.name} --workers {n} "
+                       f"--steps {steps} --micro-batch-size {batch} --out {shlex.quote(str(out))}")
+    text = calibration_report(data)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.md").write_text(text)
+    (out / "calibration.json").write_text(json.dumps(data, indent=2, default=str))
+    return data if args.json else text + f"\nwrote {out / 'calibration.md'}\n"
+
+
+def _check_calibrate_only(args: argparse.Namespace) -> None:
+    """--workers and --steps belong to --calibrate; elsewhere they are a one-line error."""
+    if args.calibrate:
+        return
+    if args.workers is not None:
+        raise UsageError("--workers is --calibrate's number of local processes; for a plan give "
+                         "--devices (or --nodes) and --dp")
+    if args.steps is not None:
+        raise UsageError("--steps is --calibrate's steps per run; a plan predicts one step")
+
+
+def _search(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec
+            ) -> str | list[Any]:
+    """--search: every feasible layout for the global batch, fastest first."""
+    free = dict(dp=None, tp=None, pp=None, micro_batches=1, interleave=None)
+    base = _strategy(argparse.Namespace(**{**vars(args), **free}), model, cluster)
+    preds = search(model, cluster, base, args.global_batch or model.global_batch)
+    if args.json:
+        return [prediction_json(model, cluster, p) for p in preds[: args.top]]
+    return search_report(preds, args.top, cluster)
+
+
+def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
+    """A plan's prediction, a search, a crossover or a scaling curve."""
+    if not args.model or not args.cluster:
+        raise UsageError("give --model NAME|FILE.toml and --cluster NAME|FILE.toml (see --list)")
+    model, cluster = load_model(args.model), _cluster(args)
+    if args.search:
+        return _search(args, model, cluster)
+    base = _strategy(args, model, cluster)
+    if args.crossover:
+        return crossover_mode(args, model, cluster, base)
+    if args.scaling:
+        return scaling_mode(args, model, cluster, base)
+    pred = predict(model, cluster, base)
+    if args.json:
+        return prediction_json(model, cluster, pred)
+    return plan_report(model, cluster, pred)
 
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``thinwire plan``; returns the exit code."""
+    _check_calibrate_only(args)
     if args.validate:
-        if args.json:
-            records, summary = step_time_records(load_cluster("a100-80gb"))
-            runs = [dataclasses.asdict(r) for r in records]
-            print(json.dumps({"summary": summary, "runs": runs}, indent=2))
-        else:
-            print(render_validation(), end="")
-        return 0
-    if args.calibrate:
-        out = calibrate_mode(args)
-        print(json.dumps(out, indent=2, default=str) if isinstance(out, dict) else out, end="")
-        return 0
-    if args.list:
+        _print(_validate(args))
+    elif args.calibrate:
+        _print(calibrate_mode(args))
+    elif args.list:
         print("models:   " + ", ".join(list_presets("model")) + ", mlp-W0-W1-...-WL")
         print("clusters: " + ", ".join(list_presets("cluster")))
-        return 0
-    if not args.model or not args.cluster:
-        raise UsageError("give --model NAME|FILE.toml and --cluster NAME|FILE.toml (see --list)")
-    model = load_model(args.model)
-    cluster = load_cluster(args.cluster, args.nodes)
-    if args.bandwidth:
-        cluster = dataclasses.replace(cluster, inter_bandwidth=parse_rate(args.bandwidth))
-    if args.search:
-        base = _strategy(
-            argparse.Namespace(
-                **{
-                    **vars(args),
-                    "dp": None,
-                    "tp": None,
-                    "pp": None,
-                    "micro_batches": 1,
-                    "interleave": None,
-                }
-            ),
-            model,
-            cluster,
-        )
-        preds = search(model, cluster, base, args.global_batch or model.global_batch)
-        if args.json:
-            print(
-                json.dumps(
-                    [prediction_json(model, cluster, p) for p in preds[: args.top]], indent=2
-                )
-            )
-        else:
-            print(search_report(preds, args.top, cluster), end="")
-        return 0
-    base = _strategy(args, model, cluster)
-    if args.crossover or args.scaling:
-        out = (
-            crossover_mode(args, model, cluster, base)
-            if args.crossover
-            else scaling_mode(args, model, cluster, base)
-        )
-        print(
-            json.dumps(out, indent=2) if isinstance(out, dict) else out,
-            end="" if isinstance(out, str) else "\n",
-        )
-        return 0
-    pred = predict(model, cluster, base)
-    if args.json:
-        print(json.dumps(prediction_json(model, cluster, pred), indent=2))
     else:
-        print(plan_report(model, cluster, pred), end="")
+        _print(_plan(args))
     return 0

@@ -18,8 +18,8 @@ from thinwire.data.datasets import (
     read_idx,
     stratified_subset,
 )
-from thinwire.data.sharding import SHARD_MODES, all_shards, label_histogram, shard_indices
 from thinwire.data.registry import DataEntry, DataSource
+from thinwire.data.sharding import SHARD_MODES, all_shards, label_histogram, shard_indices
 from thinwire.data.stream import BatchStream
 from thinwire.options import Registry
 

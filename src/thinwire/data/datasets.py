@@ -4,7 +4,8 @@ Three datasets, all returned as one frozen :class:`Dataset` of torch tensors:
 
 - ``"fashion-mnist"``: Xiao, Rasul, Vollgraf, "Fashion-MNIST: a Novel Image Dataset for
   Benchmarking Machine Learning Algorithms" (2017); 60,000 + 10,000 grey 28x28 images, 10 classes,
-  read from the four idx gzip files. Search order: ``data_dir``, ``$THINWIRE_DATA_DIR``,
+  read from the four idx gzip files. Search order: ``data_dir`` alone when given, else
+  ``$THINWIRE_DATA_DIR``,
   ``/usr/share/datasets/fashion-mnist/`` (Debian package ``dataset-fashion-mnist``), then the user
   cache ``~/.cache/thinwire/fashion-mnist/`` (``$XDG_CACHE_HOME`` honoured); each directory ``D``
   may hold the files directly or in ``D/fashion-mnist/``. Nothing is downloaded unless
@@ -214,10 +215,11 @@ def cache_dir() -> Path:
 
 
 def fashion_mnist_search_dirs(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Directories searched for the four idx files, in order (see the module docstring)."""
-    roots: list[Path] = []
+    """Directories searched for the four idx files, in order (see the module docstring). An
+    explicit ``data_dir`` is the only place searched: it never silently falls back elsewhere."""
     if data_dir is not None:
-        roots.append(Path(data_dir))
+        return [Path(data_dir), Path(data_dir) / "fashion-mnist"]
+    roots: list[Path] = []
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         roots.append(Path(env))

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from thinwire.options import NoOptions
-
-if TYPE_CHECKING:
-    from thinwire.data.datasets import Dataset
 
 
 @dataclass(frozen=True)
@@ -38,6 +35,7 @@ class DataEntry:
 
     name: str
     kind: str
-    load: Callable[[DataSource, Any, int], Dataset]
+    load: Callable[[DataSource, Any, int], Any]
+    """``(source, options, seed) -> Dataset`` (:class:`thinwire.data.datasets.Dataset`)."""
     summary: str
     options: type = NoOptions

@@ -5,7 +5,8 @@ rank for the same seed. Strategies treat models as data: what a method needs to 
 model's structure comes from the model's adapters (:mod:`thinwire.models.adapter`).
 """
 
-from thinwire.models.mlp import MLP, build_mlp
+from typing import Any
+
 from thinwire.models.registry import ModelEntry
 from thinwire.options import Registry
 
@@ -18,3 +19,11 @@ MODELS: Registry[ModelEntry] = Registry("model", {
 """Every model by name."""
 
 __all__ = ["MLP", "MODELS", "ModelEntry", "build_mlp"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("MLP", "build_mlp"):
+        from thinwire.models import mlp
+
+        return getattr(mlp, name)
+    raise AttributeError(f"module 'thinwire.models' has no attribute {name!r}")

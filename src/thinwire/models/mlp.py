@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from thinwire.models.adapter import linear_stack
+from thinwire.models.adapter import Cut, ISTPlan, TensorPlan, UnitGroup, linear_stack
 from thinwire.models.registry import ModelEntry
 from thinwire.options import check, opt
 
@@ -76,6 +76,42 @@ def build_mlp(input_dim: int, hidden: Sequence[int], num_classes: int, *, norm: 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return MLP(input_dim, hidden, num_classes, norm=norm, activation=activation)
+
+
+def mlp_plan(input_dim: int, hidden: Sequence[int], num_classes: int, *,
+             norm: str = "batch") -> ISTPlan:
+    """The IST plan of :class:`MLP` from its widths and norm, without building it.
+
+    Equal to ``linear_stack(build_mlp(input_dim, hidden, num_classes, norm=norm)).plan``
+    (:class:`~thinwire.models.adapter.LinearStackAdapter`'s steps): 1. hidden layer i is the
+    disjoint group ``hidden.i``; 2. Linear i's weight rows (and bias) are cut by ``hidden.i``
+    below the output layer, its columns by ``hidden.i-1`` above the input one; 3. a hidden
+    norm's per-neuron weight and bias are cut by its layer's group (the output norm of
+    ``norm="batch"`` has none; ``layer`` puts no norm after the output); 4. the output bias is
+    shared. Pure data: the planner prices IST from it without torch models."""
+    widths = [input_dim, *(int(h) for h in hidden), num_classes]
+    last = len(widths) - 2
+    tensors: list[TensorPlan] = []
+    for i in range(last + 1):
+        tensors += _layer_tensors(i, last, widths[i], widths[i + 1], norm)
+    return ISTPlan(
+        groups=tuple(UnitGroup(f"hidden.{i}", w) for i, w in enumerate(widths[1:-1])),
+        tensors=tuple(tensors),
+        scaled_inputs=tuple((f"layers.{i}", f"hidden.{i - 1}") for i in range(1, last + 1)),
+        batch_normalised=norm == "batch")
+
+
+def _layer_tensors(i: int, last: int, fan_in: int, fan_out: int, norm: str
+                   ) -> list[TensorPlan]:
+    """Linear i and its norm in :func:`mlp_plan` (steps 2-4)."""
+    rows = (Cut(f"hidden.{i}", 0),) if i < last else ()
+    cols = (Cut(f"hidden.{i - 1}", 1),) if i > 0 else ()
+    out = [TensorPlan(f"layers.{i}.weight", (fan_out, fan_in), rows + cols)]
+    if norm != "batch":
+        out.append(TensorPlan(f"layers.{i}.bias", (fan_out,), rows))
+    if norm in ("batch", "layer") and i < last:
+        out += [TensorPlan(f"norms.{i}.{name}", (fan_out,), rows) for name in ("weight", "bias")]
+    return out
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """The planner: memory, bytes and step time of a training plan, as pure functions of specs.
 
 Models the layouts of Megatron-LM (Narayanan et al. 2021; Korthikanti et al. 2022), ZeRO
-(Rajbhandari et al. 2020) and the data-parallel replacements thinwire trains (compressed DP,
-local SGD / DiLoCo, IST) in one alpha-beta cost model; validated against published runs by
-``thinwire plan --validate`` (docs/PLANNER.md). No process group, no torch at import time.
+(Rajbhandari et al. 2020) and the methods thinwire trains in one alpha-beta cost model, their
+bytes from the methods' own traffic functions (:mod:`thinwire.planner.methods`); validated
+against published runs by ``thinwire plan --validate`` (docs/PLANNER.md). No process group, no
+torch at import time. Predicting thinwire's own runs on this machine is
+:mod:`thinwire.measure`'s.
 
     from thinwire.planner import load_model, load_cluster, StrategySpec, predict
     pred = predict(load_model("gpt3-175b"), load_cluster("a100-80gb", nodes=8),
@@ -13,13 +15,13 @@ local SGD / DiLoCo, IST) in one alpha-beta cost model; validated against publish
 """
 
 from thinwire.planner.insight import crossover_bandwidth, knee, scaling
-from thinwire.planner.memory import MemoryBreakdown, memory_breakdown, subnet_params
+from thinwire.planner.memory import MemoryBreakdown, memory_breakdown
+from thinwire.planner.methods import per_step, resolve, worker_params
 from thinwire.planner.presets import list_presets, load_cluster, load_model, model_spec_from_module
 from thinwire.planner.search import search
 from thinwire.planner.specs import ClusterSpec, CountedSpec, MLPSpec, ModelSpec, TransformerSpec
 from thinwire.planner.step import Prediction, StepBreakdown, predict
 from thinwire.planner.strategy import StrategySpec, check_layout
-from thinwire.planner.thinwire_runs import predict_thinwire_run
 
 __all__ = [
     "ClusterSpec",
@@ -39,9 +41,10 @@ __all__ = [
     "load_model",
     "memory_breakdown",
     "model_spec_from_module",
+    "per_step",
     "predict",
-    "predict_thinwire_run",
+    "resolve",
     "scaling",
     "search",
-    "subnet_params",
+    "worker_params",
 ]

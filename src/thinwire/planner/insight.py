@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from thinwire.errors import UsageError
-from thinwire.planner.specs import ClusterSpec, ModelSpec
+from thinwire.planner.specs import ClusterSpec, MLPSpec, ModelSpec
 from thinwire.planner.step import predict
 from thinwire.planner.strategy import StrategySpec
 
@@ -68,18 +69,24 @@ def crossover_bandwidth(
     return math.exp(a)
 
 
-def method_variants(base: StrategySpec) -> dict[str, StrategySpec]:
-    """DP and the three communication-efficient methods on the same layout as ``base``."""
-    ratio = base.compression_ratio if base.compression_ratio > 1 else 100.0
-    period = base.period if base.period > 1 else 10
-    steps = base.local_steps if base.local_steps > 1 else 10
-    out = {
-        "dp": dataclasses.replace(base, method="dp"),
-        "compressed": dataclasses.replace(base, method="compressed", compression_ratio=ratio),
-        "localsgd": dataclasses.replace(base, method="localsgd", period=period),
-    }
-    if base.tp == 1 and base.pp == 1:
-        out["ist"] = dataclasses.replace(base, method="ist", local_steps=steps)
+BASELINE = "data parallel"
+"""The key of the planner's own data-parallel layout among :func:`method_variants`."""
+
+
+def method_variants(model: ModelSpec, base: StrategySpec, extra: Sequence[str] = ()
+                    ) -> dict[str, StrategySpec]:
+    """The planner's data-parallel layout (:data:`BASELINE`) and, on the same layout, every
+    registered method at its own defaults (those of ``thinwire train``) and the ``extra`` method
+    specs; a method that cuts the model into units only where it can (an MLP, tp = pp = 1)."""
+    from thinwire.planner.methods import default_methods, partitioned, resolve
+
+    plain = dataclasses.replace(base, method="", zero=0)
+    out = {BASELINE: dataclasses.replace(base, method="")}
+    for spec in dict.fromkeys([*default_methods(), *extra]):
+        cuts = partitioned(resolve(spec))
+        if cuts and (not isinstance(model, MLPSpec) or base.tp > 1 or base.pp > 1):
+            continue
+        out[spec] = dataclasses.replace(plain, method=spec)
     return out
 
 
@@ -100,6 +107,7 @@ class ScalingPoint:
 def _layout(
     base: StrategySpec, cluster: ClusterSpec, d: int, global_batch: int, weak: bool
 ) -> tuple[StrategySpec, ClusterSpec] | None:
+    """The strategy and cluster of ``d`` data-parallel workers (None: the batch does not split)."""
     per_worker = base.micro_batch_size * base.micro_batches if weak else global_batch / d
     if per_worker < base.micro_batch_size or per_worker % base.micro_batch_size:
         return None
@@ -111,7 +119,28 @@ def _layout(
     g = min(cluster.devices_per_node, devices)
     if devices % g:
         return None
-    return s, dataclasses.replace(cluster, devices_per_node=g, nodes=devices // g)
+    return s, dataclasses.replace(cluster, devices_per_node=g, nodes=devices // g,
+                                 device_count=0)
+
+
+def _curve(model: ModelSpec, key: str, variant: StrategySpec,
+           layouts: list[tuple[StrategySpec, ClusterSpec]]) -> list[ScalingPoint]:
+    """One method's points over the worker counts that fit, efficiency against the first."""
+    curve: list[ScalingPoint] = []
+    for s, c in layouts:
+        try:
+            sized = dataclasses.replace(variant, dp=s.dp, micro_batches=s.micro_batches)
+            p = predict(model, c, sized)
+        except UsageError:
+            continue
+        bd = p.breakdown
+        curve.append(ScalingPoint(key, s.dp, p.step_time, p.samples_per_s,
+                                  bd.dp_comm + bd.codec, bd.compute))
+    if not curve:
+        return []
+    unit = curve[0].samples_per_s / curve[0].workers
+    return [dataclasses.replace(q, efficiency=q.samples_per_s / (q.workers * unit))
+            for q in curve]
 
 
 def scaling(
@@ -121,39 +150,20 @@ def scaling(
     workers: list[int],
     global_batch: int,
     weak: bool = False,
+    extra: Sequence[str] = (),
 ) -> list[ScalingPoint]:
     """Step time and throughput against data-parallel workers for each method."""
     if not weak and global_batch < 1:
         raise UsageError("--scaling needs --global-batch (strong scaling keeps it fixed) or --weak")
+    layouts = [laid for d in workers if (laid := _layout(base, cluster, d, global_batch, weak))]
     points: list[ScalingPoint] = []
-    for name in method_variants(base):
-        curve: list[ScalingPoint] = []
-        for d in workers:
-            laid = _layout(base, cluster, d, global_batch, weak)
-            if laid is None:
-                continue
-            s, c = laid
-            variant = method_variants(s)[name]
-            try:
-                p = predict(model, c, variant)
-            except UsageError:
-                continue
-            bd = p.breakdown
-            curve.append(
-                ScalingPoint(
-                    name, d, p.step_time, p.samples_per_s, bd.dp_comm + bd.codec, bd.compute
-                )
-            )
-        if curve:
-            unit = curve[0].samples_per_s / curve[0].workers
-            points += [
-                dataclasses.replace(q, efficiency=q.samples_per_s / (q.workers * unit))
-                for q in curve
-            ]
+    for key, variant in method_variants(model, base, extra).items():
+        points += _curve(model, key, variant, layouts)
     return points
 
 
-def knee(points: list[ScalingPoint], method: str = "dp", threshold: float = 0.5) -> int | None:
+def knee(points: list[ScalingPoint], method: str = BASELINE, threshold: float = 0.5
+         ) -> int | None:
     """First worker count of ``method`` whose parallel efficiency is below ``threshold``."""
     for q in sorted((q for q in points if q.method == method), key=lambda q: q.workers):
         if q.efficiency < threshold:

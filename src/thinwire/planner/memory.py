@@ -14,8 +14,13 @@ in units of s*b*h bytes with a = heads and f = FFN width (34 = 18 + 4f/h for f =
   TP + sequence parallel (34 + 5as/h) / t
   TP + selective         10 + 24/t         (with SP: 34/t)
   full recompute         2 (the layer input; 2/t with SP)
-1F1B keeps min(m, p) micro-batches of L/p layers on the first stage (L layers' worth when
-m >= p); interleaving with v chunks multiplies that by 1 + (p-1)/(p*v).
+A fused attention kernel (SDPA, FlashAttention) never stores the 5as/h term (the softmax
+output, the dropout mask and output; it keeps a few bytes per row), so with it the table's
+rows lose that term as under selective recompute. 1F1B keeps min(m, p) micro-batches of L/p
+layers on the first stage (L layers' worth when m >= p); interleaving with v chunks multiplies
+that by 1 + (p-1)/(p*v). The last stage holds one micro-batch of its L/p layers and the logits:
+b*s*V/t in the compute dtype and their fp32 copy for the loss (vocab-parallel cross entropy),
+b*s*V*(e + 4)/t bytes. The device reported is the stage holding more.
 """
 
 from __future__ import annotations
@@ -46,12 +51,15 @@ class ParamBytes:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes per device (the most loaded one: the first pipeline stage)."""
+    """Bytes per device (the most loaded one: the first or the last pipeline stage)."""
 
     weights: float
     gradients: float
     optimizer: float
     activations: float
+    """Activations of the transformer layers (or the MLP's) held at the peak."""
+    logits: float = 0.0
+    """The logits and their fp32 copy for the loss (on the last stage)."""
 
     @property
     def model_states(self) -> float:
@@ -60,17 +68,19 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return self.model_states + self.activations
+        return self.model_states + self.activations + self.logits
 
     def fits(self, cluster: ClusterSpec) -> bool:
         return self.total <= cluster.device_memory
 
     def as_dict(self) -> dict[str, float]:
+        """Bytes per component and the total."""
         return {
             "weights": self.weights,
             "gradients": self.gradients,
             "optimizer": self.optimizer,
             "activations": self.activations,
+            "logits": self.logits,
             "total": self.total,
         }
 
@@ -99,31 +109,40 @@ def zero_model_states(
     return w, g, k
 
 
-def layer_activation_units(model: TransformerSpec, t: int, sp: bool, recompute: str) -> float:
-    """Activation bytes of one layer divided by s*b*h (Korthikanti Table 2, general f)."""
+def layer_activation_units(
+    model: TransformerSpec, t: int, sp: bool, recompute: str, attention: str = "fused"
+) -> float:
+    """Activation bytes of one layer divided by s*b*h (Korthikanti Table 2, general f; the
+    attention-score term only with a materialized attention kernel)."""
     h, a, s = model.hidden, model.heads, model.seq
     split = 8.0 + 4.0 * model.ffn / h  # 24 when f = 4h
-    attn = 5.0 * a * s / h
+    stored = recompute == "none" and attention == "materialized"
+    attn = 5.0 * a * s / h if stored else 0.0
     if recompute == "full":
         return 2.0 / t if sp else 2.0
     if sp:
-        return (10.0 + split + (0.0 if recompute == "selective" else attn)) / t
-    return 10.0 + split / t + (0.0 if recompute == "selective" else attn / t)
+        return (10.0 + split + attn) / t
+    return 10.0 + split / t + attn / t
+
+
+def _per_layer(model: TransformerSpec, s: StrategySpec) -> float:
+    """Activation bytes of one layer and one micro-batch on one device."""
+    units = layer_activation_units(model, s.tp, s.sequence_parallel, s.recompute, s.attention)
+    return units * model.seq * s.micro_batch_size * model.hidden
 
 
 def activation_bytes(model: TransformerSpec, s: StrategySpec) -> float:
     """Activation bytes held by the first pipeline stage at its peak (1F1B, interleaving)."""
-    per_layer = (
-        layer_activation_units(model, s.tp, s.sequence_parallel, s.recompute)
-        * model.seq
-        * s.micro_batch_size
-        * model.hidden
-    )
     in_flight = min(s.micro_batches, s.pp)
-    total = per_layer * (model.layers / s.pp) * in_flight
+    total = _per_layer(model, s) * (model.layers / s.pp) * in_flight
     if s.interleave > 1:
         total *= 1.0 + (s.pp - 1) / (s.pp * s.interleave)
     return total
+
+
+def logits_bytes(model: TransformerSpec, s: StrategySpec, elem: float) -> float:
+    """The last stage's logits, b*s*V/t in the compute dtype, and their fp32 copy for the loss."""
+    return s.micro_batch_size * model.seq * model.vocab / s.tp * (elem + 4.0)
 
 
 def transformer_params_per_device(
@@ -136,65 +155,53 @@ def transformer_params_per_device(
     return layers + model.vocab * model.hidden / s.tp + model.seq * model.hidden
 
 
-def mlp_activation_bytes(model: MLPSpec, batch: int, elem: float, n: int = 1) -> float:
-    """Stored activations of an MLP: the input, pre- and post-activation of every layer.
-
-    Under IST with n workers a subnet's hidden layers are 1/n as wide.
-    """
-    hidden = sum(model.widths[1:-1]) / n
-    return (model.widths[0] + 2.0 * (hidden + model.widths[-1])) * batch * elem
+def mlp_activation_bytes(widths: tuple[float, ...], batch: int, elem: float) -> float:
+    """Stored activations of an MLP of ``widths``: the input, pre- and post-activation of every
+    layer (a worker's subnet: its hidden widths, :func:`thinwire.planner.methods.worker_widths`)."""
+    return (widths[0] + 2.0 * sum(widths[1:])) * batch * elem
 
 
-def ist_subnet_params(model: MLPSpec, n: int) -> float:
-    """IST subnet size (Yuan et al. 2022; ist.md): d*h/n + (L-1)*h^2/n^2 + h*C/n + vectors.
-
-    First layer: rows of the worker's neurons (full input width); hidden-to-hidden: the block
-    joining its own neurons (1/n^2); output layer: its columns (all C outputs); biases of its
-    own hidden neurons plus the shared output bias.
-    """
-    w = model.widths
-    weights = w[0] * w[1] / n + w[-2] * w[-1] / n
-    weights += sum(a * b / (n * n) for a, b in zip(w[1:-2], w[2:-1]))
-    vectors = (sum(w[1:-1]) / n + w[-1]) if model.bias else 0.0
-    return weights + vectors
-
-
-def transformer_ist_subnet_params(model: TransformerSpec, n: int) -> float:
-    """IST for a transformer: heads and FFN neurons dealt over n workers, embeddings shared."""
-    h, f = model.hidden, model.ffn
-    per_layer = (4 * h * h + 2 * h * f + f) / n + 9 * h
-    return model.layers * per_layer + model.embedding_params
+def _transformer_memory(model: TransformerSpec, s: StrategySpec, elem: float
+                        ) -> tuple[float, float, float]:
+    """(parameters, activations, logits) of the more loaded of the first and last stage."""
+    psi = transformer_params_per_device(model, s)
+    first = activation_bytes(model, s)
+    if s.pp == 1:
+        return psi, first, logits_bytes(model, s, elem)
+    last = _per_layer(model, s) * model.layers / s.pp
+    logits = logits_bytes(model, s, elem)
+    if last + logits > first:
+        return transformer_params_per_device(model, s, embeddings=False), last, logits
+    return psi, first, 0.0
 
 
-def subnet_params(model: ModelSpec, n: int) -> float:
-    """Parameters a worker holds under IST with n workers (the full model when n == 1)."""
-    if n <= 1 or not isinstance(model, (MLPSpec, TransformerSpec)):
-        return float(model.params)
-    if isinstance(model, MLPSpec):
-        return ist_subnet_params(model, n)
-    return transformer_ist_subnet_params(model, n)
+def _dense_memory(model: ModelSpec, s: StrategySpec, elem: float) -> tuple[float, float]:
+    """(parameters, activations) of one worker of an MLP or a counted model."""
+    if not isinstance(model, MLPSpec):
+        return float(model.params), 0.0
+    if s.partitioned:
+        from thinwire.planner.methods import worker_params, worker_widths
+
+        widths = worker_widths(model, s.dp)
+        psi = worker_params(model, s.dp)
+    else:
+        widths, psi = tuple(float(w) for w in model.widths), float(model.params)
+    return psi, mlp_activation_bytes(widths, s.micro_batch_size, elem)
 
 
 def memory_breakdown(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> MemoryBreakdown:
-    """Per-device memory of ``s`` (first pipeline stage; IST: one worker's subnet)."""
+    """Per-device memory of ``s``: 1. bytes per parameter of each state; 2. the parameters and
+    activations of the most loaded device (a method cutting the model: one worker's part);
+    3. ZeRO's sharding of the states over d (none for a cut model: the parts are disjoint);
+    4. offload moves the optimizer state to the host."""
     pb = param_bytes(s, cluster)
     elem = float(DTYPE_BYTES[s.resolved_dtype(cluster)])
-    ist = s.method == "ist"
-    n_d = 1 if ist else s.dp  # IST workers hold disjoint subnets: nothing to shard further
+    logits = 0.0
     if isinstance(model, TransformerSpec):
-        if ist:  # heads and FFN neurons are dealt like a tensor-parallel split of degree n
-            psi = transformer_ist_subnet_params(model, s.dp)
-            units = layer_activation_units(model, s.dp, False, s.recompute)
-            acts = units * model.seq * s.micro_batch_size * model.hidden * model.layers
-        else:
-            psi = transformer_params_per_device(model, s)
-            acts = activation_bytes(model, s)
+        psi, acts, logits = _transformer_memory(model, s, elem)
     else:
-        psi = subnet_params(model, s.dp) if ist else float(model.params)
-        acts = 0.0
-        if isinstance(model, MLPSpec):
-            acts = mlp_activation_bytes(model, s.micro_batch_size, elem, s.dp if ist else 1)
-    w, g, k = zero_model_states(psi, n_d, s.zero, pb)
+        psi, acts = _dense_memory(model, s, elem)
+    w, g, k = zero_model_states(psi, 1 if s.partitioned else s.dp, s.zero, pb)
     if s.offload:
         k = 0.0
-    return MemoryBreakdown(weights=w, gradients=g, optimizer=k, activations=acts)
+    return MemoryBreakdown(w, g, k, acts, logits)

@@ -27,6 +27,7 @@ GIB = 1024**3
 
 
 def _preset_files(kind: str) -> dict[str, Any]:
+    """Preset name -> the packaged ``<kind>-<name>.toml`` resource."""
     root = resources.files("thinwire") / "presets"
     out: dict[str, Any] = {}
     for entry in root.iterdir():
@@ -49,6 +50,7 @@ def list_presets(kind: str) -> list[str]:
 
 
 def _lookup(kind: str, ref: str) -> dict[str, Any]:
+    """The TOML data of a file path, a preset name or a preset's alias."""
     if ref.endswith(".toml") or "/" in ref:
         path = Path(ref)
         if not path.is_file():
@@ -69,6 +71,7 @@ def _lookup(kind: str, ref: str) -> dict[str, Any]:
 
 
 def _build(cls: type, data: dict[str, Any], label: str) -> Any:
+    """``cls(**data)`` with unknown and missing keys as one-line errors."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
@@ -100,18 +103,22 @@ def cluster_from_dict(data: dict[str, Any], label: str = "cluster") -> ClusterSp
     return _build(ClusterSpec, data, label)
 
 
+_KINDS = {cls.__name__.removesuffix("Spec").lower(): cls
+          for cls in (TransformerSpec, MLPSpec, CountedSpec)}
+"""A model file's ``kind``: the spec class it describes (transformer, mlp or counted)."""
+
+
 def model_from_dict(data: dict[str, Any], label: str = "model") -> ModelSpec:
     """A model spec from TOML data; ``kind`` is transformer (default), mlp or counted."""
     data = dict(data)
     kind = data.pop("kind", "transformer")
     data.pop("aliases", None)
     data.pop("description", None)
-    classes = {"transformer": TransformerSpec, "mlp": MLPSpec, "counted": CountedSpec}
-    if kind not in classes:
-        raise UsageError(f"{label}: kind={kind!r}; use transformer, mlp or counted")
-    if kind == "mlp" and "widths" in data:
+    if kind not in _KINDS:
+        raise UsageError(f"{label}: kind={kind!r}; use one of {', '.join(_KINDS)}")
+    if _KINDS[kind] is MLPSpec and "widths" in data:
         data["widths"] = tuple(data["widths"])
-    return _build(classes[kind], data, label)
+    return _build(_KINDS[kind], data, label)
 
 
 def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:
@@ -134,8 +141,9 @@ def load_model(ref: str) -> ModelSpec:
 
 
 def model_spec_from_module(module: Any, name: str = "module") -> MLPSpec | CountedSpec:
-    """Count a torch ``nn.Module``: an MLPSpec when its Linear layers form a chain (IST can
-    partition it), else a CountedSpec of parameters and 6 x multiply-adds of its Linear layers.
+    """Count a torch ``nn.Module``: an MLPSpec when it is a chain of Linear layers with biases
+    and no other parameters (IST can partition it), else a CountedSpec of parameters and 6 x
+    multiply-adds of its Linear layers.
 
     torch is imported here only, so the planner runs without it.
     """
@@ -148,8 +156,8 @@ def model_spec_from_module(module: Any, name: str = "module") -> MLPSpec | Count
     )
     if chain and len(linears) >= 2:
         widths = (linears[0].in_features, *(m.out_features for m in linears))
-        spec = MLPSpec(name=name, widths=widths, bias=all(m.bias is not None for m in linears))
-        if spec.params == params:
+        spec = MLPSpec(name=name, widths=widths, norm="none")
+        if all(m.bias is not None for m in linears) and spec.params == params:
             return spec
     flops = 6.0 * sum(m.in_features * m.out_features for m in linears)
     if flops <= 0:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from thinwire.errors import UsageError
 from thinwire.planner.specs import ClusterSpec, ModelSpec, TransformerSpec
 from thinwire.planner.step import Prediction, predict
-from thinwire.planner.strategy import StrategySpec
+from thinwire.planner.strategy import StrategySpec, check_partition
 
 
 def divisors(n: int) -> list[int]:
@@ -27,59 +27,60 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+def _dense(n: int, base: StrategySpec, global_batch: int) -> Iterator[StrategySpec]:
+    """An MLP or a counted model: pure data parallel over all devices, b in 1..128."""
+    for b in (1, 2, 4, 8, 16, 32, 64, 128):
+        if global_batch % (b * n) == 0:
+            yield dataclasses.replace(base, dp=n, tp=1, pp=1, micro_batch_size=b,
+                                      micro_batches=global_batch // (b * n), interleave=1)
+
+
+def _degrees(model: TransformerSpec, cluster: ClusterSpec, global_batch: int
+             ) -> Iterator[tuple[int, int, int]]:
+    """(t, p, d): t divides the node and the heads, p the layers, d the batch."""
+    n = cluster.devices
+    for t in divisors(cluster.devices_per_node):
+        for p in divisors(n // t) if not (model.heads % t or n % t) else []:
+            d = n // (t * p)
+            if model.layers % p == 0 and global_batch % d == 0:
+                yield t, p, d
+
+
+def _savers(t: int, p: int, d: int) -> Iterator[tuple[str, bool, int]]:
+    """(recompute, sequence parallel, ZeRO stage): SP only with t > 1; ZeRO 0-3 without a
+    pipeline, 0-1 with one, none with a single replica."""
+    for rec in ("none", "selective", "full"):
+        for sp in (False, True) if t > 1 else (False,):
+            for zero in (0,) if d == 1 else (0, 1, 2, 3) if p == 1 else (0, 1):
+                yield rec, sp, zero
+
+
+def _micro(model: TransformerSpec, p: int, d: int, global_batch: int
+           ) -> Iterator[tuple[int, int, int]]:
+    """(b, m, v): b divides the replica's batch; v divides the stage's layers, m % p == 0."""
+    for b in (1, 2, 4, 8):
+        if (global_batch // d) % b:
+            continue
+        m = global_batch // (d * b)
+        for v in (1, 2, 3, 4):
+            if v == 1 or (p > 1 and (model.layers // p) % v == 0 and m % p == 0):
+                yield b, m, v
+
+
 def candidates(
     model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, global_batch: int
 ) -> Iterator[StrategySpec]:
-    """Every layout of the search space for ``global_batch`` (memory not yet checked)."""
-    n = cluster.devices
-    if not isinstance(model, TransformerSpec):
-        for b in (1, 2, 4, 8, 16, 32, 64, 128):
-            if global_batch % (b * n) == 0:
-                yield dataclasses.replace(
-                    base,
-                    dp=n,
-                    tp=1,
-                    pp=1,
-                    micro_batch_size=b,
-                    micro_batches=global_batch // (b * n),
-                    interleave=1,
-                )
+    """Every layout of the search space for ``global_batch`` (memory not yet checked); a
+    method cutting the model over the workers keeps t = p = 1."""
+    if not isinstance(model, TransformerSpec) or base.partitioned:
+        yield from _dense(cluster.devices, base, global_batch)
         return
-    ist = base.method == "ist"
-    for t in [1] if ist else divisors(cluster.devices_per_node):
-        if model.heads % t or n % t:
-            continue
-        for p in [1] if ist else divisors(n // t):
-            if model.layers % p:
-                continue
-            d = n // (t * p)
-            if global_batch % d:
-                continue
-            for b in (1, 2, 4, 8):
-                if (global_batch // d) % b:
-                    continue
-                m = global_batch // (d * b)
-                vs = [
-                    v
-                    for v in (1, 2, 3, 4)
-                    if v == 1 or (p > 1 and (model.layers // p) % v == 0 and m % p == 0)
-                ]
-                for v in vs:
-                    for rec in ("none", "selective", "full"):
-                        for sp in (False, True) if t > 1 else (False,):
-                            for zero in (0,) if d == 1 else (0, 1, 2, 3) if p == 1 else (0, 1):
-                                yield dataclasses.replace(
-                                    base,
-                                    dp=d,
-                                    tp=t,
-                                    pp=p,
-                                    micro_batch_size=b,
-                                    micro_batches=m,
-                                    interleave=v,
-                                    recompute=rec,
-                                    sequence_parallel=sp,
-                                    zero=zero,
-                                )
+    for t, p, d in _degrees(model, cluster, global_batch):
+        for b, m, v in _micro(model, p, d, global_batch):
+            for rec, sp, zero in _savers(t, p, d):
+                yield dataclasses.replace(
+                    base, dp=d, tp=t, pp=p, micro_batch_size=b, micro_batches=m,
+                    interleave=v, recompute=rec, sequence_parallel=sp, zero=zero)
 
 
 def search(
@@ -90,6 +91,7 @@ def search(
         raise UsageError(
             "--search needs a global batch: pass --global-batch B (the model preset has none)"
         )
+    check_partition(model, base)
     found: list[Prediction] = []
     for s in candidates(model, cluster, base, global_batch):
         try:

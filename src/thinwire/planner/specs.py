@@ -12,18 +12,21 @@ the fix, so the command line can print it and exit 2.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from thinwire.errors import UsageError
 
 RECOMPUTE = ("none", "selective", "full")
-METHODS = ("dp", "compressed", "localsgd", "ist")
+ATTENTION = ("fused", "materialized")
+MLP_NORMS = ("none", "layer", "batch")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 OPTIMIZERS = ("adam", "momentum", "sgd")
 
 
 def _positive(obj: object, *names: str) -> None:
+    """A one-line error for the first of ``names`` that is not > 0."""
     for name in names:
         value = getattr(obj, name)
         if not value > 0:
@@ -98,14 +101,16 @@ class TransformerSpec:
 
 @dataclass(frozen=True)
 class MLPSpec:
-    """A fully connected network: widths [d, h_1, ..., h_L, C], as in IST (Yuan et al. 2022)."""
+    """A fully connected network: widths [d, h_1, ..., h_L, C], as in IST (Yuan et al. 2022),
+    laid out as thinwire's MLP (:mod:`thinwire.models.mlp`) with normalisation ``norm``."""
 
     name: str
     """Preset name, for example "mlp-784-2048-2048-10"."""
     widths: tuple[int, ...]
     """Layer widths from input to output; at least one hidden layer."""
-    bias: bool = True
-    """Whether each layer has a bias vector (one per-neuron vector per hidden neuron)."""
+    norm: str = "none"
+    """none (a bias per neuron), layer (bias + LayerNorm weight and bias per hidden neuron, a
+    bias per output) or batch (bias-free, BatchNorm weight and bias per hidden neuron)."""
     global_batch: int = 0
     """Default global batch in samples (0: none)."""
 
@@ -115,12 +120,17 @@ class MLPSpec:
             raise UsageError(
                 f"model.widths={list(self.widths)} needs input, >= 1 hidden and output widths, all >= 1"
             )
+        if self.norm not in MLP_NORMS:
+            raise UsageError(f"model.norm={self.norm!r}; use one of {', '.join(MLP_NORMS)}")
 
     @property
     def params(self) -> int:
-        """sum_i w_i*w_{i+1} (+ w_{i+1} biases)."""
+        """sum_i w_i*w_{i+1} plus the per-neuron vectors of ``norm``."""
         w = self.widths
-        return sum(a * b + (b if self.bias else 0) for a, b in zip(w[:-1], w[1:]))
+        weights = sum(a * b for a, b in zip(w[:-1], w[1:]))
+        hidden, out = sum(w[1:-1]), w[-1]
+        vectors = {"none": hidden + out, "layer": 3 * hidden + out, "batch": 2 * hidden}
+        return weights + vectors[self.norm]
 
     @property
     def flops_per_sample(self) -> float:
@@ -173,6 +183,9 @@ class ClusterSpec:
     """alpha across nodes, seconds per message."""
     nodes: int = 1
     """Number of nodes (the CLI's --nodes overrides)."""
+    device_count: int = 0
+    """Devices in all, when the last node is only partly used (the CLI's --devices); 0:
+    nodes x devices_per_node."""
     matmul_efficiency: tuple[tuple[float, float], ...] = ((1.0, 0.6), (16.0, 0.9), (128.0, 0.99))
     """(GFLOP of one matmul, fraction of peak) points, interpolated in log size (Calculon)."""
     memory_efficiency: float = 0.9
@@ -191,16 +204,30 @@ class ClusterSpec:
     """Training dtype when the strategy does not name one."""
 
     def __post_init__(self) -> None:
-        _positive(
-            self,
-            "devices_per_node",
-            "device_memory",
-            "memory_bandwidth",
-            "intra_bandwidth",
-            "inter_bandwidth",
-            "nodes",
-            "host_bandwidth",
-        )
+        """1. positive sizes and rates; 2. peak FLOP/s per dtype, the default one among them;
+        3. the matmul curve; 4. efficiencies in (0, 1], latencies >= 0; 5. the device count."""
+        _positive(self, "devices_per_node", "device_memory", "memory_bandwidth",
+                  "intra_bandwidth", "inter_bandwidth", "nodes", "host_bandwidth")
+        self._normalise_peaks()
+        curve = tuple(sorted((float(g), float(e)) for g, e in self.matmul_efficiency))
+        if not curve or any(not 0 < e <= 1 or g <= 0 for g, e in curve):
+            raise UsageError("cluster.matmul_efficiency needs [gflop > 0, 0 < eff <= 1] pairs")
+        object.__setattr__(self, "matmul_efficiency", curve)
+        for name in ("memory_efficiency", "intra_efficiency", "inter_efficiency",
+                     "compute_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise UsageError(f"cluster.{name} must be in (0, 1]")
+        if self.intra_latency < 0 or self.inter_latency < 0:
+            raise UsageError("cluster latencies must be >= 0 seconds")
+        full = self.nodes * self.devices_per_node
+        if self.device_count and not full - self.devices_per_node < self.device_count <= full:
+            raise UsageError(
+                f"cluster.device_count={self.device_count} does not fit {self.nodes} nodes of "
+                f"{self.devices_per_node}; give --devices alone (nodes follow from it)"
+            )
+
+    def _normalise_peaks(self) -> None:
+        """Step 2: peak_flops as sorted (dtype, FLOP/s) pairs, all > 0, the default included."""
         pairs = self.peak_flops.items() if isinstance(self.peak_flops, Mapping) else self.peak_flops
         object.__setattr__(self, "peak_flops", tuple(sorted((str(k), float(v)) for k, v in pairs)))
         if any(v <= 0 for _, v in self.peak_flops):
@@ -209,25 +236,21 @@ class ClusterSpec:
             raise UsageError(
                 f"cluster.default_dtype={self.default_dtype!r} has no entry in cluster.peak_flops"
             )
-        curve = tuple(sorted((float(g), float(e)) for g, e in self.matmul_efficiency))
-        if not curve or any(not 0 < e <= 1 or g <= 0 for g, e in curve):
-            raise UsageError("cluster.matmul_efficiency needs [gflop > 0, 0 < eff <= 1] pairs")
-        object.__setattr__(self, "matmul_efficiency", curve)
-        for name in (
-            "memory_efficiency",
-            "intra_efficiency",
-            "inter_efficiency",
-            "compute_efficiency",
-        ):
-            if not 0 < getattr(self, name) <= 1:
-                raise UsageError(f"cluster.{name} must be in (0, 1]")
-        if self.intra_latency < 0 or self.inter_latency < 0:
-            raise UsageError("cluster latencies must be >= 0 seconds")
 
     @property
     def devices(self) -> int:
-        """N = nodes x devices_per_node."""
-        return self.nodes * self.devices_per_node
+        """N: ``device_count``, or nodes x devices_per_node."""
+        return self.device_count or self.nodes * self.devices_per_node
+
+    def with_devices(self, devices: int) -> ClusterSpec:
+        """This cluster cut or grown to ``devices`` devices: whole nodes of the preset, the last
+        one partly used (one device: one node holding one)."""
+        if devices < 1:
+            raise UsageError(f"--devices={devices} must be >= 1")
+        g = self.devices_per_node
+        nodes = -(-devices // g)
+        return dataclasses.replace(self, nodes=nodes, device_count=0 if devices == nodes * g
+                                   else devices)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; UsageError naming the known dtypes otherwise."""

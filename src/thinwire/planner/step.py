@@ -10,7 +10,8 @@ scatter/gather each of the t ranks sends 1/t of it and the receivers all-gather 
 (Narayanan Sec. 4.1). Data-parallel synchronisation (sync.py) follows the pipeline flush and is
 exposed, unless ``overlap_dp`` hides it behind the last micro-batch's backward pass (PyTorch
 DDP buckets); the optimizer step is memory bound.
-MLPs and counted models run data-parallel only (tp = pp = 1).
+MLPs and counted models run data-parallel only (tp = pp = 1); a method that cuts an MLP over the
+workers computes on a worker's part (:func:`thinwire.planner.methods.worker_widths`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from thinwire.planner.comm import (
     ring_all_gather,
 )
 from thinwire.planner.compute import (
-    LayerCost,
     layer_cost,
     logits_cost,
     matmul_time,
@@ -38,10 +38,9 @@ from thinwire.planner.memory import (
     MemoryBreakdown,
     memory_breakdown,
     param_bytes,
-    subnet_params,
-    transformer_ist_subnet_params,
     transformer_params_per_device,
 )
+from thinwire.planner.methods import worker_params, worker_widths
 from thinwire.planner.specs import (
     DTYPE_BYTES,
     ClusterSpec,
@@ -69,6 +68,7 @@ class StepBreakdown:
 
     @property
     def total(self) -> float:
+        """The step time: the sum of the components."""
         return (
             self.compute
             + self.tp_comm
@@ -81,6 +81,7 @@ class StepBreakdown:
         )
 
     def as_dict(self) -> dict[str, float]:
+        """Seconds per component and the total."""
         names = (
             "compute",
             "tp_comm",
@@ -95,7 +96,7 @@ class StepBreakdown:
 
 
 @dataclass(frozen=True)
-class Traffic:
+class LinkBytes:
     """Bytes on the wire per device per step, by link type."""
 
     tp: float
@@ -105,7 +106,8 @@ class Traffic:
     """The strategy's ledger payload per worker per step (DP/sync only)."""
 
     def as_dict(self) -> dict[str, float]:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "dp_payload": self.dp_payload}
+        return {"tensor_parallel": self.tp, "pipeline": self.pp, "sync": self.dp,
+                "sync_payload": self.dp_payload}
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class Prediction:
     strategy: StrategySpec
     memory: MemoryBreakdown
     breakdown: StepBreakdown
-    traffic: Traffic
+    traffic: LinkBytes
     global_batch: int
     model_flops: float
     """Useful FLOPs per step (no recomputation): the numerator of MFU."""
@@ -137,15 +139,15 @@ class Prediction:
 
 
 def _sync(
-    cluster: ClusterSpec, s: StrategySpec, psi: float, sub: float, bandwidth: float | None
+    model: ModelSpec, cluster: ClusterSpec, s: StrategySpec, psi: float, bandwidth: float | None
 ) -> SyncCost:
-    """Synchronisation of ``psi`` parameters per replica (``sub`` per IST worker)."""
+    """Synchronisation of ``psi`` parameters per replica."""
     pb = param_bytes(s, cluster)
     local, nodes = dp_layout(cluster, s)
     codec_rate = cluster.memory_bandwidth * cluster.memory_efficiency
     links = (intra_link(cluster), inter_link(cluster, bandwidth))
-    x = SyncInputs(psi, sub, pb.grad, pb.weight, local, nodes, *links, codec_rate)
-    return sync_cost(x, s)
+    x = SyncInputs(psi, pb.grad, pb.weight, local, nodes, *links, codec_rate)
+    return sync_cost(model, x, s)
 
 
 def _exposed(sync_time: float, micro_batch_compute: float, s: StrategySpec) -> float:
@@ -161,80 +163,82 @@ def _optimizer(cluster: ClusterSpec, s: StrategySpec, psi: float) -> tuple[float
     pb = param_bytes(s, cluster)
     if s.offload:  # gradients down, weights up over PCIe; the host runs the update
         return 0.0, psi * (pb.grad + pb.weight) / cluster.host_bandwidth
-    owned = psi / s.dp if (s.zero >= 1 and s.method != "ist") else psi
+    owned = psi / s.dp if s.zero >= 1 else psi
     return optimizer_time(owned, pb.grad + 2 * pb.optim + pb.weight, cluster), 0.0
+
+
+def _boundary(model: TransformerSpec, cluster: ClusterSpec, s: StrategySpec,
+              bandwidth: float | None, act: float) -> float:
+    """Seconds per micro-batch at the pipeline boundaries (forward + backward, v chunks)."""
+    if s.pp == 1:
+        return 0.0
+    crossing = pp_crosses_nodes(cluster, s)
+    link = inter_link(cluster, bandwidth) if crossing else intra_link(cluster)
+    gather = ring_all_gather(act, s.tp, intra_link(cluster)) if (crossing and s.tp > 1) else 0.0
+    return 2 * s.interleave * (p2p(act / s.tp, link) + gather)
+
+
+def _transformer_bytes(s: StrategySpec, act: float, per_stage: float, sync: SyncCost
+                       ) -> LinkBytes:
+    """Wire bytes per layer in units of (t-1)/t * b*s*h: 4 (6) all-reduces of 2 units each, or
+    5 (6) reduce-scatter + all-gather pairs with SP; full recompute in parentheses."""
+    t, m = s.tp, s.micro_batches
+    units = 12 if s.recompute == "full" else (10 if s.sequence_parallel else 8)
+    tp_bytes = units * (t - 1) / t * act * per_stage * m if t > 1 else 0.0
+    pp_bytes = 2 * s.interleave * act / t * m if s.pp > 1 else 0.0
+    return LinkBytes(tp_bytes, pp_bytes, sync.wire_bytes, sync.payload_bytes)
 
 
 def _transformer(
     model: TransformerSpec, cluster: ClusterSpec, s: StrategySpec, bandwidth: float | None
-) -> tuple[StepBreakdown, Traffic, SyncCost]:
+) -> tuple[StepBreakdown, LinkBytes, SyncCost]:
+    """1. per-layer and logits costs; 2. the stage boundaries; 3. the 1F1B schedule; 4. DP."""
     dtype = s.resolved_dtype(cluster)
-    e = float(DTYPE_BYTES[dtype])
-    b, t, p, v, m = s.micro_batch_size, s.tp, s.pp, s.interleave, s.micro_batches
-    ist = s.method == "ist"
-    if ist:  # a subnet computes like a t = n split with no collectives inside it
-        full = layer_cost(model, cluster, b, s.dp, False, s.recompute, dtype)
-        lc = LayerCost(full.matmul, full.vector, 0.0)
-        psi = transformer_ist_subnet_params(model, s.dp)
-    else:
-        lc = layer_cost(model, cluster, b, t, s.sequence_parallel, s.recompute, dtype)
-        psi = transformer_params_per_device(model, s)
-    lg = logits_cost(model, cluster, b, t, s.sequence_parallel, dtype)
+    b, p, m = s.micro_batch_size, s.pp, s.micro_batches
+    lc = layer_cost(model, cluster, b, s.tp, s.sequence_parallel, s.recompute, dtype)
+    lg = logits_cost(model, cluster, b, s.tp, s.sequence_parallel, dtype)
     per_stage = model.layers / p
-    act = b * model.seq * model.hidden * e
-    boundary = 0.0
-    if p > 1:
-        crossing = pp_crosses_nodes(cluster, s)
-        link = inter_link(cluster, bandwidth) if crossing else intra_link(cluster)
-        gather = ring_all_gather(act, t, intra_link(cluster)) if (crossing and t > 1) else 0.0
-        boundary = 2 * v * (p2p(act / t, link) + gather)
+    act = b * model.seq * model.hidden * float(DTYPE_BYTES[dtype])
+    boundary = _boundary(model, cluster, s, bandwidth, act)
     mean = (model.layers * lc.total + lg.total) / p + boundary
-    sync = _sync(cluster, s, psi, psi, bandwidth)
+    psi = transformer_params_per_device(model, s)
+    sync = _sync(model, cluster, s, psi, bandwidth)
     opt, off = _optimizer(cluster, s, psi)
     bd = StepBreakdown(
         compute=m * (per_stage * lc.compute + lg.compute),
         tp_comm=m * (per_stage * lc.tp_comm + lg.tp_comm),
         pp_comm=m * boundary,
-        bubble=(p - 1) / v * mean,
+        bubble=(p - 1) / s.interleave * mean,
         dp_comm=_exposed(sync.time, per_stage * lc.compute + lg.compute, s),
         codec=sync.codec,
         optimizer=opt,
         offload=off,
     )
-    # wire bytes per layer in units of (t-1)/t * b*s*h: 4 (6) all-reduces of 2 units each, or
-    # 5 (6) reduce-scatter + all-gather pairs with SP; full recompute in parentheses
-    units = 12 if s.recompute == "full" else (10 if s.sequence_parallel else 8)
-    tp_units = units * (t - 1) / t * act * per_stage * m if (t > 1 and not ist) else 0.0
-    traffic = Traffic(
-        tp=tp_units,
-        pp=(2 * v * act / t * m if p > 1 else 0.0),
-        dp=sync.wire_bytes,
-        dp_payload=sync.payload_bytes,
-    )
-    return bd, traffic, sync
+    return bd, _transformer_bytes(s, act, per_stage, sync), sync
+
+
+def _micro_batch(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> float:
+    """Seconds of one micro-batch of an MLP (a worker's part under a cutting method) or a
+    counted model: 3 matmuls per layer (forward, two backward) and the element-wise work."""
+    dtype = s.resolved_dtype(cluster)
+    peak, curve, b = cluster.peak(dtype), cluster.matmul_efficiency, s.micro_batch_size
+    if isinstance(model, CountedSpec):
+        return 3 * matmul_time(model.flops_per_sample * b / 3, peak, curve)
+    if not isinstance(model, MLPSpec):
+        raise UsageError(f"model {model.name}: transformers take the pipeline path")
+    w = worker_widths(model, s.dp) if s.partitioned else model.widths
+    mm = sum(3 * matmul_time(2.0 * b * x * y, peak, curve) for x, y in zip(w[:-1], w[1:]))
+    return mm + vector_time(6.0 * DTYPE_BYTES[dtype] * b * sum(w[1:]), cluster)
 
 
 def _dense(
     model: ModelSpec, cluster: ClusterSpec, s: StrategySpec, bandwidth: float | None
-) -> tuple[StepBreakdown, Traffic, SyncCost]:
-    dtype = s.resolved_dtype(cluster)
-    peak, curve = cluster.peak(dtype), cluster.matmul_efficiency
-    b = s.micro_batch_size
-    n = s.dp if s.method == "ist" else 1
-    if isinstance(model, MLPSpec):
-        w = [model.widths[0], *(x / n for x in model.widths[1:-1]), model.widths[-1]]
-        mm = sum(3 * matmul_time(2.0 * b * x * y, peak, curve) for x, y in zip(w[:-1], w[1:]))
-        vec = vector_time(6.0 * DTYPE_BYTES[dtype] * b * sum(w[1:]), cluster)
-        per_mb = mm + vec
-    elif isinstance(model, CountedSpec):
-        per_mb = 3 * matmul_time(model.flops_per_sample * b / 3, peak, curve)
-    else:
-        raise UsageError(f"model {model.name}: transformers take the pipeline path")
-    per_mb /= cluster.compute_efficiency
+) -> tuple[StepBreakdown, LinkBytes, SyncCost]:
+    """An MLP or a counted model, data-parallel (or cut over the workers)."""
+    per_mb = _micro_batch(model, cluster, s) / cluster.compute_efficiency
     psi = float(model.params)
-    sub = subnet_params(model, s.dp) if s.method == "ist" else psi
-    sync = _sync(cluster, s, psi, sub, bandwidth)
-    opt, off = _optimizer(cluster, s, sub)
+    sync = _sync(model, cluster, s, psi, bandwidth)
+    opt, off = _optimizer(cluster, s, worker_params(model, s.dp) if s.partitioned else psi)
     bd = StepBreakdown(
         compute=s.micro_batches * per_mb,
         tp_comm=0.0,
@@ -245,7 +249,7 @@ def _dense(
         optimizer=opt,
         offload=off,
     )
-    return bd, Traffic(0.0, 0.0, sync.wire_bytes, sync.payload_bytes), sync
+    return bd, LinkBytes(0.0, 0.0, sync.wire_bytes, sync.payload_bytes), sync
 
 
 def predict(
@@ -259,8 +263,8 @@ def predict(
     else:
         bd, traffic, sync = _dense(model, cluster, s, inter_bandwidth)
         useful = model.flops_per_sample * s.global_batch()
-    if s.method == "ist":  # a subnet does a fraction of the full model's work
-        useful *= subnet_params(model, s.dp) / model.params
+    if s.partitioned:  # a worker's part does a fraction of the full model's work
+        useful *= worker_params(model, s.dp) / model.params
     peak = cluster.peak(s.resolved_dtype(cluster)) * s.devices
     return Prediction(
         s,

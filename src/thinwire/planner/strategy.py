@@ -3,8 +3,9 @@
 3D parallelism as in Narayanan et al. 2021 (data d, tensor t, pipeline p, d*t*p = N; 1F1B with
 m micro-batches of b sequences and v interleaved chunks), memory savers of Korthikanti et al.
 2022 (sequence parallelism, selective or full recompute) and Rajbhandari et al. 2020 (ZeRO
-stages 0-3, offload), and the data-parallel replacements thinwire studies: compressed DP,
-local SGD / DiLoCo (sync every H steps) and IST (Yuan et al. 2022; K local steps per round).
+stages 0-3, offload), a fused attention kernel (SDPA / FlashAttention: no attention scores
+stored), and the methods thinwire trains instead of a gradient all-reduce (``method``: a spec of
+the method registry, :mod:`thinwire.planner.methods`).
 
 ``check_layout`` validates a strategy against a model and a cluster (degrees dividing the
 device count, TP inside a node, layers divisible by p*v, ...) with one-line UsageErrors.
@@ -12,18 +13,23 @@ device count, TP inside a node, layers divisible by p*v, ...) with one-line Usag
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from thinwire.errors import UsageError
 from thinwire.planner.specs import (
+    ATTENTION,
     DTYPE_BYTES,
-    METHODS,
     OPTIMIZERS,
     RECOMPUTE,
     ClusterSpec,
+    MLPSpec,
     ModelSpec,
     TransformerSpec,
 )
+
+_CHOICES = (("recompute", RECOMPUTE), ("attention", ATTENTION), ("optimizer", OPTIMIZERS),
+            ("accounting", ("megatron", "zero")))
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,7 @@ class StrategySpec:
     """One training plan; every field has a safe default (pure data parallel, no savers)."""
 
     dp: int = 1
-    """d, data-parallel degree (replicas, or IST workers when method == "ist")."""
+    """d, data-parallel degree (replicas, or the workers a method cuts the model over)."""
     tp: int = 1
     """t, tensor-parallel degree (Megatron column/row splits)."""
     pp: int = 1
@@ -48,6 +54,9 @@ class StrategySpec:
     """Activation recomputation: none, selective (attention core) or full (whole layer)."""
     sequence_parallel: bool = False
     """Korthikanti sequence parallelism: layer norm / dropout activations split over t."""
+    attention: str = "fused"
+    """fused (SDPA / FlashAttention: the a*s*s attention scores are never stored) or
+    materialized (softmax and dropout outputs kept, as Korthikanti et al. count them)."""
     offload: bool = False
     """Keep optimizer states and fp32 master weights on the host (ZeRO-Offload)."""
     dtype: str = ""
@@ -58,57 +67,37 @@ class StrategySpec:
     """adam (K = 12 B mixed / 8 B fp32), momentum (8 / 4) or sgd (4 / 0 bytes of state)."""
     overlap_dp: bool = False
     """Overlap the gradient all-reduce with the last micro-batch's backward (PyTorch DDP)."""
-    method: str = "dp"
-    """How replicas synchronise: dp, compressed, localsgd or ist."""
-    compression_ratio: float = 1.0
-    """Compressed DP: payload bytes divided by this ratio (>= 1)."""
+    method: str = ""
+    """How replicas synchronise: empty, a gradient all-reduce every step (ZeRO as ``zero``
+    says); or a method spec of thinwire's registry, e.g. ``localsgd:period=20``,
+    ``topk:ratio=0.01`` (:mod:`thinwire.planner.methods`)."""
     codec_passes: float = 4.0
-    """Compressed DP: encode + decode cost, in passes over the gradient at memory bandwidth."""
-    period: int = 1
-    """Local SGD / DiLoCo: average every H steps."""
-    local_steps: int = 1
-    """IST: K local steps per round (one repartition and exchange per round)."""
-    ist_deployment: str = "sharded"
-    """IST: sharded (model spread over workers) or central (rank 0 holds it, also a worker)."""
+    """A method's codec: encode + decode cost, in passes over the gradient at memory bandwidth."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "dp",
-            "tp",
-            "pp",
-            "micro_batch_size",
-            "micro_batches",
-            "interleave",
-            "period",
-            "local_steps",
-        ):
-            value = getattr(self, name)
+        """The degrees (every integer field but ``zero``) >= 1; the choices; the method."""
+        for f in dataclasses.fields(self):
+            if f.type != "int" or f.name == "zero":
+                continue
+            name, value = f.name, getattr(self, f.name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"strategy.{name} must be an integer >= 1 (got {value!r})")
         if self.zero not in (0, 1, 2, 3):
             raise UsageError(f"strategy.zero={self.zero} must be 0, 1, 2 or 3")
-        if self.recompute not in RECOMPUTE:
-            raise UsageError(
-                f"strategy.recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}"
-            )
-        if self.method not in METHODS:
-            raise UsageError(f"strategy.method={self.method!r}; use one of {', '.join(METHODS)}")
+        for name, allowed in _CHOICES:
+            if getattr(self, name) not in allowed:
+                raise UsageError(f"strategy.{name}={getattr(self, name)!r}; use one of "
+                                 f"{', '.join(allowed)}")
         if self.dtype and self.dtype not in DTYPE_BYTES:
             raise UsageError(f"strategy.dtype={self.dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
-        if self.accounting not in ("megatron", "zero"):
-            raise UsageError(f"strategy.accounting={self.accounting!r}; use megatron or zero")
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(
-                f"strategy.optimizer={self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
-            )
-        if self.compression_ratio < 1:
-            raise UsageError(f"strategy.compression_ratio={self.compression_ratio} must be >= 1")
         if self.codec_passes < 0:
             raise UsageError(f"strategy.codec_passes={self.codec_passes} must be >= 0")
-        if self.ist_deployment not in ("sharded", "central"):
-            raise UsageError(
-                f"strategy.ist_deployment={self.ist_deployment!r}; use sharded or central"
-            )
+        self._check_pipeline()
+        if self.method:
+            self._check_method()
+
+    def _check_pipeline(self) -> None:
+        """Interleaving needs a pipeline and m a multiple of p."""
         if self.interleave > 1 and self.pp == 1:
             raise UsageError("strategy.interleave > 1 needs pp > 1; set --interleave 1")
         if self.interleave > 1 and self.micro_batches % self.pp:
@@ -116,6 +105,15 @@ class StrategySpec:
                 f"interleaved 1F1B needs micro_batches ({self.micro_batches}) to be a "
                 f"multiple of pp ({self.pp}); change --micro-batches"
             )
+
+    def _check_method(self) -> None:
+        """A method spec that resolves, and no ZeRO with it."""
+        from thinwire.planner.methods import resolve
+
+        resolve(self.method)  # raises for an unknown method or option
+        if self.zero:
+            raise UsageError(f"--method {self.method} synchronises on its own; ZeRO shards the "
+                             "planner's data-parallel layout: drop --zero or --method")
 
     @property
     def devices(self) -> int:
@@ -130,6 +128,15 @@ class StrategySpec:
         """The strategy's dtype, or the cluster's default."""
         return self.dtype or cluster.default_dtype
 
+    @property
+    def partitioned(self) -> bool:
+        """Whether the method cuts the model over the d workers instead of replicating it."""
+        if not self.method:
+            return False
+        from thinwire.planner.methods import partitioned, resolve
+
+        return partitioned(resolve(self.method))
+
 
 def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> None:
     """Raise UsageError unless ``s`` can run ``model`` on ``cluster`` (memory is checked apart)."""
@@ -137,7 +144,8 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> Non
     if s.devices != n:
         raise UsageError(
             f"dp*tp*pp = {s.dp}*{s.tp}*{s.pp} = {s.devices} but the cluster has {n} "
-            f"devices ({cluster.nodes} nodes x {cluster.devices_per_node}); fix --dp/--tp/--pp or --nodes"
+            f"devices ({cluster.nodes} nodes x {cluster.devices_per_node}); fix --dp/--tp/--pp, "
+            "--nodes or --devices"
         )
     if s.tp > cluster.devices_per_node or cluster.devices_per_node % s.tp:
         raise UsageError(
@@ -145,6 +153,7 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> Non
             "(tensor parallelism stays inside a node); lower --tp"
         )
     cluster.peak(s.resolved_dtype(cluster))  # raises for an unknown dtype
+    check_partition(model, s)
     if not isinstance(model, TransformerSpec):
         if s.tp > 1 or s.pp > 1:
             raise UsageError(
@@ -152,8 +161,27 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> Non
                 "parallelism are modelled for transformers only; use --tp 1 --pp 1"
             )
         return
-    if s.method == "ist" and (s.tp > 1 or s.pp > 1):
-        raise UsageError("method ist partitions the model over the dp workers; use --tp 1 --pp 1")
+    _check_transformer(model, s)
+
+
+def check_partition(model: ModelSpec, s: StrategySpec) -> None:
+    """A method cutting the model into units: a model whose IST plan the planner has (an MLP),
+    over the dp workers only, every hidden width >= workers."""
+    if not s.partitioned:
+        return
+    if not isinstance(model, MLPSpec):
+        raise UsageError(f"--method {s.method} cuts the model into units; the planner has their "
+                         "plan for MLP specs (mlp-W0-...-WL) only")
+    if s.tp > 1 or s.pp > 1:
+        raise UsageError(f"--method {s.method} cuts the model over the dp workers; use --tp 1 "
+                         "--pp 1")
+    if min(model.widths[1:-1]) < s.dp:
+        raise UsageError(f"--method {s.method} cuts every hidden layer of {model.name} into "
+                         f"{s.dp} parts; use widths >= {s.dp} or fewer workers")
+
+
+def _check_transformer(model: TransformerSpec, s: StrategySpec) -> None:
+    """t divides the heads, p*v the layers."""
     if model.heads % s.tp:
         raise UsageError(f"tp={s.tp} must divide model.heads={model.heads}; pick a divisor")
     if model.layers % (s.pp * s.interleave):

@@ -1,18 +1,23 @@
-"""How replicas synchronise, per step: plain DP, ZeRO, compressed DP, local SGD, IST.
+"""How replicas synchronise, per step: the planner's data-parallel layout, or a method of thinwire.
 
 Bytes and seconds per device per optimizer step, for Psi parameters held by each replica,
-g bytes per gradient element and n data-parallel workers (compression.md, ist.md):
-- dp (ZeRO 0): all-reduce of g*Psi bytes; wire 2(n-1)/n g*Psi per worker (ring).
+g bytes per gradient element and n data-parallel workers.
+
+The planner's own layout (``method`` empty; Rajbhandari et al. 2020 for ZeRO):
+- ZeRO 0: all-reduce of g*Psi bytes; wire 2(n-1)/n g*Psi per worker (ring);
 - ZeRO 1/2: reduce-scatter of gradients + all-gather of w-byte weights (same volume);
-  ZeRO 3: per micro-batch, all-gather weights forward and backward + reduce-scatter gradients
-  (1.5x DP, Rajbhandari et al. 2020, Sec. 7).
-- compressed: payload / ratio plus encode + decode time; compression is used only where it
-  pays, (1 - 1/ratio) * S / (bandwidth * efficiency) > encode + decode.
-- localsgd / DiLoCo: the DP all-reduce once every H steps (time and bytes / H).
-- ist: per round every worker receives its subnet and sends it back, 2 x subnet bytes, once
-  per K local steps. Central deployment: rank 0 (also a worker) sends and receives the n-1
-  other subnets, 2(n-1) x subnet bytes on its link; sharded: each worker exchanges ~2 x subnet
-  bytes, (n-1)/n of it over the wire (its own shard stays local).
+- ZeRO 3: per micro-batch, all-gather weights forward and backward + reduce-scatter gradients
+  (1.5x DP, Sec. 7).
+
+A method of thinwire's registry (:mod:`thinwire.planner.methods`):
+1. its steady-state ledger bytes per step come from its own traffic function over the model's
+   layout (thinwire's ledger: fp32 gradients and parameters);
+2. rank 0's calls are timed on the cluster's links: an all-reduce of the call's mean payload as
+   the layout's all-reduce (ring or tree, hierarchical across nodes), an all-gather likewise,
+   a point-to-point exchange (n-1) alpha + wire bytes x beta on the link it crosses;
+3. a codec costs ``codec_passes`` passes over the g*Psi gradient bytes of each exchange at
+   memory bandwidth, and is used only where it pays: its exchange time plus codec time below
+   the same method's without it ((1 - 1/ratio) S / (bandwidth eff) > encode + decode).
 """
 
 from __future__ import annotations
@@ -20,27 +25,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thinwire.planner.comm import Link, all_gather, allreduce, reduce_scatter, ring_wire_factor
+from thinwire.planner.specs import ModelSpec
 from thinwire.planner.strategy import StrategySpec
 
 
 @dataclass(frozen=True)
 class SyncCost:
-    """Per-step synchronisation of one device (the busiest one for central IST)."""
+    """Per-step synchronisation of one device (the busiest one for central deployments)."""
 
     time: float
-    """Seconds per step spent communicating (amortised over H or K)."""
+    """Seconds per step spent communicating (amortised over a method's sync period)."""
     codec: float
-    """Seconds per step encoding + decoding (compressed DP when it pays)."""
+    """Seconds per step encoding + decoding (a codec, when it pays)."""
     payload_bytes: float
-    """Ledger payload per worker per step (what the strategy hands to the collective)."""
+    """Ledger payload per worker per step, the mean over workers."""
     wire_bytes: float
-    """Estimated bytes on the busiest worker's wire per step."""
+    """Estimated bytes the busiest worker sends per step."""
     compressed: bool = False
-    """Whether compression was switched on."""
+    """Whether a codec was switched on."""
 
     @property
     def total(self) -> float:
         return self.time + self.codec
+
+
+NO_SYNC = SyncCost(0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -49,8 +58,6 @@ class SyncInputs:
 
     params: float
     """Psi, parameters per replica (per device after TP/PP splits)."""
-    subnet: float
-    """IST subnet parameters per worker (== params otherwise)."""
     grad_bytes: float
     """Bytes per gradient element on the wire."""
     weight_bytes: float
@@ -66,8 +73,7 @@ class SyncInputs:
 
 
 def _dp_time(x: SyncInputs, s: StrategySpec, payload: float) -> float:
-    if s.dp <= 1:
-        return 0.0
+    """Seconds of the layout's gradient exchange of ``payload`` bytes (ZeRO as configured)."""
     if s.zero == 0:
         return allreduce(payload, x.local, x.nodes, x.intra, x.inter)
     weights = payload * x.weight_bytes / x.grad_bytes
@@ -78,39 +84,54 @@ def _dp_time(x: SyncInputs, s: StrategySpec, payload: float) -> float:
     return rs + ag
 
 
-def _ist(x: SyncInputs, s: StrategySpec) -> SyncCost:
-    n, k = s.dp, s.local_steps
-    sub = x.subnet * x.grad_bytes
-    if n <= 1:
-        return SyncCost(0.0, 0.0, 0.0, 0.0)
-    link = x.inter if x.nodes > 1 else x.intra
-    if s.ist_deployment == "central":
-        wire = 2.0 * (n - 1) * sub  # rank 0: n-1 subnets out and n-1 back
-        time = 2 * (n - 1) * link.alpha + wire * link.beta
-    else:
-        wire = 2.0 * sub * (n - 1) / n
-        time = 2 * (n - 1) * link.alpha + wire * link.beta
-    return SyncCost(time / k, 0.0, 2.0 * sub / k, wire / k)
-
-
-def sync_cost(x: SyncInputs, s: StrategySpec) -> SyncCost:
-    """Seconds and bytes per step for the strategy's method (module docstring)."""
-    if s.dp <= 1:
-        return SyncCost(0.0, 0.0, 0.0, 0.0)
+def _layout_sync(x: SyncInputs, s: StrategySpec) -> SyncCost:
+    """The planner's data-parallel layout (module docstring)."""
     payload = x.params * x.grad_bytes
-    wire_factor = ring_wire_factor(s.dp)
-    if s.method == "ist":
-        return _ist(x, s)
-    base = _dp_time(x, s, payload)
+    wire = ring_wire_factor(s.dp) * payload
     if s.zero == 3:
-        wire_factor *= 1.5 * s.micro_batches
-    if s.method == "localsgd":
-        h = s.period
-        return SyncCost(base / h, 0.0, payload / h, wire_factor * payload / h)
-    if s.method == "compressed" and s.dp > 1 and s.compression_ratio > 1:
-        small = payload / s.compression_ratio
-        codec = s.codec_passes * payload / x.codec_bytes_per_s
-        squeezed = _dp_time(x, s, small)
-        if squeezed + codec < base:  # compress only where it pays
-            return SyncCost(squeezed, codec, small, wire_factor * small, compressed=True)
-    return SyncCost(base, 0.0, payload, wire_factor * payload)
+        wire *= 1.5 * s.micro_batches
+    return SyncCost(_dp_time(x, s, payload), 0.0, payload, wire)
+
+
+def calls_time(calls: tuple[tuple[str, float, float], ...], n: int, x: SyncInputs) -> float:
+    """Step 2: seconds of rank 0's (op, calls, wire bytes) on ``n`` workers."""
+    total = 0.0
+    for op, count, wire in calls:
+        if count <= 0 or n <= 1:
+            continue
+        if op == "all_reduce":
+            payload = wire * n / (2 * (n - 1)) / count
+            total += count * allreduce(payload, x.local, x.nodes, x.intra, x.inter)
+        elif op == "all_gather":
+            gathered = wire * n / (n - 1) / count
+            total += count * all_gather(gathered, x.local, x.nodes, x.intra, x.inter)
+        else:  # an exchange of messages with the other ranks
+            link = x.inter if x.nodes > 1 else x.intra
+            total += count * (n - 1) * link.alpha + wire * link.beta
+    return total
+
+
+def _method_sync(model: ModelSpec, x: SyncInputs, s: StrategySpec, codec: bool) -> SyncCost:
+    """Steps 1-2 (and 3's codec time) for the method of ``s``, its codec on or off."""
+    from thinwire.planner.methods import per_step, resolve
+
+    method = resolve(s.method)
+    step = per_step(model, s.method, s.dp, s.tp, s.pp, s.optimizer, codec)
+    coded = codec and method.codec != "none"
+    codec_s = (s.codec_passes * x.params * x.grad_bytes / x.codec_bytes_per_s
+               / method.sync_every if coded else 0.0)
+    time = calls_time(step.calls, s.dp, x)
+    return SyncCost(time, codec_s, step.payload_mean, step.sent_max, compressed=coded)
+
+
+def sync_cost(model: ModelSpec, x: SyncInputs, s: StrategySpec) -> SyncCost:
+    """Seconds and bytes per step for the strategy's synchronisation (module docstring)."""
+    if s.dp <= 1:
+        return NO_SYNC
+    if not s.method:
+        return _layout_sync(x, s)
+    coded = _method_sync(model, x, s, codec=True)
+    if not coded.compressed:
+        return coded
+    plain = _method_sync(model, x, s, codec=False)
+    return coded if coded.total < plain.total else plain  # step 3: a codec only where it pays

@@ -6,7 +6,9 @@ Three checks, all printed by ``thinwire plan --validate`` (docs/PLANNER.md shows
    2021 Table 1 (achieved TFLOP/s per GPU, 10 runs), on the a100-80gb preset;
 3. the one calibrated constant, ``compute_efficiency``: fit by least squares on log(predicted /
    measured) over all 18 runs, reported with leave-one-out errors (each run predicted by a fit
-   that never saw it) and across papers (fit on one paper, predict the other).
+   that never saw it) and held out across papers (:func:`held_out`: fit on Narayanan et al.'s
+   runs, test on Korthikanti et al.'s, and the reverse, beside the in-sample error of a fit on
+   the tested paper itself).
 Error = (predicted - measured) / measured of the reported metric.
 """
 
@@ -99,46 +101,85 @@ class StepCheck:
     error_leave_one_out: float
 
 
-def step_time_records(cluster: ClusterSpec) -> tuple[list[StepCheck], dict[str, float]]:
-    """One record per published run (measured, predicted, errors uncalibrated / calibrated /
-    leave-one-out) and a summary of the fits and mean / max absolute errors."""
-    runs = all_runs()
-    raw = dataclasses.replace(cluster, compute_efficiency=1.0)
+@dataclass(frozen=True)
+class HeldOut:
+    """``compute_efficiency`` fit on one paper's runs, tested on another's (errors: |fraction|)."""
+
+    test_on: str
+    fit_on: str
+    efficiency: float
+    """The fit on ``fit_on``'s runs."""
+    in_sample_mean: float
+    """Mean |error| on ``test_on``'s runs with a fit on those same runs."""
+    in_sample_max: float
+    held_out_mean: float
+    """Mean |error| on ``test_on``'s runs with the fit on ``fit_on``'s."""
+    held_out_max: float
+
+
+def _with(cluster: ClusterSpec, efficiency: float) -> ClusterSpec:
+    return dataclasses.replace(cluster, compute_efficiency=efficiency)
+
+
+def _abs_errors(runs: Sequence[PublishedRun], cluster: ClusterSpec) -> list[float]:
+    return [abs(error(r, cluster)) for r in runs]
+
+
+def held_out(cluster: ClusterSpec) -> list[HeldOut]:
+    """1. fit on each paper's runs; 2. test each paper with its own fit (in sample) and with
+    the other paper's (held out): Korthikanti et al. 2022 Table 5 and Narayanan et al. 2021
+    Table 1."""
+    raw = _with(cluster, 1.0)
+    papers = {"Korthikanti 2022 T5": korthikanti_times(), "Narayanan 2021 T1": narayanan_table1()}
+    fits = {name: fit_compute_efficiency(runs, raw) for name, runs in papers.items()}
+    out = []
+    for (test, runs), other in zip(papers.items(), reversed(list(papers))):
+        own = _abs_errors(runs, _with(raw, fits[test]))
+        held = _abs_errors(runs, _with(raw, fits[other]))
+        out.append(HeldOut(test, other, fits[other], sum(own) / len(own), max(own),
+                           sum(held) / len(held), max(held)))
+    return out
+
+
+def _fits_and_errors(runs: list[PublishedRun], raw: ClusterSpec
+                     ) -> tuple[float, list[StepCheck], dict[str, list[float]]]:
+    """The fit on all runs; per run its errors uncalibrated, calibrated and leave-one-out."""
     f_all = fit_compute_efficiency(runs, raw)
-    fitted = dataclasses.replace(raw, compute_efficiency=f_all)
+    fitted = _with(raw, f_all)
     records: list[StepCheck] = []
     errs: dict[str, list[float]] = {"raw": [], "cal": [], "loo": []}
     for i, run in enumerate(runs):
-        f_loo = fit_compute_efficiency(runs[:i] + runs[i + 1 :], raw)
-        loo = dataclasses.replace(raw, compute_efficiency=f_loo)
+        loo = _with(raw, fit_compute_efficiency(runs[:i] + runs[i + 1 :], raw))
         e = {"raw": error(run, raw), "cal": error(run, fitted), "loo": error(run, loo)}
         for key, val in e.items():
             errs[key].append(abs(val))
-        pred = predicted_metric(run, fitted)
-        records.append(
-            StepCheck(
-                run.source, run.label, run.metric, run.measured, pred, e["raw"], e["cal"], e["loo"]
-            )
-        )
-    k = len(korthikanti_times())
-    f_k = fit_compute_efficiency(runs[:k], raw)
-    f_n = fit_compute_efficiency(runs[k:], raw)
-    cross_n = [abs(error(r, dataclasses.replace(raw, compute_efficiency=f_k))) for r in runs[k:]]
-    cross_k = [abs(error(r, dataclasses.replace(raw, compute_efficiency=f_n))) for r in runs[:k]]
-    summary = {
-        "fit_all": f_all,
-        "fit_korthikanti": f_k,
-        "fit_narayanan": f_n,
-        "preset": cluster.compute_efficiency,
-        **{f"mean_{k_}": sum(v) / len(v) for k_, v in errs.items()},
-        **{f"max_{k_}": max(v) for k_, v in errs.items()},
-        "mean_korthikanti_fit_on_narayanan": sum(cross_k) / len(cross_k),
-        "mean_narayanan_fit_on_korthikanti": sum(cross_n) / len(cross_n),
-    }
+        records.append(StepCheck(run.source, run.label, run.metric, run.measured,
+                                 predicted_metric(run, fitted), e["raw"], e["cal"], e["loo"]))
+    return f_all, records, errs
+
+
+def step_time_records(cluster: ClusterSpec) -> tuple[list[StepCheck], dict[str, float]]:
+    """One record per published run (measured, predicted, errors uncalibrated / calibrated /
+    leave-one-out) and a summary: the fits, mean / max absolute errors, and per tested paper
+    (``korthikanti``, ``narayanan``) the in-sample and held-out errors of :func:`held_out`
+    (``heldout_korthikanti_mean``: Korthikanti's runs predicted with the fit on Narayanan's)."""
+    raw = _with(cluster, 1.0)
+    f_all, records, errs = _fits_and_errors(all_runs(), raw)
+    summary = {"fit_all": f_all, "preset": cluster.compute_efficiency}
+    summary |= {f"mean_{k}": sum(v) / len(v) for k, v in errs.items()}
+    summary |= {f"max_{k}": max(v) for k, v in errs.items()}
+    for h in held_out(cluster):
+        paper = h.test_on.split()[0].lower()
+        summary[f"fit_{h.fit_on.split()[0].lower()}"] = h.efficiency
+        summary |= {f"insample_{paper}_mean": h.in_sample_mean,
+                    f"insample_{paper}_max": h.in_sample_max,
+                    f"heldout_{paper}_mean": h.held_out_mean,
+                    f"heldout_{paper}_max": h.held_out_max}
     return records, summary
 
 
 def _step_rows(records: list[StepCheck]) -> list[list[object]]:
+    """The step-time table's rows."""
     rows: list[list[object]] = []
     for r in records:
         unit = "s" if r.metric == "iteration_s" else "TFLOP/s"
@@ -188,6 +229,30 @@ def zero_table() -> list[list[object]]:
     return rows
 
 
+def held_out_table(cluster: ClusterSpec) -> str:
+    """The held-out check as a table (:func:`held_out`)."""
+    rows = [[h.test_on, h.fit_on, f"{h.efficiency:.3f}",
+             f"{100 * h.in_sample_mean:.2f}% (max {100 * h.in_sample_max:.2f}%)",
+             f"{100 * h.held_out_mean:.2f}% (max {100 * h.held_out_max:.2f}%)"]
+            for h in held_out(cluster)]
+    return table(
+        ["runs tested", "fit on", "compute_eff.", "in sample |err|", "held out |err|"],
+        rows,
+        "Held out across papers: compute_efficiency fit on one paper's runs, tested on the other's",
+    )
+
+
+def _notes(sm: dict[str, float]) -> str:
+    """The fit and the mean / max errors under the step-time table."""
+    return "\n".join([
+        f"compute_efficiency: fit on all 18 runs {sm['fit_all']:.3f} (preset uses "
+        f"{sm['preset']:.3f})",
+        f"mean |error|: uncalibrated {100 * sm['mean_raw']:.2f}% (max {100 * sm['max_raw']:.2f}%), "
+        f"calibrated {100 * sm['mean_cal']:.2f}% (max {100 * sm['max_cal']:.2f}%), "
+        f"leave-one-out {100 * sm['mean_loo']:.2f}% (max {100 * sm['max_loo']:.2f}%)",
+    ])
+
+
 def render_validation(cluster: ClusterSpec | None = None) -> str:
     """The text ``thinwire plan --validate`` prints."""
     cluster = cluster or load_cluster("a100-80gb")
@@ -207,15 +272,4 @@ def render_validation(cluster: ClusterSpec | None = None) -> str:
         _step_rows(records),
         "Step time on a100-80gb: iteration seconds (Korthikanti) / TFLOP/s per GPU (Narayanan)",
     )
-    notes = [
-        f"compute_efficiency: fit on all 18 runs {sm['fit_all']:.3f} (preset uses "
-        f"{sm['preset']:.3f}); fit on Korthikanti only {sm['fit_korthikanti']:.3f}, "
-        f"on Narayanan only {sm['fit_narayanan']:.3f}",
-        f"mean |error|: uncalibrated {100 * sm['mean_raw']:.2f}% (max {100 * sm['max_raw']:.2f}%), "
-        f"calibrated {100 * sm['mean_cal']:.2f}% (max {100 * sm['max_cal']:.2f}%), "
-        f"leave-one-out {100 * sm['mean_loo']:.2f}% (max {100 * sm['max_loo']:.2f}%)",
-        f"across papers: Korthikanti predicted with the Narayanan fit "
-        f"{100 * sm['mean_korthikanti_fit_on_narayanan']:.2f}%, Narayanan with the Korthikanti fit "
-        f"{100 * sm['mean_narayanan_fit_on_korthikanti']:.2f}%",
-    ]
-    return "\n\n".join([mem, zero, steps, "\n".join(notes)]) + "\n"
+    return "\n\n".join([mem, zero, steps, _notes(sm), held_out_table(cluster)]) + "\n"

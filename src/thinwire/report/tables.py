@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
-from thinwire.metrics import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,99 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
+    """A finished run's summary and records, checked on reading: a missing, unreadable or
+    malformed ``summary.json`` or ``metrics.jsonl`` (bad JSON, wrong types, missing fields the
+    tables need) is a one-line UsageError naming the file, never a traceback later on.
+    Tested by ``tests/reliability/test_report_inputs.py`` and the fuzz tests beside it."""
     p = Path(path)
     if not (p / "summary.json").is_file() or not (p / "metrics.jsonl").is_file():
         raise UsageError(f"{p} is not a finished run directory (no summary.json / metrics.jsonl); "
                          "pass directories written by thinwire train or compare")
-    return Run(p, json.loads((p / "summary.json").read_text()), read_jsonl(p / "metrics.jsonl"))
+    summary = _read_json(p / "summary.json")
+    problem = _summary_problem(summary)
+    if problem:
+        raise UsageError(f"{p / 'summary.json'} is not a thinwire summary ({problem}); "
+                         "pass a run directory written by thinwire train or compare, or re-run it")
+    records = _read_records(p / "metrics.jsonl")
+    return Run(p, summary, records)
+
+
+_DAMAGED = "the file is damaged: re-run the run, or restore the file"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path} cannot be read ({exc.strerror}); check its permissions") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text; {_DAMAGED}") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(_read_text(path))
+    except (ValueError, RecursionError) as exc:
+        where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise UsageError(f"{path} is not valid JSON{where}; {_DAMAGED}") from None
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _summary_problem(s: Any) -> str:
+    """Why ``s`` cannot feed the tables; '' when it can."""
+    if not isinstance(s, dict):
+        return f"top level is {type(s).__name__}, not an object"
+    need: dict[str, tuple[str, ...]] = {
+        "memory": ("params_held_max", "params_full"),
+        "bytes": ("sent_per_worker_mean", "sent_per_worker_max"),
+    }
+    if not _is_num(s.get("wall_s")):
+        return "wall_s is not a number"
+    for section, keys in need.items():
+        sec = s.get(section)
+        if not isinstance(sec, dict):
+            return f"{section} is not an object"
+        for k in keys:
+            if not _is_num(sec.get(k)):
+                return f"{section}.{k} is not a number"
+    if not s["memory"]["params_full"]:
+        return "memory.params_full is 0"
+    final = s.get("final", {})
+    if not isinstance(final, dict) or any(not _is_num(final[k]) for k in ("accuracy", "nll")
+                                          if k in final):
+        return "final is not an object of numbers"
+    if "config" in s and not (isinstance(s["config"], dict)
+                              and all(isinstance(v, dict) for v in s["config"].values())):
+        return "config is not an object of sections"
+    if "config" not in s and not isinstance(s.get("label", ""), str):
+        return "label is not a string"
+    return ""
+
+
+_RECORD_FIELDS = {"train": ("step", "loss"), "eval": ("step", "accuracy", "nll", "wall_s",
+                                                     "sent_bytes")}
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except (ValueError, RecursionError):
+            raise UsageError(f"{path} line {n} is not valid JSON; {_DAMAGED}") from None
+        if not isinstance(r, dict) or not isinstance(r.get("kind"), str):
+            raise UsageError(f"{path} line {n} is not a metrics record (no kind); {_DAMAGED}")
+        for k in _RECORD_FIELDS.get(r["kind"], ()):
+            if not _is_num(r.get(k)):
+                raise UsageError(f"{path} line {n}: {r['kind']} record lacks a numeric {k}; "
+                                 f"{_DAMAGED}")
+        records.append(r)
+    return records
 
 
 def time_to_target(run: Run, target: float) -> dict[str, Any] | None:

@@ -5,6 +5,14 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the same entry runs 
 ``thinwire train --workers N`` on one machine and under an external multi-node ``torchrun``.
 Backend: nccl when the device is CUDA, gloo otherwise. Every collective carries the configured
 timeout, so a dead or stuck peer ends the job with an error instead of a hang.
+
+Under thinwire's own launcher the workers reach the launcher's store (torch's "agent store",
+``TORCHELASTIC_USE_AGENT_STORE``). That store lives as long as the launcher, across elastic
+restarts of the worker group, and torch (2.13) adds no per-restart prefix to the keys, so a
+restarted group would read the previous group's addresses and fail to connect. Here each
+restart gets its own key space (:func:`attempt_store`); tested by
+``tests/reliability/test_elastic_restart.py``. Under an external torchrun the environment is used
+as torch documents it (agents on several nodes need not agree on a restart count).
 """
 
 from __future__ import annotations
@@ -47,14 +55,36 @@ def init_from_env(rt: RuntimeConfig) -> torch.device:
     torch.set_num_threads(threads)
     device = pick_device(rt, local_rank)
     if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group(pick_backend(rt, device), timeout=timedelta(seconds=rt.timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+        timeout = timedelta(seconds=rt.timeout_s)
+        device_id = device if device.type == "cuda" else None
+        store = attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(pick_backend(rt, device), timeout=timeout, device_id=device_id)
+        else:
+            dist.init_process_group(pick_backend(rt, device), store=store,
+                                    rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout,
+                                    device_id=device_id)
     return device
 
 
 def initialised() -> bool:
     """Whether this process is in a process group."""
     return dist.is_available() and dist.is_initialized()
+
+
+def attempt_store(timeout: timedelta) -> dist.Store | None:
+    """A client of the launcher's store, prefixed by the restart count, when this worker was
+    started by :func:`thinwire.launch.launch` (``THINWIRE_LAUNCHER_PID``) and told to use the
+    agent's store; None otherwise (``init_process_group`` reads the environment itself)."""
+    if (os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+            or not os.environ.get("THINWIRE_LAUNCHER_PID")):
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                           is_master=False, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return dist.PrefixStore(f"/thinwire/{run_id}/attempt_{attempt}", client)
 
 
 def teardown(comm: Comm) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from thinwire.errors import UsageError
 from thinwire.runtime.comm import Comm
 
-DIMS = ("dp", "pp", "tp")
+DIMS = ("data", "pipeline", "tensor")
+"""Mesh dimension names (as torch's DeviceMesh sees them)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Mesh:
             raise UsageError(f"mesh dp x pp x tp = {dp} x {pp} x {tp} does not match the "
                              f"{comm.world_size} workers; choose degrees whose product is that")
         self.comm = comm
-        self.shape = {"dp": dp, "pp": pp, "tp": tp}
+        self.shape = dict(zip(DIMS, (dp, pp, tp)))
         r = comm.rank
         self.coords = Coords(dp=r // (pp * tp), pp=(r // tp) % pp, tp=r % tp)
         self._comms: dict[str, Comm] = {}
@@ -56,16 +57,16 @@ class Mesh:
 
     @property
     def dp(self) -> Comm:
-        return self._comms["dp"]
+        return self._comms[DIMS[0]]
 
     @property
     def pp(self) -> Comm:
-        return self._comms["pp"]
+        return self._comms[DIMS[1]]
 
     @property
     def tp(self) -> Comm:
-        return self._comms["tp"]
+        return self._comms[DIMS[2]]
 
     def rank_of(self, dp: int, pp: int, tp: int) -> int:
         """The global rank at mesh coordinates (dp, pp, tp)."""
-        return (dp * self.shape["pp"] + pp) * self.shape["tp"] + tp
+        return (dp * self.shape[DIMS[1]] + pp) * self.shape[DIMS[2]] + tp

@@ -18,7 +18,6 @@ from thinwire.options import NoOptions
 if TYPE_CHECKING:
     from torch import nn
 
-    from thinwire.config import Config
     from thinwire.strategies.traffic import Layout, Traffic
 
 
@@ -52,8 +51,8 @@ class MethodEntry:
     options: type = NoOptions
     label: Callable[[Any], str] | None = None
     sync_every: Callable[[Any], int] = _one
-    check: Callable[[Config], None] | None = None
-    check_model: Callable[[Config, nn.Module], None] | None = None
+    check: Callable[[Any], None] | None = None
+    check_model: Callable[[Any, nn.Module], None] | None = None
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
 

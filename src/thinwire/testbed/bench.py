@@ -15,7 +15,7 @@ from types import FrameType
 
 from thinwire.config import Config
 from thinwire.report.tables import fmt_bytes, load_run
-from thinwire.run import prepare_run_dir
+from thinwire.run import run_directory
 from thinwire.testbed.measure import compare, read_ledgers
 from thinwire.testbed.modelled import model_run
 from thinwire.testbed.netns import cleanup_stale
@@ -35,11 +35,12 @@ def iter_measured(cfgs: dict[str, list[Config]], links: list[Link],
             n = cfg.runtime.workers
             print(f"== {link.label} {cfg.run_name}: {n} workers in namespaces, "
                   f"{cfg.train.steps} steps", flush=True)
-            run_dir = prepare_run_dir(cfg)
-            wire = run_in_testbed(run_dir, n, link, cfg.runtime.threads, deadline)
+            with run_directory(cfg) as rd:
+                wire = run_in_testbed(rd.path, n, link, cfg.runtime.threads, deadline)
+            run_dir = rd.final
             cmp = compare(wire.tx_bytes, wire.rx_bytes, read_ledgers(run_dir, n))
             run = load_run(run_dir)
-            curve = [(int(r["step"]), float(r["accuracy"]), float(r["wall_s"])) for r in run.evals]
+            curve = [(int(r["step"]), float(r[run.metric]), float(r["wall_s"])) for r in run.evals]
             print(f"   done in {wire.elapsed_s:.0f} s; wire tx {fmt_bytes(cmp.measured_total)} "
                   f"measured vs {fmt_bytes(cmp.compared_total)} estimated "
                   f"({(cmp.ratio - 1) * 100:+.1f}%)", flush=True)
@@ -53,8 +54,9 @@ def iter_modelled(cfgs: list[Config], links: list[Link], deadline: float) -> Ite
         n = cfg.runtime.workers
         print(f"== {cfg.run_name}: {n} workers over loopback (for the model), "
               f"{cfg.train.steps} steps", flush=True)
-        run_dir = prepare_run_dir(cfg)
-        elapsed = run_on_loopback(run_dir, n, cfg.runtime.threads, deadline)
+        with run_directory(cfg) as rd:
+            elapsed = run_on_loopback(rd.path, n, cfg.runtime.threads, deadline)
+        run_dir = rd.final
         print(f"   done in {elapsed:.0f} s", flush=True)
         loaded.append((load_run(run_dir), read_ledgers(run_dir, n)))
     for link in links:

@@ -104,5 +104,5 @@ def model_run(summary: dict[str, Any], records: Sequence[dict[str, Any]],
         step = int(ev["step"])
         frac = float(ev["sent_bytes_max"]) / final_sent if final_sent > 0 else step / steps
         wall = compute_at(trains, step, compute, steps) + comm * min(frac, 1.0)
-        curve.append((step, float(ev["accuracy"]), wall))
+        curve.append((step, float(ev[ev.get("metric", "accuracy")]), wall))
     return ModelledRun(link, compute, comm, curve)

@@ -33,28 +33,44 @@ class BenchResult:
 
     @property
     def is_dp(self) -> bool:
-        """Plain data parallelism (no compressor): the reference of the "vs dp" column."""
-        m = self.run.summary.get("config", {}).get("method", {})
-        return bool(m.get("name") == "dp" and m.get("compressor", "none") == "none"
-                    or (not m and self.method == "dp"))
+        """The registry's first method with its default options (plain data parallelism): the
+        reference of the "vs dp" column."""
+        import dataclasses
+
+        from thinwire.strategies import METHODS
+
+        m = dict(self.run.summary.get("config", {}).get("method", {}))
+        base = METHODS.names()[0]
+        if not m:  # no recorded config: the label says it
+            return self.method == base
+        if m.pop("name", None) != base:
+            return False
+        defaults = dataclasses.asdict(METHODS.get(base).options())
+        return all(defaults.get(k) == v for k, v in m.items())
 
     def to_target(self, target: float) -> tuple[int, float, float] | None:
-        """(step, wall s, ledger bytes sent per worker) at the first evaluation >= target."""
+        """(step, wall s, ledger bytes sent per worker) at the first evaluation reaching target
+        (at or above an accuracy, at or below a perplexity)."""
         sent = {int(r["step"]): float(r["sent_bytes"]) for r in self.run.evals}
-        for step, acc, wall in self.curve:
-            if acc >= target:
+        for step, value, wall in self.curve:
+            if self.run.reached(value, target):
                 return step, wall, sent.get(step, float("nan"))
         return None
 
 
 def common_target(results: list[BenchResult]) -> float:
-    """The highest accuracy every result reached."""
-    return min((max((a for _, a, _ in r.curve), default=0.0) for r in results), default=0.0)
+    """The best metric value every result reached."""
+    if not results:
+        return 0.0
+    if results[0].run.higher_is_better:
+        return min(max((a for _, a, _ in r.curve), default=0.0) for r in results)
+    return max(min((a for _, a, _ in r.curve), default=float("inf")) for r in results)
 
 
 def bench_table(results: list[BenchResult], target: float) -> str:
     kind = results[0].kind if results else "measured"
-    head = (f"| link | method | final acc | train wall s ({kind}) | s to {target:.3f} ({kind}) "
+    metric = results[0].run.metric if results else "accuracy"
+    head = (f"| link | method | final {metric} | train wall s ({kind}) | s to {target:.3f} ({kind}) "
             f"| vs dp | steps to {target:.3f} | sent/worker to {target:.3f} (ledger) ")
     if kind == "measured":
         head += ("| wire tx, all workers (measured) | wire sent incl. control (ledger estimate) "
@@ -121,7 +137,7 @@ def plot_bench(results: list[BenchResult], target: float, path: Path) -> Path:
         ax.axhline(target, ls="--", lw=0.8, color="grey")
         ax.set_title(f"{link.label} ({kind})")
         ax.set_xlabel(f"training wall time, s ({kind})")
-        ax.set_ylabel("test accuracy")
+        ax.set_ylabel(f"test {res.run.metric}" if results else "")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -272,8 +272,8 @@ def run_config_for(spec: BridgeSpec, method: str, shard: str, lr: float, seed: i
 def train_and_measure(spec: BridgeSpec, method: str, shard: str, lr: float, seed: int,
                       work: Path, ds: Any) -> RunCurve:
     """Steps 3, 4 and 6 for one (method, shard, lr)."""
-    from thinwire.run import run_config
     from thinwire.metrics import evaluate
+    from thinwire.run import run_config
 
     cfg = run_config_for(spec, method, shard, lr, seed, work / "runs")
     start = time.perf_counter()

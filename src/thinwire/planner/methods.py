@@ -1,0 +1,224 @@
+"""The methods thinwire trains, in the planner: bytes from their own traffic functions.
+
+A strategy's ``method`` is empty (the planner's own data-parallel layout: a gradient all-reduce
+per step, ZeRO stages; :mod:`thinwire.planner.sync`) or a method spec as ``thinwire train``
+takes it: ``name[:key=value,...]`` of :data:`thinwire.strategies.METHODS` (``localsgd:period=20``)
+or a shorthand a method declares (a codec's name: ``topk:ratio=0.01``). Nothing here names a
+method; every fact comes from the method's registry entry:
+
+1. resolve the spec to the entry and its options dataclass, defaults included (:func:`resolve`):
+   the planner's defaults are the method's own, the ones ``thinwire train`` uses;
+2. the model's :class:`~thinwire.strategies.traffic.Layout` (:func:`layout_of`): an MLP spec
+   from its IST plan (:func:`thinwire.models.mlp.mlp_plan`, no model built); a transformer
+   from the shapes of one device's shard (Narayanan et al. 2021: QKV, projection and FFN
+   matrices split t ways, L/p layers, the first stage's embeddings); a counted model as one
+   flat tensor of its parameters;
+3. the steady state of a sync period of S = ``sync_every`` steps: T(2S) - T(S) of the method's
+   ``traffic`` (the first period differs: DDP's first step sends one bucket of everything, IST's
+   first round moves no optimizer state), per step / S (:func:`per_step`);
+4. what a worker trains: the whole model for methods whose Strategy is a
+   :class:`~thinwire.strategies.base.ReplicatedStrategy`; otherwise the part the model's IST
+   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`,
+   :func:`worker_widths`), which needs a plan (MLP specs).
+
+torch is imported on use only (the registry's modules and the adapters need it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from thinwire.errors import UsageError
+from thinwire.planner.specs import CountedSpec, MLPSpec, ModelSpec, TransformerSpec
+
+if TYPE_CHECKING:
+    from thinwire.models.adapter import ISTPlan
+    from thinwire.strategies.entry import MethodEntry
+    from thinwire.strategies.traffic import Layout, Traffic
+
+OPTIMIZER_STATES = {"adam": 2, "momentum": 1, "sgd": 0}
+"""Per-element optimizer state tensors (what travels with a parameter that moves its state)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """A resolved method spec: its registry entry and options (step 1)."""
+
+    spec: str
+    entry: MethodEntry
+    options: Any
+
+    @property
+    def label(self) -> str:
+        """The method's own short name, e.g. ``localsgd(H=10)``."""
+        return self.entry.label_of(self.options)
+
+    @property
+    def sync_every(self) -> int:
+        """Steps between synchronisations (S)."""
+        return int(self.entry.sync_every(self.options))
+
+    @property
+    def codec(self) -> str:
+        """The codec spec the method encodes with ("none": none)."""
+        return str(getattr(self.options, "compressor", "none"))
+
+    def without_codec(self) -> Method:
+        """The same method with its codec switched off (compressed methods only)."""
+        plain = dataclasses.replace(self.options, compressor="none")
+        return Method(self.spec + " (uncompressed)", self.entry, plain)
+
+
+@lru_cache(maxsize=256)
+def resolve(spec: str) -> Method:
+    """Step 1: ``name[:key=value,...]`` or a declared shorthand -> :class:`Method`; unknown
+    names and options are one-line errors."""
+    from thinwire.options import build_options, parse_spec
+    from thinwire.strategies import METHODS
+
+    name, values = parse_spec(spec, "--method")
+    if name not in METHODS:
+        name, values = _alias(name, values, spec)
+    entry = METHODS.get(name)
+    if entry.traffic is None:
+        raise UsageError(f"--method {spec}: {name} has no traffic formula; choose another method")
+    options = build_options(entry.options, values, "method", owner=f"method {name}")
+    return Method(spec, entry, options)
+
+
+def _alias(name: str, values: dict[str, str], spec: str) -> tuple[str, dict[str, str]]:
+    """The method and options a shorthand stands for (a codec's name: compressed DP)."""
+    from thinwire.strategies import METHODS
+
+    for _, entry in METHODS.entries():
+        if entry.alias is not None and (resolved := entry.alias(name, values)) is not None:
+            options = dict(resolved)
+            return options.pop("name"), options
+    raise UsageError(f"--method {spec}: unknown method {name!r}; use one of "
+                     f"{', '.join(METHODS.names())} or a codec name (e.g. topk:ratio=0.01)")
+
+
+def default_methods() -> list[str]:
+    """Every registered method with a traffic formula, at its defaults, except the first (the
+    runs' default method, plain data parallelism, which the planner's own layout stands for)."""
+    from thinwire.strategies import METHODS
+
+    return [n for n, e in list(METHODS.entries())[1:] if e.traffic is not None]
+
+
+def partitioned(method: Method) -> bool:
+    """Step 4: whether a worker trains only a part of the model (its Strategy is not a
+    ReplicatedStrategy)."""
+    import importlib
+
+    from thinwire.strategies.base import ReplicatedStrategy
+
+    module, _, cls = method.entry.strategy.partition(":")
+    return not issubclass(getattr(importlib.import_module(module), cls), ReplicatedStrategy)
+
+
+def mlp_plan_of(model: MLPSpec) -> ISTPlan:
+    """The IST plan of an MLP spec (:func:`thinwire.models.mlp.mlp_plan`)."""
+    from thinwire.models.mlp import mlp_plan
+
+    w = model.widths
+    return mlp_plan(w[0], w[1:-1], w[-1], norm=model.norm)
+
+
+def transformer_shapes(model: TransformerSpec, tp: int, pp: int
+                       ) -> list[tuple[str, tuple[int, ...]]]:
+    """One device's parameter shapes: L/p layers split t ways, the first stage's embeddings."""
+    h, f, t = model.hidden, model.ffn, tp
+    layer: list[tuple[str, tuple[int, ...]]] = [("qkv.weight", (3 * h // t, h)), ("qkv.bias", (3 * h // t,)),
+             ("proj.weight", (h, h // t)), ("proj.bias", (h,)),
+             ("fc1.weight", (f // t, h)), ("fc1.bias", (f // t,)),
+             ("fc2.weight", (h, f // t)), ("fc2.bias", (h,)),
+             ("ln1.weight", (h,)), ("ln1.bias", (h,)), ("ln2.weight", (h,)), ("ln2.bias", (h,))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("tokens", (-(-model.vocab // t), h)),
+                                                  ("positions", (model.seq, h))]
+    for i in range(model.layers // pp):
+        shapes += [(f"layers.{i}.{name}", shape) for name, shape in layer]
+    return shapes
+
+
+@lru_cache(maxsize=64)
+def layout_of(model: ModelSpec, tp: int = 1, pp: int = 1) -> Layout:
+    """Step 2: the layout the method's traffic function reads (module docstring)."""
+    from thinwire.strategies.traffic import Layout
+
+    if isinstance(model, MLPSpec):
+        plan = mlp_plan_of(model)
+        return Layout.from_shapes([(t.name, t.shape) for t in plan.tensors if not t.buffer],
+                                  ist=plan)
+    if isinstance(model, TransformerSpec):
+        return Layout.from_shapes(transformer_shapes(model, tp, pp))
+    assert isinstance(model, CountedSpec)
+    return Layout.from_shapes([("params", (model.params,))])
+
+
+@dataclass(frozen=True)
+class PerStep:
+    """A method's traffic per optimizer step in the steady state (step 3)."""
+
+    payload_mean: float
+    """Ledger payload per worker (what summary.json's payload_per_worker_mean counts)."""
+    sent_mean: float
+    """Bytes a worker sends, the mean over workers."""
+    sent_max: float
+    """Bytes the busiest worker sends (rank 0 for central deployments)."""
+    calls: tuple[tuple[str, float, float], ...]
+    """Rank 0's (op, calls, wire bytes) per step: what its communication time is made of."""
+
+
+def _minus(a: Traffic, b: Traffic, steps: int) -> PerStep:
+    """(a - b) / steps, per worker and per rank-0 op."""
+    sent = [(x - y) / steps for x, y in zip(a.sent, b.sent)]
+    pay = [(x - y) / steps for x, y in zip(a.payload, b.payload)]
+    calls = tuple((op, (c - b.rank0_calls.get(op, (0, 0))[0]) / steps,
+                   (w - b.rank0_calls.get(op, (0, 0))[1]) / steps)
+                  for op, (c, w) in sorted(a.rank0_calls.items()))
+    return PerStep(sum(pay) / len(pay), sum(sent) / len(sent), max(sent), calls)
+
+
+@lru_cache(maxsize=512)
+def per_step(model: ModelSpec, spec: str, workers: int, tp: int, pp: int, optimizer: str,
+             codec: bool = True) -> PerStep:
+    """Step 3: the steady-state traffic per step of ``spec`` on ``workers`` replicas (or
+    subnets) of ``model``'s per-device shard; ``codec=False``: with its codec switched off."""
+    method = resolve(spec) if codec else resolve(spec).without_codec()
+    assert method.entry.traffic is not None
+    layout, period = layout_of(model, tp, pp), method.sync_every
+    if layout.ist is None and partitioned(method):
+        raise UsageError(f"--method {spec}: {method.entry.name} cuts the model into units; the "
+                         "planner has their plan for MLP specs (mlp-W0-...-WL) only")
+    states = OPTIMIZER_STATES[optimizer]
+    one = method.entry.traffic(layout, method.options, workers, period, 0, states)
+    two = method.entry.traffic(layout, method.options, workers, 2 * period, 0, states)
+    return _minus(two, one, period)
+
+
+def worker_params(model: ModelSpec, workers: int) -> float:
+    """Step 4: parameters a worker trains when the model's IST plan deals its units over
+    ``workers`` (round 0's subnets, the mean over workers; the whole model for one worker)."""
+    if workers <= 1:
+        return float(model.params)
+    if not isinstance(model, MLPSpec):
+        raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs only")
+    from thinwire.strategies.ist import pieces
+    from thinwire.strategies.ist.partition import partition_groups
+
+    plan = mlp_plan_of(model)
+    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
+    total = sum(pieces.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
+                for w in range(workers))
+    return total / workers
+
+
+def worker_widths(model: MLPSpec, workers: int) -> tuple[float, ...]:
+    """Step 4: the widths a worker's subnet has on average (each group's units / workers)."""
+    plan = mlp_plan_of(model)
+    w = model.widths
+    return (float(w[0]), *(g.size / workers for g in plan.groups), float(w[-1]))

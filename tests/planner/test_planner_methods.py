@@ -1,0 +1,96 @@
+"""The planner's methods come from the registry: specs resolve to the method's own options, the
+MLP's IST plan is built without a model, and bytes are the methods' traffic functions'
+(checked against the byte counts of ist.md's digits simulation: n = 4, MLP 64-512-512-10, 2000
+steps per worker: DP 9.0e8 floats sent per worker, local SGD (every 10) 9.0e7, IST (10 local
+steps) 1.0e7 down and up)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import thinwire
+from thinwire.errors import UsageError
+from thinwire.models import build_mlp
+from thinwire.models.adapter import linear_stack
+from thinwire.models.mlp import mlp_plan
+from thinwire.planner.methods import default_methods, layout_of, per_step, resolve
+from thinwire.planner.specs import MLPSpec
+from thinwire.strategies import METHODS
+from thinwire.strategies.data_parallel import bucket_traffic
+from thinwire.strategies.ist.method import Options, ist_traffic
+
+DIGITS = MLPSpec("digits", (64, 512, 512, 10))
+STEPS = 2000
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer", "none"])
+@pytest.mark.parametrize("hidden", [(4, 3), (7,), (5, 6, 7), (512, 512)])
+def test_mlp_plan_equals_the_adapter_of_the_built_model(norm, hidden):
+    built = linear_stack(build_mlp(64, hidden, 10, norm=norm)).plan
+    assert mlp_plan(64, hidden, 10, norm=norm) == built
+
+
+def test_specs_resolve_to_the_methods_own_options():
+    assert resolve("localsgd").options.period == 10
+    assert resolve("localsgd:period=20").label == "localsgd(H=20)"
+    topk = resolve("topk:ratio=0.01")  # a codec's name: compressed data parallelism
+    assert topk.entry.name == "dp" and topk.codec == "topk:ratio=0.01"
+    assert topk.without_codec().codec == "none"
+    assert resolve("dp:compressor=powersgd:rank=2").codec == "powersgd:rank=2"
+    assert default_methods() == [n for n in METHODS.names()[1:]]
+    for bad, needle in (("ring", "unknown method"), ("ist:local_steps=0", "local_steps"),
+                        ("localsgd:k=3", "unknown option")):
+        with pytest.raises(UsageError, match=needle):
+            resolve(bad)
+
+
+def _floats_sent(spec: str) -> float:
+    return per_step(DIGITS, spec, 4, 1, 1, "sgd").sent_mean * STEPS / 4
+
+
+def test_dp_and_localsgd_bytes_match_the_ist_notes():
+    assert _floats_sent("dp") == pytest.approx(9.0e8, rel=0.01)
+    assert _floats_sent("localsgd") == pytest.approx(9.0e7, rel=0.01)
+    dp = per_step(DIGITS, "dp", 4, 1, 1, "sgd")
+    # DDP's buckets from step 1 on, in gradient-ready order: 1 MiB first, then the rest
+    later = bucket_traffic(layout_of(DIGITS), "none", 4, 2)
+    first = bucket_traffic(layout_of(DIGITS), "none", 4, 1)
+    assert dp.payload_mean == later.payload[0] - first.payload[0] == 301_066 * 4
+    assert dp.calls == (("all_reduce", 2.0, later.sent[0] - first.sent[0]),)
+
+
+def test_ist_bytes_are_its_traffic_function_over_the_plan():
+    plan = mlp_plan(64, (512, 512), 10, norm="none")
+    run = ist_traffic(plan, Options(), 4, STEPS, 0)
+    sub = 64 * 128 + 128 * 128 + 128 * 10 + 128 + 128 + 10
+    assert run.payload[1] / 4 == pytest.approx(1.0e7, rel=0.05)  # a worker: down and up
+    assert run.payload[1] == 200 * (2 * 4 * (sub - 10) + 40)  # the output bias is averaged
+    ist = per_step(DIGITS, "ist", 4, 1, 1, "sgd")
+    assert ist.payload_mean == pytest.approx(sum(run.payload) / 4 / STEPS)
+    assert ist.sent_max == pytest.approx(run.sent[0] / STEPS)  # rank 0 sends 3 pieces a round
+    assert dict((op, c) for op, c, _ in ist.calls) == {"all_reduce": 0.1, "p2p": 0.2}
+
+
+def test_a_method_cutting_units_needs_a_plan():
+    from thinwire.planner.presets import load_model
+
+    with pytest.raises(UsageError, match="MLP specs"):
+        per_step(load_model("gpt2-small"), "ist", 4, 1, 1, "adam")
+
+
+def test_no_method_name_in_the_planner_or_measure():
+    """A method's name as a value (``if method == "ist"``) would mean these layers know it."""
+    src = Path(thinwire.__file__).parent
+    files = [*(src / "planner").rglob("*.py"), *(src / "measure").rglob("*.py"),
+             src / "commands" / "plan.py"]
+    for path in files:
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr)}
+        names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                 and id(n) not in docs and isinstance(n.value, str)}
+        assert not names & set(METHODS.names()), path
