@@ -1,7 +1,7 @@
 """The invariants of ist.md for every adapter (MLP, GPT, ResNet, GCN, and a user's fused-qkv
 attention with its own adapter), at n = 2 and 4, central and sharded.
 
-One forked group per (model, n, deployment) runs two rounds of :class:`IST` around plain torch
+One forked group per (n, deployment) runs, for every model in turn, two rounds of :class:`IST` around plain torch
 objects (K = 2, plain SGD):
   round 0 with learning rate 0 on every rank: the assembled model equals the initial one bit
   for bit (every floating-point tensor; integer step counters are the ResNet tests' business);
@@ -24,7 +24,7 @@ import torch
 from harness import run_workers
 from ist_cases import CASES, block_owner, state
 
-from thinwire.runtime.comm import Comm
+from thinwire.runtime.comm import Comm, Ledger
 from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.method import Options, ist_traffic
 from thinwire.strategies.ist.partition import partition_groups
@@ -62,22 +62,33 @@ def _two_rounds(comm: Comm, name: str, deployment: str, frozen: int) -> dict:
             "digest": digest}
 
 
+def _every_adapter(comm: Comm, deployment: str, frozen: int) -> dict:
+    """Every adapter's two rounds in one process group (one fork per (n, deployment)), each on
+    a communicator of its own, so each has its own ledger."""
+    return {name: _two_rounds(Comm(ledger=Ledger(comm.rank)), name, deployment, frozen)
+            for name in ADAPTED}
+
+
 @pytest.mark.parametrize("deployment", ["central", "sharded"])
 @pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("name", ADAPTED)
-def test_round_invariants_and_bytes(name: str, n: int, deployment: str) -> None:
+def test_round_invariants_and_bytes(n: int, deployment: str) -> None:
     frozen = n - 1
-    out = run_workers(_two_rounds, n, name, deployment, frozen)
+    per_rank = run_workers(_every_adapter, n, deployment, frozen)
+    for name in ADAPTED:
+        _check_rounds(name, n, deployment, frozen, [o[name] for o in per_rank])
+
+
+def _check_rounds(name: str, n: int, deployment: str, frozen: int, out: list[dict]) -> None:
     case = CASES[name]
     plan = case.adapter(case.build()).plan
     groups = [(g.name, g.size, g.kind) for g in plan.groups]
     res = out[0]
-    assert all(o["digest"] == res["digest"] for o in out), "ranks disagree on the partition"
+    assert all(o["digest"] == res["digest"] for o in out), f"{name}: ranks disagree"
 
     # a round with learning rate 0 reproduces the model bitwise
     for k, v in res["init"].items():
         if v.is_floating_point():
-            assert torch.equal(v, res["mid"][k]), f"{k} moved in a round with lr 0"
+            assert torch.equal(v, res["mid"][k]), f"{name}: {k} moved in a round with lr 0"
 
     # round 1: what only the frozen rank held, and cross blocks, are bitwise unchanged
     held = partition_groups(groups, n, 0, 1)
@@ -93,7 +104,7 @@ def test_round_invariants_and_bytes(name: str, n: int, deployment: str) -> None:
                 assert not changed.any(), f"{t.name}: held by the frozen rank alone, it moved"
             continue
         owner = block_owner(t, plan, held)
-        assert not changed[owner == -1].any(), f"{t.name}: a cross block moved"
+        assert not changed[owner == -1].any(), f"{name} {t.name}: a cross block moved"
         assert not changed[owner == frozen].any(), f"{t.name}: the frozen rank's block moved"
         if not t.buffer:
             for w in range(n - 1):
