@@ -17,6 +17,11 @@ Hybrid schedule: with ``method.switch_at = S`` the run switches to local SGD (pe
 ``method.period``) on the full model at step S: IST's early speed without its accuracy ceiling
 (ResIST's converse, which warmed up with local SGD).
 
+The original code's behaviour, for exact comparisons with it (docs/IST.md, "Deviations"):
+``method.drop_last_step`` (its round sends the subnet back after K - 1 updates; the K-th is
+lost) and ``method.shards = whole`` (every worker samples the whole training set, in the same
+seeded order). Both default to thinwire's choice: all K steps count, a disjoint shard per rank.
+
 Traffic per round r (:func:`traffic`, exact): owner o sends worker w the piece of w's subnet it
 stores (:func:`~thinwire.strategies.ist.pieces.piece_matrix`) and gets it back after K steps;
 the shared tensors' updates are averaged with one all-reduce. With ``optimizer_state =
@@ -69,6 +74,9 @@ class Options:
     drop_last_step: bool = opt(False, "as the original code: the K-th step of each round is "
                                "taken but its update is lost (the subnet travels back after "
                                "K - 1 updates); for exact comparisons with it")
+    shards: str = opt("own", "training data per rank: own (a disjoint shard each) or whole "
+                      "(every rank samples the whole training set in the same seeded order, as "
+                      "the original code)", choices=("own", "whole"))
 
     def __post_init__(self) -> None:
         check(self.local_steps >= 0, "method.local_steps", "must be >= 1, or 0 for the model's "
@@ -135,8 +143,16 @@ def _label(o: Options) -> str:
     scale = f",{o.scale}-scale" if o.scale != "auto" else ""
     state = ",reindex" if o.optimizer_state == "reindex" else ""
     drop = ",drop-last" if o.drop_last_step else ""
+    whole = ",whole-data" if o.shards == "whole" else ""
     k = o.local_steps or "auto"
-    return f"ist(K={k},{o.deployment}{scale}{state}{drop}){hybrid}"
+    return f"ist(K={k},{o.deployment}{scale}{state}{drop}{whole}){hybrid}"
+
+
+def data_shard(o: Options, rank: int, world: int) -> tuple[int, int]:
+    """(shard, shards) a rank reads: its own of ``world`` disjoint shards, or, with ``shards =
+    whole``, shard 0 of 1 on every rank; the batch stream is seeded by the shard, so every rank
+    then draws the same mini-batches, the original code's identically seeded shuffles."""
+    return (0, 1) if o.shards == "whole" else (rank, world)
 
 
 def adapter_for(cfg: Any, model: nn.Module) -> ISTAdapter:
@@ -184,6 +200,9 @@ class ISTStrategy(Strategy):
                        drop_last_step=o.drop_last_step)
         self._local_cls = LocalSGD
         self.local: Any = None
+
+    def data_shard(self) -> tuple[int, int]:
+        return data_shard(self.o, self.comm.rank, self.comm.world_size)
 
     def _switch(self, *, resuming: bool = False) -> None:
         """Hybrid schedule: every rank gets the full model, then local SGD continues, averaging
