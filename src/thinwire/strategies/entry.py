@@ -42,7 +42,11 @@ class MethodEntry:
       the planner (``optimizer_states``: per-element state tensors of the optimizer, e.g. 2 for
       Adam, for methods that move optimizer state);
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
-      topk codec), or None when the name is not one of its shorthands.
+      topk codec), or None when the name is not one of its shorthands;
+    - ``for_model(options, ist)``: the options with the model's own defaults filled in, given
+      the model's IST adapter class or plan (anything with ``default_local_steps``; None when
+      the model has none), e.g. IST's automatic K -> the model family's K. The config's
+      synchronisation period and the planner's use it (:meth:`sync_every_for`).
     """
 
     name: str
@@ -55,6 +59,16 @@ class MethodEntry:
     check_model: Callable[[Any, nn.Module], None] | None = None
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
+    for_model: Callable[[Any, Any], Any] | None = None
+
+    def options_for(self, options: Any, ist: Any) -> Any:
+        """``options`` with the model's defaults filled in (``for_model``; else unchanged)."""
+        return self.for_model(options, ist) if self.for_model is not None else options
+
+    def sync_every_for(self, options: Any, ist: Any) -> int:
+        """Steps between synchronisations on a model whose IST adapter class or plan is
+        ``ist``."""
+        return int(self.sync_every(self.options_for(options, ist)))
 
     def label_of(self, options: Any) -> str:
         return self.label(options) if self.label is not None else self.name

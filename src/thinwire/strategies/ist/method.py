@@ -8,10 +8,9 @@ standard step. The model's units come from its registry entry's adapter (``Model
 
 Local steps: ``method.local_steps = 0`` (the default) takes the model's own K, its adapter's
 ``default_local_steps`` (10; 50 for the ResNet, as ResIST), read from the registry entry's
-adapter class without building the model (:func:`local_steps_of`). The config checks step
-alignment from the method's options alone, before any model exists, so an automatic K reports
-``sync_every = 1`` there and this module's ``check`` validates ``train.steps``,
-``train.eval_every``, ``run.checkpoint_every`` and ``switch_at`` against the resolved K.
+adapter class without building the model (:func:`local_steps_of`); the entry's ``for_model``
+resolves it for the config's synchronisation period (steps, evaluations and checkpoints are
+aligned to the model's K) and for the planner (from the plan's ``default_local_steps``).
 
 Hybrid schedule: with ``method.switch_at = S`` the run switches to local SGD (period
 ``method.period``) on the full model at step S: IST's early speed without its accuracy ceiling
@@ -32,6 +31,7 @@ rank's stored slices to every other rank once, then local SGD's averages follow.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,9 +98,18 @@ def _check_k(o: Options, k: int) -> None:
           f"discards the K-th update of each round; it needs method.local_steps >= 2, got {k}")
 
 
+def _for_model(o: Options, ist: Any) -> Options:
+    """The options with K resolved: ``local_steps = 0`` -> the model's ``default_local_steps``
+    (its adapter class or plan; 10 when it has none)."""
+    if o.local_steps:
+        return o
+    default = getattr(ist, "default_local_steps", ISTAdapter.default_local_steps)
+    return dataclasses.replace(o, local_steps=int(default))
+
+
 def _sync_every(o: Options) -> int:
     if not o.local_steps:
-        return 1  # K is the model's: ``_check`` aligns the steps once the model is known
+        return 1  # K is the model's: ``sync_every_for`` (via ``_for_model``) knows it
     if o.switch_at:
         return int(np.lcm(o.local_steps, o.period))
     return o.local_steps
@@ -323,4 +332,5 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
 METHOD = MethodEntry(
     name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
-    sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic)
+    sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
+    for_model=_for_model)
