@@ -4,6 +4,7 @@ block model) against data parallelism and local SGD, at 4 workers.
 
     python benchmarks/ist_models.py --out runs/ist_models            # every family
     python benchmarks/ist_models.py --out runs/ist_models gpt resnet # some of them
+    python benchmarks/ist_models.py widths      # GIST's widths, counted (no training)
 
 Each family is one ``thinwire compare`` (same data, model, batch, optimizer and steps for every
 method), printed as its table (final metric, NLL, bytes sent per worker mean and max, parameters
@@ -62,6 +63,40 @@ FAMILIES: dict[str, list[str]] = {
 }
 
 
+def widths_table(widths: tuple[int, ...] = (4096, 16384, 32768), nodes: int = 100_000,
+                 features: int = 128, classes: int = 10) -> str:
+    """GIST's claim in numbers: a 3-layer GCN on the SBM's shape (nodes x features, classes)
+    at growing hidden width, counted on the meta device (no memory) and cut by its adapter; a
+    worker's subnet from the planner (:func:`~thinwire.planner.methods.worker_params`). Model
+    state: parameters + gradients + Adam's two moments (16 bytes per parameter, float32);
+    activations: one float per node and feature of each of the two hidden layers, twice (the
+    pre-norm and post-norm copies autograd keeps), a worker holding 1/n of the features."""
+    import warnings
+
+    import torch
+
+    from thinwire.models.gcn import GCN, GISTAdapter
+    from thinwire.planner.methods import worker_params
+    from thinwire.planner.presets import model_spec_from_module
+
+    lines = ["| hidden width | parameters | model state, 1 device | activations, 1 device "
+             "| model state / worker, n = 4 | activations / worker, n = 4 "
+             "| model state / worker, n = 8 |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    warnings.filterwarnings("ignore", message="Sparse invariant checks")
+    for h in widths:
+        with torch.device("meta"):
+            adjacency = torch.sparse_coo_tensor(torch.zeros(2, 1, dtype=torch.long),
+                                                torch.zeros(1), (nodes, nodes))
+            model = GCN(torch.empty(nodes, features), adjacency, classes, hidden=h, layers=3,
+                        norm="layer")
+        spec = model_spec_from_module(model, f"gcn-{h}", adapter=GISTAdapter(model))
+        act = 2 * 2 * nodes * h * 4
+        lines.append(f"| {h} | {spec.params / 1e6:.1f}M | {fmt_bytes(16 * spec.params)} | "
+                     f"{fmt_bytes(act)} | {fmt_bytes(16 * worker_params(spec, 4))} | "
+                     f"{fmt_bytes(act / 4)} | {fmt_bytes(16 * worker_params(spec, 8))} |")
+    return "\n".join(lines)
+
+
 def memory_table(out: Path) -> str:
     lines = ["| run | params | grads | optimizer state | params + optimizer state |",
              "|---|---:|---:|---:|---:|"]
@@ -77,11 +112,15 @@ def memory_table(out: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("families", nargs="*", default=list(FAMILIES),
-                   help=f"any of {', '.join(FAMILIES)} (default: all)")
+    p.add_argument("families", nargs="*", default=[*FAMILIES, "widths"],
+                   help=f"any of {', '.join(FAMILIES)}, widths (default: all)")
     p.add_argument("--out", default="runs/ist_models")
     p.add_argument("--workers", type=int, default=4)
     args = p.parse_args()
+    if "widths" in args.families:
+        print("## widths (GIST: widths one device cannot hold)\n")
+        print(widths_table() + "\n", flush=True)
+        args.families = [f for f in args.families if f != "widths"]
     for fam in args.families:
         if fam not in FAMILIES:
             p.error(f"unknown family {fam!r}; use any of {', '.join(FAMILIES)}")
