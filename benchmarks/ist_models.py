@@ -56,9 +56,9 @@ FAMILIES: dict[str, list[str]] = {
             "--train.optimizer", "adamw", "--train.lr", "0.01", "--train.batch_size", "32",
             "--train.steps", "200",
             "--train.eval_every", "20", "--methods", "dp,localsgd,ist,ist:scale=none"],
-    "sbm": ["--model", "gcn", "--data", "sbm", "--model.hidden", "256", "--model.layers", "3",
+    "sbm": ["--model", "gcn", "--data", "sbm", "--model.hidden", "64", "--model.layers", "3",
             "--model.norm", "layer", "--train.optimizer", "adamw", "--train.lr", "0.01",
-            "--train.batch_size", "32", "--train.steps", "100", "--train.eval_every", "20",
+            "--train.batch_size", "32", "--train.steps", "40", "--train.eval_every", "20",
             "--methods", "dp,localsgd,ist"],
 }
 

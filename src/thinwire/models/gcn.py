@@ -167,9 +167,10 @@ class GISTAdapter(ISTAdapter):
        ``hidden.i-1`` multiplied by features / held (inverted dropout), so its pre-activations
        (and the logits) keep the full model's scale; the GCN applies its layers functionally,
        so the factor is applied to the output of the hidden activation (``model.act``, called
-       once per hidden layer in order), which is the next layer's input. The measured check
-       (docs/IST.md, "Graph convolutional networks"): Cora, 2 workers, ``dropout`` against
-       ``none``. A one-layer GCN has no hidden features: it is refused.
+       once per hidden layer in order), which is the next layer's input. ``dropout`` against
+       ``none`` on Cora, 4 workers, is one row of docs/BENCHMARKS.md ("IST beyond fully
+       connected nets", ``benchmarks/ist_models.py gcn``). A one-layer GCN has no hidden
+       features: it is refused.
     """
 
     scales = ("dropout", "none")

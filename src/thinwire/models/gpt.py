@@ -210,9 +210,9 @@ class GPTAdapter(ISTAdapter):
        assembled full model then adds, in expectation over the partition, the update every
        subnet was trained to add, and evaluation needs no correction. ``none`` trains the
        subnets unscaled: each learns to make the whole update with 1/n of the units, and the
-       full model's branches add n of them. The measured check (docs/IST.md, "Transformers"):
-       2 workers, K = 10, 200 steps of a 2-layer, 4-head, d_model 64 model on tinyshakespeare,
-       ``dropout`` reached a lower evaluation loss than ``none``.
+       full model's branches add n of them. ``dropout`` against ``none`` is measured in one
+       row of docs/BENCHMARKS.md ("IST beyond fully connected nets", the GPT table; its command
+       is ``benchmarks/ist_models.py gpt``).
     """
 
     scales = ("dropout", "none")
