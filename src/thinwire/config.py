@@ -238,7 +238,8 @@ class Config:
     @property
     def sync_every(self) -> int:
         """Steps between points where every worker holds the same full model."""
-        return methods().get(self.method.name).sync_every(self.method.options)
+        return methods().get(self.method.name).sync_every_for(
+            self.method.options, models().get(self.model.name).ist)
 
     @property
     def run_name(self) -> str:

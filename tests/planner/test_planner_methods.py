@@ -44,7 +44,7 @@ def test_specs_resolve_to_the_methods_own_options():
     # traffic follows activation shapes (tensor and hybrid parallelism) give their own formulas
     priced = [n for n, e in list(METHODS.entries())[1:] if e.traffic is not None]
     assert default_methods() == priced and {"localsgd", "diloco", "ist"} <= set(priced)
-    for bad, needle in (("ring", "unknown method"), ("ist:local_steps=0", "local_steps"),
+    for bad, needle in (("ring", "unknown method"), ("ist:local_steps=-1", "local_steps"),
                         ("localsgd:k=3", "unknown option")):
         with pytest.raises(UsageError, match=needle):
             resolve(bad)
@@ -97,3 +97,47 @@ def test_no_method_name_in_the_planner_or_measure():
         names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
                  and id(n) not in docs and isinstance(n.value, str)}
         assert not names & set(METHODS.names()), path
+
+
+def _adapted(name: str):  # noqa: ANN202
+    """A tiny registry model of the IST test cases, counted with its adapter's plan."""
+    import sys
+
+    from thinwire.planner.presets import model_spec_from_module
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ist"))
+    from ist_cases import CASES
+
+    model = CASES[name].build()
+    return model_spec_from_module(model, name, adapter=CASES[name].adapter(model))
+
+
+@pytest.mark.parametrize("name", ["gpt", "resnet", "gcn"])
+def test_ist_is_priced_from_the_adapters_traffic_function(name):
+    """The planner's IST bytes per step for a GPT, a ResNet or a GCN are the steady-state
+    difference of ``ist_traffic`` on the adapter's plan (what every rank's ledger equals,
+    tests/ist/test_ist_invariants.py), not a formula of their own."""
+    spec = _adapted(name)
+    plan = spec.ist
+    assert plan is not None and layout_of(spec).ist == plan
+    o = Options(local_steps=2)
+    got = per_step(spec, "ist:local_steps=2", 4, 1, 1, "sgd")
+    one, two = (ist_traffic(plan, o, 4, s, 0) for s in (2, 4))
+    assert got.sent_mean == pytest.approx(sum(b - a for a, b in zip(one.sent, two.sent)) / 8)
+    assert got.sent_max == pytest.approx(max(b - a for a, b in zip(one.sent, two.sent)) / 2)
+    assert got.sent_max > 0
+
+
+def test_a_workers_gpt_subnet_is_counted_from_the_adapter():
+    """GPT of the IST cases (vocabulary 11, context 8, 2 blocks of 4 heads of 4, d_model 16,
+    FFN 24) at n = 4: a worker holds one head (its q, k, v rows and biases, its proj columns)
+    and 6 FFN neurons per block, plus everything shared."""
+    from thinwire.planner.methods import worker_params
+
+    spec = _adapted("gpt")
+    d, hd, f, vocab, ctx = 16, 4, 6, 11, 8
+    block = 3 * (hd * d + hd) + d * hd + (f * d + f) + d * f   # cut, one worker's share
+    block_shared = 4 * d + d + d                               # two LayerNorms, proj/fc2 biases
+    shared = vocab * d + ctx * d + 2 * d + d * vocab           # embeddings, ln_f, head
+    assert worker_params(spec, 4) == 2 * (block + block_shared) + shared
+    assert worker_params(spec, 1) == spec.params

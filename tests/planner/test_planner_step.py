@@ -145,9 +145,13 @@ def test_ist_bytes_and_time_come_from_its_traffic_formula():
 
 
 def test_plan_ist_defaults_are_the_methods_own():
+    from thinwire.models.resnet import ResISTAdapter
     from thinwire.planner.methods import resolve
     from thinwire.strategies.ist.method import Options
 
     ist = resolve("ist")
-    assert ist.options == Options() and ist.label == "ist(K=10,central)"
-    assert ist.sync_every == Options().local_steps == 10
+    assert ist.options == Options() and ist.label == "ist(K=auto,central)"
+    # K = 0 is the model's own: 10 for a plain stack, ResIST's 50 for the ResNet
+    assert ist.entry.sync_every_for(ist.options, None) == 10
+    assert ist.entry.sync_every_for(ist.options, ResISTAdapter) == 50
+    assert ist.entry.sync_every_for(Options(local_steps=7), ResISTAdapter) == 7

@@ -19,7 +19,12 @@ convolution, the residual blocks of a stage. An adapter describes a model as:
 - :meth:`ISTAdapter.configure`: the model-side changes a subnet needs beyond tensor shapes
   (a LayerNorm's ``normalized_shape``, which residual blocks are enabled), and
   :meth:`ISTAdapter.configure_eval`, applied to the assembled full model for evaluation
-  (ResIST's test-time scaling of partitioned blocks).
+  (ResIST's test-time scaling of partitioned blocks);
+- :meth:`ISTAdapter.install_scaling`: where the inverted-dropout factors act (by default a
+  forward pre-hook on every module of ``scaled_inputs``; a model whose forward calls a layer's
+  weights functionally places them elsewhere);
+- ``default_local_steps``: the local steps per round the method's literature uses for this model
+  family (10; ResIST: 50), the ``ist`` method's K when its ``local_steps`` is left at 0.
 
 The plan is pure data (names, shapes, integers): the planner prices IST from it without a model.
 :func:`linear_stack` finds the plan of any chain of ``nn.Linear`` layers with optional
@@ -30,8 +35,10 @@ them; it is the MLP's adapter and the default for a user's own fully connected m
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -40,6 +47,7 @@ from torch import nn
 from thinwire.errors import UsageError
 
 GROUP_KINDS = ("disjoint", "dealt")
+FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,20 @@ class ISTPlan:
     scaled_inputs: tuple[tuple[str, str], ...] = ()
     batch_normalised: bool = False
     """Every cut group is followed by a norm using batch statistics (IST's original scaling)."""
+    default_local_steps: int = 10
+    """K when the ``ist`` method's ``local_steps`` is 0 (the adapter's ``default_local_steps``)."""
+
+    @property
+    def wire_dtype(self) -> str:
+        """The dtype subnet pieces travel in: the widest floating-point dtype of the plan's
+        tensors (float32 when none). Integer buffers (BatchNorm's ``num_batches_tracked``) ride
+        along in it, exactly while they stay below 2**24 (float32) or 2**8 (bfloat16)."""
+        floats = [t.dtype for t in self.tensors if t.dtype in FLOAT_DTYPES]
+        return min(floats, key=FLOAT_DTYPES.index) if floats else "float32"
+
+    @property
+    def wire_itemsize(self) -> int:
+        return 2 if self.wire_dtype == "bfloat16" else int(np.dtype(self.wire_dtype).itemsize)
 
     def group(self, name: str) -> UnitGroup:
         for g in self.groups:
@@ -132,8 +154,8 @@ class ISTPlan:
             if t.unit is not None:
                 if t.cuts:
                     raise ValueError(f"{t.name}: a tensor owned by one unit has no cuts")
-                g = sizes.get(t.unit[0])
-                if g is None or g.kind != "dealt" or not 0 <= t.unit[1] < g.size:
+                owner = sizes.get(t.unit[0])
+                if owner is None or owner.kind != "dealt" or not 0 <= t.unit[1] < owner.size:
                     raise ValueError(f"{t.name}: unit {t.unit} is not a unit of a dealt group")
 
     def sizes(self, held: Mapping[str, np.ndarray]) -> dict[str, int]:
@@ -145,13 +167,16 @@ class ISTAdapter:
 
     Subclasses override :meth:`configure` and :meth:`configure_eval` where the model needs more
     than tensor shapes changed; ``scales`` lists the activation-scaling modes the model supports,
-    the first being its default."""
+    the first being its default (``none`` always means: no scaling in training and none at
+    evaluation, so :meth:`configure_eval` is skipped); ``default_local_steps`` is the model
+    family's K (module docstring)."""
 
     scales: tuple[str, ...] = ("dropout", "none")
+    default_local_steps: ClassVar[int] = 10
 
     def __init__(self, plan: ISTPlan) -> None:
         plan.validate()
-        self.plan = plan
+        self.plan = dataclasses.replace(plan, default_local_steps=self.default_local_steps)
 
     def configure(self, model: nn.Module, held: Mapping[str, np.ndarray] | None) -> None:
         """Make ``model`` run as the subnet holding ``held`` units (None: the full model)."""
@@ -160,6 +185,16 @@ class ISTAdapter:
     def configure_eval(self, model: nn.Module, n: int) -> None:
         """Adjust an assembled full model for evaluation after training with ``n`` subnets."""
         del model, n
+
+    def install_scaling(self, model: nn.Module, factors: Sequence[tuple[str, float]]
+                        ) -> list[Any]:
+        """Inverted dropout: multiply the input of module ``name`` by ``factor`` for every
+        (name, factor) (a forward pre-hook each); returns the handles to remove after the
+        round."""
+        modules = dict(model.named_modules())
+        return [modules[name].register_forward_pre_hook(
+                    lambda _m, args, f=factor: (args[0] * f, *args[1:]))
+                for name, factor in factors]
 
 
 # --- fully connected stacks ---------------------------------------------------------------------

@@ -23,14 +23,16 @@ elsewhere, so a model holding a subset of hidden features (IST's unit for GCNs) 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from thinwire.errors import UsageError
+from thinwire.models.adapter import Cut, ISTAdapter, ISTPlan, TensorPlan, UnitGroup
 from thinwire.models.registry import ModelEntry
 from thinwire.options import check, opt
 
@@ -146,7 +148,81 @@ def build_gcn(options: Options, dataset: Dataset, seed: int) -> GCN:
                    layers=options.layers, norm=options.norm, dropout=options.dropout)
 
 
+class GISTAdapter(ISTAdapter):
+    """GIST (Wolfe, Yang, Liao, Chowdhury, Dun, Bayer, Segarra, Kyrillidis, "GIST: Distributed
+    Training for Large-Scale Graph Convolutional Networks"): IST over a GCN's hidden features.
+
+    1. Hidden layer i (the outputs of ``layers[i]``, i < L for L + 1 layers) is one disjoint
+       group ``hidden.i``, cut as IST cuts a fully connected net's neurons: ``layers[0]``'s
+       weight rows and bias by ``hidden.0`` (the node features are whole); ``layers[i]``'s
+       weight by ``hidden.i`` (rows, and bias) and ``hidden.i-1`` (columns), so only the block
+       joining a worker's own features of both layers travels and trains; ``layers[L]``'s weight
+       columns by ``hidden.L-1``, its bias shared and averaged over all ranks;
+    2. normalisation is the model's own, parameter-free (``norm = layer``: LayerNorm without
+       affine parameters, as GIST): it adapts to whatever width a subnet holds and has nothing
+       to cut;
+    3. the graph (features, normalised adjacency) is a non-persistent buffer: it never travels
+       and stays whole on every worker (each trains its sub-GCN on the full graph);
+    4. activation scaling, ``dropout`` by default: layer i > 0 sees the held features of
+       ``hidden.i-1`` multiplied by features / held (inverted dropout), so its pre-activations
+       (and the logits) keep the full model's scale; the GCN applies its layers functionally,
+       so the factor is applied to the output of the hidden activation (``model.act``, called
+       once per hidden layer in order), which is the next layer's input. ``dropout`` against
+       ``none`` on Cora, 4 workers, is one row of docs/BENCHMARKS.md ("IST beyond fully
+       connected nets", ``benchmarks/ist_models.py gcn``). A one-layer GCN has no hidden
+       features: it is refused.
+    """
+
+    scales = ("dropout", "none")
+
+    def __init__(self, model: nn.Module) -> None:
+        if not isinstance(model, GCN):
+            raise UsageError(f"GISTAdapter cuts thinwire's GCN, got {type(model).__name__}")
+        last = len(model.layers) - 1
+        if last < 1:
+            raise UsageError("GIST cuts a GCN's hidden features; this GCN has one layer and "
+                             "none: use model.layers >= 2")
+        groups, tensors, scaled = [], [], []
+        for i, lin in enumerate(model.layers):
+            assert isinstance(lin, nn.Linear)
+            w_cuts, b_cuts = [], []
+            if i < last:
+                groups.append(UnitGroup(f"hidden.{i}", lin.out_features))
+                w_cuts.append(Cut(f"hidden.{i}", 0))
+                b_cuts.append(Cut(f"hidden.{i}", 0))
+            if i > 0:
+                w_cuts.append(Cut(f"hidden.{i - 1}", 1))
+                scaled.append((f"layers.{i}", f"hidden.{i - 1}"))
+            dtype = str(lin.weight.dtype).replace("torch.", "")
+            tensors.append(TensorPlan(f"layers.{i}.weight", tuple(lin.weight.shape),
+                                      tuple(w_cuts), dtype=dtype))
+            if lin.bias is not None:
+                tensors.append(TensorPlan(f"layers.{i}.bias", tuple(lin.bias.shape),
+                                          tuple(b_cuts), dtype=dtype))
+        super().__init__(ISTPlan(groups=tuple(groups), tensors=tuple(tensors),
+                                 scaled_inputs=tuple(scaled)))
+
+    def install_scaling(self, model: nn.Module, factors: Sequence[tuple[str, float]]
+                        ) -> list[Any]:
+        """Step 4: the k-th call of ``model.act`` in a forward pass makes the input of
+        ``layers[k + 1]``; a model pre-hook restarts the count at every forward."""
+        assert isinstance(model, GCN)
+        by_input = {int(name.split(".")[1]) - 1: f for name, f in factors}
+        calls = [0]
+
+        def restart(_m: nn.Module, _args: Any) -> None:
+            calls[0] = 0
+
+        def scale(_m: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+            k, calls[0] = calls[0], calls[0] + 1
+            f = by_input.get(k)
+            return out if f is None else out * f
+
+        return [model.register_forward_pre_hook(restart),
+                model.act.register_forward_hook(scale)]
+
+
 MODEL = ModelEntry(
     name="gcn", summary="graph convolutional network (Kipf & Welling 2017) for node classes",
     build=build_gcn, data_kinds=("node",), default_data="cora", options=Options,
-    blocks=(r"layers\.\d+",))
+    blocks=(r"layers\.\d+",), ist=GISTAdapter)

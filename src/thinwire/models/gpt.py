@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from thinwire.errors import UsageError
+from thinwire.models.adapter import Cut, ISTAdapter, ISTPlan, UnitGroup
+from thinwire.models.adapter import TensorPlan as ISTTensor
 from thinwire.models.registry import ModelEntry
 from thinwire.models.tensor_plan import Region, TensorPlan
 from thinwire.options import check, opt
@@ -264,8 +266,70 @@ def tensor_plan(model: nn.Module) -> TensorPlan:
                       width=model.tok_emb.embedding_dim, seq_len=model.context)
 
 
+def _dtype(x: torch.Tensor) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+class GPTAdapter(ISTAdapter):
+    """Independent Subnetwork Training of the GPT (Yuan et al., VLDB 2022, carried from neurons
+    to a transformer's own units).
+
+    Per block l, two disjoint groups, cut afresh each round:
+    1. ``heads.l``, the attention heads: the rows of ``attn.q``, ``attn.k`` and ``attn.v``
+       (weights and biases) per head, ``per_unit = head_dim``, and the same columns of
+       ``attn.proj.weight``: a subnet attends with its own heads only (the attention derives its
+       head count from the weight shapes);
+    2. ``ffn.l``, the feed-forward neurons: the rows of ``mlp.fc1`` (and its bias) and the
+       columns of ``mlp.fc2.weight``, as IST's hidden layers;
+    3. shared by every subnet and averaged over all ranks after each round: the token and
+       position embeddings, every LayerNorm (they normalise ``d_model``, which is never cut),
+       the biases of ``attn.proj`` and ``mlp.fc2`` (added once to the residual stream) and the
+       output head (or the tied embedding).
+    4. Activation scaling, ``dropout`` by default: a subnet holding 1/n of a block's heads and
+       FFN neurons adds a residual update made of 1/n of the terms of the full model's, so
+       ``proj``'s and ``fc2``'s inputs are multiplied by units / held (inverted dropout). The
+       assembled full model then adds, in expectation over the partition, the update every
+       subnet was trained to add, and evaluation needs no correction. ``none`` trains the
+       subnets unscaled: each learns to make the whole update with 1/n of the units, and the
+       full model's branches add n of them. ``dropout`` against ``none`` is measured in one
+       row of docs/BENCHMARKS.md ("IST beyond fully connected nets", the GPT table; its command
+       is ``benchmarks/ist_models.py gpt``).
+    """
+
+    scales = ("dropout", "none")
+
+    def __init__(self, model: nn.Module) -> None:
+        if not isinstance(model, GPT):
+            raise UsageError(f"GPTAdapter cuts thinwire's GPT, got {type(model).__name__}")
+        groups: list[UnitGroup] = []
+        cuts: dict[str, tuple[Cut, ...]] = {}
+        scaled: list[tuple[str, str]] = []
+        for layer, block in enumerate(model.blocks):
+            assert isinstance(block, Block)
+            pre, hd = f"blocks.{layer}.", block.attn.head_dim
+            heads, ffn = f"heads.{layer}", f"ffn.{layer}"
+            groups.append(UnitGroup(heads, block.attn.q.weight.shape[0] // hd))
+            groups.append(UnitGroup(ffn, block.mlp.fc1.weight.shape[0]))
+            for lin in ("q", "k", "v"):
+                cuts[f"{pre}attn.{lin}.weight"] = (Cut(heads, 0, hd),)
+                cuts[f"{pre}attn.{lin}.bias"] = (Cut(heads, 0, hd),)
+            cuts[f"{pre}attn.proj.weight"] = (Cut(heads, 1, hd),)
+            cuts[f"{pre}mlp.fc1.weight"] = (Cut(ffn, 0),)
+            cuts[f"{pre}mlp.fc1.bias"] = (Cut(ffn, 0),)
+            cuts[f"{pre}mlp.fc2.weight"] = (Cut(ffn, 1),)
+            scaled += [(f"{pre}attn.proj", heads), (f"{pre}mlp.fc2", ffn)]
+        tensors = [ISTTensor(name, tuple(p.shape), cuts.get(name, ()), dtype=_dtype(p))
+                   for name, p in model.named_parameters()]
+        persistent = dict(model.state_dict(keep_vars=True))
+        tensors += [ISTTensor(name, tuple(b.shape), buffer=True, dtype=_dtype(b))
+                    for name, b in model.named_buffers() if name in persistent]
+        super().__init__(ISTPlan(groups=tuple(groups), tensors=tuple(tensors),
+                                 scaled_inputs=tuple(scaled)))
+
+
 MODEL = ModelEntry(
     name="gpt", summary="decoder-only transformer LM, pre-LayerNorm GPT-2 layout, char level",
     build=build_gpt, data_kinds=("sequence",), default_data="tinyshakespeare", options=Options,
     blocks=(r"blocks\.\d+",), selective=(r"blocks\.\d+\.attn",), activations=activation_bytes,
-    chain=gpt_chain, tensor=tensor_plan)
+    chain=gpt_chain, tensor=tensor_plan,
+    ist=GPTAdapter)

@@ -22,15 +22,17 @@ block raises. BatchNorm keeps running statistics (used in eval mode).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from thinwire.errors import UsageError
+from thinwire.models.adapter import ISTAdapter, ISTPlan, TensorPlan, UnitGroup
 from thinwire.models.registry import ModelEntry
 from thinwire.options import check, opt
 
@@ -157,7 +159,88 @@ def build_resnet(options: Options, dataset: Dataset, seed: int) -> ResNet:
                       blocks=options.blocks)
 
 
+class ResISTAdapter(ISTAdapter):
+    """ResIST (Dun, Wolfe, Jermaine, Kyrillidis, UAI 2022): IST over a ResNet's depth.
+
+    1. Units: in every stage, the residual blocks that do not downsample (``downsample`` False:
+       same channels and resolution in and out, so the identity may replace them) form one
+       ``dealt`` group ``stage.s``; a stage whose only block downsamples has none;
+    2. each round every group is dealt round-robin over a fresh permutation
+       (:func:`~thinwire.strategies.ist.partition.deal`): every subnet gets at least one block of
+       every stage, every block goes to at least one subnet, and a block dealt to several
+       subnets (a stage with fewer blocks than workers) is averaged over its holders;
+    3. a block's tensors travel whole with it: both convolutions, both BatchNorms' weights and
+       biases and their running statistics (``running_mean``, ``running_var``,
+       ``num_batches_tracked``), so a block's statistics are the ones of the subnets it ran in;
+    4. shared by every subnet and averaged over all ranks: the stem, the downsampling blocks
+       (their statistics included) and the head;
+    5. :meth:`configure` enables only the subnet's blocks (a disabled block is the identity);
+    6. :meth:`configure_eval` (``scale = eval``, the default) multiplies each partitioned
+       block's residual branch in the assembled model by p = 1 / min(S, n), for a stage of S
+       partitioned blocks and n subnets: p is the share of subnets that ran the block in a
+       round (size >= n: one of n; size < n: n / S of n), so, as with dropout's test-time
+       rescaling and the paper's 1/S, the full model adds per stage the residual updates one
+       subnet learned to add, not n times as many. ``none`` evaluates the assembled model
+       unscaled.
+    ``default_local_steps`` is the paper's 50.
+    """
+
+    scales = ("eval", "none")
+    default_local_steps = 50
+
+    def __init__(self, model: nn.Module) -> None:
+        if not isinstance(model, ResNet):
+            raise UsageError(f"ResISTAdapter cuts thinwire's ResNet, got {type(model).__name__}")
+        self.units: dict[str, list[int]] = {}  # group -> stage index of each unit's block
+        owner: dict[str, tuple[str, int]] = {}  # module prefix -> (group, unit)
+        for s, stage in enumerate(model.stages):
+            assert isinstance(stage, nn.ModuleList)
+            cut = [i for i, b in enumerate(stage) if isinstance(b, BasicBlock) and not b.downsample]
+            if cut:
+                group = f"stage.{s}"
+                self.units[group] = cut
+                owner.update({f"stages.{s}.{i}.": (group, u) for u, i in enumerate(cut)})
+        if not self.units:
+            raise UsageError("ResIST needs a residual block that keeps its shape; this ResNet "
+                             "has only downsampling blocks: use model.blocks of 2 or more")
+        persistent = dict(model.state_dict(keep_vars=True))
+        tensors = []
+        named = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers()
+                                              if n in persistent)]
+        params = {n for n, _ in model.named_parameters()}
+        for name, x in named:
+            prefix = ".".join(name.split(".")[:3]) + "."
+            tensors.append(TensorPlan(name, tuple(x.shape), unit=owner.get(prefix),
+                                      buffer=name not in params,
+                                      dtype=str(x.dtype).replace("torch.", "")))
+        groups = tuple(UnitGroup(g, len(u), "dealt") for g, u in self.units.items())
+        super().__init__(ISTPlan(groups=groups, tensors=tuple(tensors)))
+
+    def _blocks(self, model: nn.Module) -> dict[str, list[BasicBlock]]:
+        assert isinstance(model, ResNet)
+        out: dict[str, list[BasicBlock]] = {}
+        for group, cut in self.units.items():
+            stage = model.stages[int(group.split(".")[1])]
+            assert isinstance(stage, nn.ModuleList)
+            out[group] = [stage[i] for i in cut]  # type: ignore[misc]
+        return out
+
+    def configure(self, model: nn.Module, held: Mapping[str, np.ndarray] | None) -> None:
+        """Step 5; every branch at scale 1 while training."""
+        for group, blocks in self._blocks(model).items():
+            mine = None if held is None else {int(u) for u in held[group]}
+            for u, block in enumerate(blocks):
+                block.enabled = mine is None or u in mine
+                block.branch_scale = 1.0
+
+    def configure_eval(self, model: nn.Module, n: int) -> None:
+        """Step 6: partitioned branches times 1 / min(S, n)."""
+        for blocks in self._blocks(model).values():
+            for block in blocks:
+                block.branch_scale = 1.0 / min(len(blocks), n)
+
+
 MODEL = ModelEntry(
     name="resnet", summary="small ResNet with basic blocks (He et al. 2016) for grey images",
     build=build_resnet, data_kinds=("classification",), default_data="fashion-mnist",
-    options=Options, blocks=(r"stages\.\d+\.\d+",))
+    options=Options, blocks=(r"stages\.\d+\.\d+",), ist=ResISTAdapter)

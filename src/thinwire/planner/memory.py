@@ -178,6 +178,10 @@ def _transformer_memory(model: TransformerSpec, s: StrategySpec, elem: float
 def _dense_memory(model: ModelSpec, s: StrategySpec, elem: float) -> tuple[float, float]:
     """(parameters, activations) of one worker of an MLP or a counted model."""
     if not isinstance(model, MLPSpec):
+        if s.partitioned:  # a counted module with an adapter: its subnet's parameters
+            from thinwire.planner.methods import worker_params
+
+            return worker_params(model, s.dp), 0.0
         return float(model.params), 0.0
     if s.partitioned:
         from thinwire.planner.methods import worker_params, worker_widths

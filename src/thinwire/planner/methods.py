@@ -9,17 +9,22 @@ method; every fact comes from the method's registry entry:
 1. resolve the spec to the entry and its options dataclass, defaults included (:func:`resolve`):
    the planner's defaults are the method's own, the ones ``thinwire train`` uses;
 2. the model's :class:`~thinwire.strategies.traffic.Layout` (:func:`layout_of`): an MLP spec
-   from its IST plan (:func:`thinwire.models.mlp.mlp_plan`, no model built); a transformer
+   from its IST plan (:func:`thinwire.models.mlp.mlp_plan`, no model built), a counted module
+   with an adapter (GPT, ResNet, GCN: ``model_spec_from_module(..., adapter=)``) from the
+   adapter's plan, so IST is priced by the adapter's own cut and ``ist_traffic``; a transformer
    from the shapes of one device's shard (Narayanan et al. 2021: QKV, projection and FFN
    matrices split t ways, L/p layers, the first stage's embeddings); a counted model as one
    flat tensor of its parameters;
-3. the steady state of a sync period of S = ``sync_every`` steps: T(2S) - T(S) of the method's
+3. the steady state of a sync period of S = ``sync_every`` steps (on this model: the entry's
+   ``options_for`` fills in the model's own defaults, IST's K from the plan): T(2S) - T(S) of
+   the method's
    ``traffic`` (the first period differs: DDP's first step sends one bucket of everything, IST's
    first round moves no optimizer state), per step / S (:func:`per_step`);
 4. what a worker trains: the whole model for methods whose Strategy is a
    :class:`~thinwire.strategies.base.ReplicatedStrategy`; otherwise the part the model's IST
-   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`,
-   :func:`worker_widths`), which needs a plan (MLP specs).
+   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`), which
+   needs a plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the
+   compute and activation model of a subnet) is the MLP's.
 
 torch is imported on use only (the registry's modules and the adapters need it).
 """
@@ -128,6 +133,15 @@ def mlp_plan_of(model: MLPSpec) -> ISTPlan:
     return mlp_plan(w[0], w[1:-1], w[-1], norm=model.norm)
 
 
+def plan_of(model: ModelSpec) -> ISTPlan | None:
+    """The IST plan of a spec: an MLP's, a counted module's adapter plan, else None."""
+    if isinstance(model, MLPSpec):
+        return mlp_plan_of(model)
+    if isinstance(model, CountedSpec):
+        return model.ist  # type: ignore[no-any-return]
+    return None
+
+
 def transformer_shapes(model: TransformerSpec, tp: int, pp: int
                        ) -> list[tuple[str, tuple[int, ...]]]:
     """One device's parameter shapes: L/p layers split t ways, the first stage's embeddings."""
@@ -149,8 +163,8 @@ def layout_of(model: ModelSpec, tp: int = 1, pp: int = 1) -> Layout:
     """Step 2: the layout the method's traffic function reads (module docstring)."""
     from thinwire.strategies.traffic import Layout
 
-    if isinstance(model, MLPSpec):
-        plan = mlp_plan_of(model)
+    plan = plan_of(model)
+    if plan is not None:
         return Layout.from_shapes([(t.name, t.shape) for t in plan.tensors if not t.buffer],
                                   ist=plan)
     if isinstance(model, TransformerSpec):
@@ -190,13 +204,16 @@ def per_step(model: ModelSpec, spec: str, workers: int, tp: int, pp: int, optimi
     subnets) of ``model``'s per-device shard; ``codec=False``: with its codec switched off."""
     method = resolve(spec) if codec else resolve(spec).without_codec()
     assert method.entry.traffic is not None
-    layout, period = layout_of(model, tp, pp), method.sync_every
+    layout = layout_of(model, tp, pp)
+    options = method.entry.options_for(method.options, layout.ist)  # the model's own defaults
+    period = int(method.entry.sync_every(options))
     if layout.ist is None and partitioned(method):
         raise UsageError(f"--method {spec}: {method.entry.name} cuts the model into units; the "
-                         "planner has their plan for MLP specs (mlp-W0-...-WL) only")
+                         "planner has their plan for MLP specs (mlp-W0-...-WL) and for modules "
+                         "counted with their adapter (model_spec_from_module(m, adapter=))")
     states = OPTIMIZER_STATES[optimizer]
-    one = method.entry.traffic(layout, method.options, workers, period, 0, states)
-    two = method.entry.traffic(layout, method.options, workers, 2 * period, 0, states)
+    one = method.entry.traffic(layout, options, workers, period, 0, states)
+    two = method.entry.traffic(layout, options, workers, 2 * period, 0, states)
     return _minus(two, one, period)
 
 
@@ -205,12 +222,13 @@ def worker_params(model: ModelSpec, workers: int) -> float:
     ``workers`` (round 0's subnets, the mean over workers; the whole model for one worker)."""
     if workers <= 1:
         return float(model.params)
-    if not isinstance(model, MLPSpec):
-        raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs only")
+    plan = plan_of(model)
+    if plan is None:
+        raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs and for "
+                         "modules counted with their adapter only")
     from thinwire.strategies.ist import pieces
     from thinwire.strategies.ist.partition import partition_groups
 
-    plan = mlp_plan_of(model)
     held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
     total = sum(pieces.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
                 for w in range(workers))

@@ -140,10 +140,14 @@ def load_model(ref: str) -> ModelSpec:
     return model_from_dict(_lookup("model", ref), f"model {ref}")
 
 
-def model_spec_from_module(module: Any, name: str = "module") -> MLPSpec | CountedSpec:
+def model_spec_from_module(module: Any, name: str = "module", adapter: Any = None
+                           ) -> MLPSpec | CountedSpec:
     """Count a torch ``nn.Module``: an MLPSpec when it is a chain of Linear layers with biases
     and no other parameters (IST can partition it), else a CountedSpec of parameters and 6 x
-    multiply-adds of its Linear layers.
+    multiply-adds of its Linear layers. With ``adapter`` (the model's
+    :class:`~thinwire.models.adapter.ISTAdapter`, e.g. ``MODELS.get("gpt").ist(model)``) it is
+    always a CountedSpec carrying the adapter's plan, so the planner prices IST from the
+    adapter's own cut (a module on the meta device counts without memory).
 
     torch is imported here only, so the planner runs without it.
     """
@@ -154,7 +158,7 @@ def model_spec_from_module(module: Any, name: str = "module") -> MLPSpec | Count
     chain = bool(linears) and all(
         a.out_features == b.in_features for a, b in zip(linears, linears[1:])
     )
-    if chain and len(linears) >= 2:
+    if chain and len(linears) >= 2 and adapter is None:
         widths = (linears[0].in_features, *(m.out_features for m in linears))
         spec = MLPSpec(name=name, widths=widths, norm="none")
         if all(m.bias is not None for m in linears) and spec.params == params:
@@ -164,4 +168,6 @@ def model_spec_from_module(module: Any, name: str = "module") -> MLPSpec | Count
         raise UsageError(
             f"{name}: no nn.Linear layers to count FLOPs from; describe it in a TOML file"
         )
+    if adapter is not None:
+        return CountedSpec(name=name, params=params, flops_per_sample=flops, ist=adapter.plan)
     return CountedSpec(name=name, params=params, flops_per_sample=flops)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from thinwire.errors import UsageError
 
@@ -151,6 +152,9 @@ class CountedSpec:
     """Training FLOPs per sample (6 x multiply-adds of Linear/Conv layers, forward)."""
     global_batch: int = 0
     """Default global batch in samples (0: none)."""
+    ist: Any = None
+    """The model's IST plan (:class:`~thinwire.models.adapter.ISTPlan`, from its adapter) when
+    counted from a module that has one: the planner prices IST on it (None: IST not priced)."""
 
     def __post_init__(self) -> None:
         _positive(self, "params", "flops_per_sample")

@@ -222,8 +222,9 @@ def _micro_batch(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> flo
     counted model: 3 matmuls per layer (forward, two backward) and the element-wise work."""
     dtype = s.resolved_dtype(cluster)
     peak, curve, b = cluster.peak(dtype), cluster.matmul_efficiency, s.micro_batch_size
-    if isinstance(model, CountedSpec):
-        return 3 * matmul_time(model.flops_per_sample * b / 3, peak, curve)
+    if isinstance(model, CountedSpec):  # a worker's part: its share of the parameters
+        share = worker_params(model, s.dp) / model.params if s.partitioned else 1.0
+        return 3 * matmul_time(share * model.flops_per_sample * b / 3, peak, curve)
     if not isinstance(model, MLPSpec):
         raise UsageError(f"model {model.name}: transformers take the pipeline path")
     w = worker_widths(model, s.dp) if s.partitioned else model.widths

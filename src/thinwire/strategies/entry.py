@@ -52,7 +52,11 @@ class MethodEntry:
       model (and what the method keeps beside the optimizer) is the same on every rank at a
       checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
       state that is partitioned or private per rank (IST's subnets and store, codec residuals,
-      model-parallel shards).
+      model-parallel shards);
+    - ``for_model(options, ist)``: the options with the model's own defaults filled in, given
+      the model's IST adapter class or plan (anything with ``default_local_steps``; None when
+      the model has none), e.g. IST's automatic K -> the model family's K. The config's
+      synchronisation period and the planner's use it (:meth:`sync_every_for`).
     """
 
     name: str
@@ -68,6 +72,16 @@ class MethodEntry:
     planned: bool = True
     rescalable: Callable[[Any], bool] = lambda options: False
     memory: tuple[str, ...] = ()
+    for_model: Callable[[Any, Any], Any] | None = None
+
+    def options_for(self, options: Any, ist: Any) -> Any:
+        """``options`` with the model's defaults filled in (``for_model``; else unchanged)."""
+        return self.for_model(options, ist) if self.for_model is not None else options
+
+    def sync_every_for(self, options: Any, ist: Any) -> int:
+        """Steps between synchronisations on a model whose IST adapter class or plan is
+        ``ist``."""
+        return int(self.sync_every(self.options_for(options, ist)))
 
     def label_of(self, options: Any) -> str:
         return self.label(options) if self.label is not None else self.name

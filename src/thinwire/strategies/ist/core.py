@@ -26,15 +26,23 @@ Round r covers the K optimizer steps after its first forward pass:
      the optimizer state starts fresh (``reset``, the original code) or is re-indexed from the
      owners' full-size state (``reindex``);
   3. the user's loop takes K optimizer steps; with ``scale="dropout"`` the inputs of modules fed
-     by cut units are multiplied by (units / units held) (inverted dropout); ``batchnorm`` relies
-     on batch-statistics norms after every cut layer (the original code's choice);
+     by cut units are multiplied by (units / units held) (inverted dropout, placed by the
+     adapter's ``install_scaling``); ``batchnorm`` relies on batch-statistics norms after every
+     cut layer (the original code's choice); ``eval`` leaves training alone and scales the
+     assembled model at evaluation (the adapter's ``configure_eval``, ResIST's choice);
   4. after the K-th step (an optimizer post-step hook) the workers send the trained pieces back;
      owners write the disjoint blocks in place (elements held by several workers, as ResIST's
      shared blocks, are averaged); tensors every subnet shares are averaged with one all-reduce
      of their updates; cut blocks nobody trained (cross blocks between two workers' neurons)
-     stay bitwise unchanged. Between rounds the model holds no data.
+     stay bitwise unchanged. Between rounds the model holds no data. With
+     ``drop_last_step=True`` (the original code's behaviour, for exact comparisons with it) the
+     pieces are taken just before the K-th step, whose update is then lost.
 Evaluation happens only at round boundaries (:meth:`IST.full_model`); a forward in eval mode or
 ``full_model`` mid-round is a one-line error, as is an optimizer step with no forward in a round.
+
+Pieces travel in one dtype per model (the plan's ``wire_dtype``, the widest floating-point dtype
+of its tensors): integer buffers such as a BatchNorm's ``num_batches_tracked`` are cast to it on
+the way and back, and every index tensor follows the model's device.
 """
 
 from __future__ import annotations
@@ -96,15 +104,21 @@ class IST:
         optimizer_state: ``reset`` (fresh state each round) or ``reindex`` (state travels).
         adapter: the model's :class:`~thinwire.models.adapter.ISTAdapter`; default: found
             automatically for a chain of Linear layers (:func:`linear_stack`).
+        drop_last_step: the original code's round: the K-th step's update is discarded (the
+            pieces go back as they were after K - 1 steps); needs K >= 2.
     """
 
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
                  Sequence[torch.optim.Optimizer], *, comm: Comm | None = None,
                  local_steps: int = 10, seed: int = 0, deployment: str = "central",
                  scale: str | None = None, optimizer_state: str = "reset",
-                 adapter: ISTAdapter | None = None, tag: str = "subnet") -> None:
+                 adapter: ISTAdapter | None = None, tag: str = "subnet",
+                 drop_last_step: bool = False) -> None:
         if local_steps < 1:
             raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
+        if drop_last_step and local_steps < 2:
+            raise UsageError("IST drop_last_step discards the K-th update of each round; it "
+                             f"needs local_steps >= 2, got {local_steps}")
         if deployment not in DEPLOYMENTS:
             raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
         if optimizer_state not in OPTIMIZER_STATES:
@@ -124,6 +138,8 @@ class IST:
                              f"{type(model).__name__}; use one of "
                              f"{', '.join(self.adapter.scales)}")
         self.reindex = optimizer_state == "reindex"
+        self.drop_last_step = drop_last_step
+        self.wire = getattr(torch, self.plan.wire_dtype)
         self.tag = tag
         self.own = pc.Ownership(self.plan, self.n, deployment)
         self._check_model()
@@ -141,6 +157,7 @@ class IST:
         self._slice_store()
         self._scale_handles: list[Any] = []
         self._hooks: list[Any] = []
+        self._kept: dict[str, list[torch.Tensor]] | None = None
         self._attach()
 
     # --- set-up --------------------------------------------------------------------------------
@@ -188,6 +205,8 @@ class IST:
     def _attach(self) -> None:
         self._hooks = [self.model.register_forward_pre_hook(self._pre_forward)]
         self._hooks += [o.register_step_post_hook(self._post_step) for o in self.optimizers]
+        if self.drop_last_step:
+            self._hooks.append(self.optimizers[0].register_step_pre_hook(self._pre_step))
 
     def _detach(self) -> None:
         for h in self._hooks:
@@ -212,6 +231,15 @@ class IST:
                              "subnet or nothing. Evaluate ist.full_model() at a round boundary")
         if not self.active:
             self.begin_round()
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """``drop_last_step``: before the K-th step, keep the subnet as it is (with its optimizer
+        state when that travels); the round ends with these pieces."""
+        del optimizer, args, kwargs
+        if self.active and self.in_round == self.K - 1:
+            self._harvest_state_keys()
+            self._kept = {name: [x.detach().clone() for x in xs]
+                          for name, xs in self._subnet().items()}
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         del args, kwargs
@@ -277,7 +305,13 @@ class IST:
                 for dim, ix in self._other_index(t, worker):
                     block = block.index_select(dim, ix)
                 parts.append(block.reshape(-1))
-        return torch.cat(parts) if parts else torch.empty(0, device=self.device)
+        return self._flat(parts)
+
+    def _flat(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """One wire-dtype buffer of ``parts`` (module docstring)."""
+        if not parts:
+            return torch.empty(0, device=self.device, dtype=self.wire)
+        return torch.cat([p.to(self.wire) for p in parts])
 
     def _piece_size(self, owner: int, worker: int, state: bool) -> int:
         return sum(pc.piece_numel(t, self.own, self.held, owner, worker) * self._copies(t, state)
@@ -308,7 +342,7 @@ class IST:
                 size = int(np.prod(shape))
                 rows = _index(c, len(self.held[c.group][self.rank]),
                               torch.arange(a, b, device=self.device))
-                x.index_copy_(c.dim, rows, piece[at:at + size].view(shape))
+                x.index_copy_(c.dim, rows, piece[at:at + size].view(shape).to(x.dtype))
                 at += size
         assert at == piece.numel(), (at, piece.numel())
 
@@ -322,7 +356,8 @@ class IST:
         state = self.reindex and bool(self.state_keys)
         sends = [(w, self._extract(w, state)) for w in range(self.n)
                  if w != self.rank and self._piece_size(self.rank, w, state)]
-        recvs = [(o, torch.empty(size, device=self.device)) for o in range(self.n)
+        recvs = [(o, torch.empty(size, device=self.device, dtype=self.wire))
+                 for o in range(self.n)
                  if o != self.rank and (size := self._piece_size(o, self.rank, state))]
         self.comm.exchange(sends, recvs, tag=self.tag)
         sub: dict[str, list[torch.Tensor]] = {}
@@ -373,13 +408,13 @@ class IST:
     def _install_scaling(self) -> None:
         if self.scale != "dropout":
             return
-        modules = dict(self.model.named_modules())
+        factors = []
         for mod_name, group in self.plan.scaled_inputs:
             factor = self.plan.group(group).size / len(self.held[group][self.rank])
-            if factor == 1.0:
-                continue
-            self._scale_handles.append(modules[mod_name].register_forward_pre_hook(
-                lambda _m, args, f=factor: (args[0] * f, *args[1:])))
+            if factor != 1.0:
+                factors.append((mod_name, factor))
+        if factors:
+            self._scale_handles = self.adapter.install_scaling(self.model, factors)
 
     # --- step 4: gather, write back, average ---------------------------------------------------
     def _harvest_state_keys(self) -> None:
@@ -435,7 +470,7 @@ class IST:
                 rows = _index(c, len(self.held[c.group][self.rank]),
                               torch.arange(a, b, device=self.device))
                 parts.append(x.index_select(c.dim, rows).reshape(-1))
-        return torch.cat(parts) if parts else torch.empty(0, device=self.device)
+        return self._flat(parts)
 
     def _write_back(self, worker: int, piece: torch.Tensor,
                     dealt: dict[str, list[list[torch.Tensor]]]) -> None:
@@ -460,7 +495,7 @@ class IST:
                 for d, ix in zip(dims, index):
                     shape[d] = len(ix)
                 size = int(np.prod(shape))
-                _put(x, dims, index, piece[at:at + size].view(shape))
+                _put(x, dims, index, piece[at:at + size].view(shape).to(x.dtype))
                 at += size
         assert at == piece.numel(), (at, piece.numel())
 
@@ -469,10 +504,12 @@ class IST:
         if not self.active:
             raise UsageError("IST.end_round() outside a round")
         self._harvest_state_keys()
-        sub = self._subnet()
+        sub = self._kept if self._kept is not None else self._subnet()
+        self._kept = None
         sends = [(o, self._take(sub, o)) for o in range(self.n)
                  if o != self.rank and self._piece_size(o, self.rank, True)]
-        recvs = [(w, torch.empty(size, device=self.device)) for w in range(self.n)
+        recvs = [(w, torch.empty(size, device=self.device, dtype=self.wire))
+                 for w in range(self.n)
                  if w != self.rank and (size := self._piece_size(self.rank, w, True))]
         self.comm.exchange(sends, recvs, tag=self.tag)
         dealt: dict[str, list[list[torch.Tensor]]] = {}
@@ -487,15 +524,20 @@ class IST:
 
     def _average_dealt(self, dealt: dict[str, list[list[torch.Tensor]]]) -> None:
         """Blocks held by several workers: base + mean of their updates (bitwise unchanged when
-        no copy moved); one holder: its copy."""
+        no copy moved; integer buffers: the mean update rounded down); one holder: its copy."""
+        plans = {t.name: t for t in self.plan.tensors}
         for name, copies in dealt.items():
-            t = next(t for t in self.plan.tensors if t.name == name)
-            for k, base in enumerate(self._stored(t, True)):
+            for k, base in enumerate(self._stored(plans[name], True)):
                 if len(copies) == 1:
                     base.copy_(copies[0][k])
+                    continue
+                delta = torch.zeros_like(base)
+                for c in copies:
+                    delta += c[k].to(base.dtype) - base
+                if base.is_floating_point():
+                    base.add_(delta / len(copies))
                 else:
-                    delta = sum(c[k] - base for c in copies)
-                    base.add_(delta / len(copies))  # type: ignore[operator]
+                    base.add_(torch.div(delta, len(copies), rounding_mode="floor"))
 
     def _average_shared(self, sub: dict[str, list[torch.Tensor]]) -> None:
         """Shared floating-point tensors: store + (sum of every worker's update) / n."""
@@ -511,7 +553,7 @@ class IST:
                 deltas.append((x - base).reshape(-1))
         if not floats:
             return
-        flat = torch.cat(deltas)
+        flat = self._flat(deltas)
         self.comm.all_reduce(flat, tag="shared")
         at = 0
         for base in floats:
@@ -541,21 +583,23 @@ class IST:
                              "after the K-th optimizer step")
         mine = [self.store[t.name].reshape(-1) for t in self.plan.tensors
                 if not t.shared and t.name in self.store]
-        flat = torch.cat(mine) if mine else torch.empty(0, device=self.device)
+        flat = self._flat(mine)
         sizes = [self._stored_numel(o) for o in range(self.n)]
         sends = [(d, flat) for d in to if d != self.rank and flat.numel()]
-        recvs = ([(o, torch.empty(sizes[o], device=self.device)) for o in range(self.n)
-                  if o != self.rank and sizes[o]] if self.rank in to else [])
+        recvs = ([(o, torch.empty(sizes[o], device=self.device, dtype=self.wire))
+                  for o in range(self.n) if o != self.rank and sizes[o]]
+                 if self.rank in to else [])
         self.comm.exchange(sends, recvs, tag=tag)
         if self.rank not in to:
             return None
         full: dict[str, torch.Tensor] = {}
         for t in self.plan.tensors:
             like = self.store.get(t.name)
-            full[t.name] = (like.clone() if t.shared else
-                            torch.empty(t.shape, device=self.device,
-                                        dtype=like.dtype if like is not None else
-                                        self._tensors[t.name].dtype))
+            if like is not None and t.shared:
+                full[t.name] = like.clone()
+                continue
+            dtype = like.dtype if like is not None else self._tensors[t.name].dtype
+            full[t.name] = torch.empty(t.shape, device=self.device, dtype=dtype)
         for o, buf in [(self.rank, flat), *recvs]:
             self._unpack_owner(o, buf, full)
         return full
@@ -613,20 +657,28 @@ class IST:
         with torch.no_grad():
             for name, x in full.items():
                 tensors[name].data = x
-        self.adapter.configure(clone, None)
-        self.adapter.configure_eval(clone, self.n)
+        self._configure_full(clone)
         return clone
+
+    def _configure_full(self, model: nn.Module) -> None:
+        """The full model as evaluated: every unit in place, then the adapter's evaluation-time
+        adjustment unless ``scale`` is ``none``."""
+        self.adapter.configure(model, None)
+        if self.scale != "none":
+            self.adapter.configure_eval(model, self.n)
 
     def finish(self, *, tag: str = "switch") -> nn.Module:
         """End IST: the user's model becomes the full model again on every rank (hooks removed,
-        optimizer state cleared). The hybrid schedule's switch to local SGD."""
+        optimizer state cleared), configured as :meth:`full_model` evaluates it (so training
+        goes on from the model the evaluations saw). The hybrid schedule's switch to local
+        SGD."""
         full = self._gather_full(list(range(self.n)), tag)
         assert full is not None
         self._detach()
         with torch.no_grad():
             for name, x in full.items():
                 self._tensors[name].data = x
-        self.adapter.configure(self.model, None)
+        self._configure_full(self.model)
         self.finished = True
         return self.model
 
@@ -638,7 +690,7 @@ class IST:
             for t in self.plan.tensors:
                 x = self._tensors[t.name]
                 x.data = x.data.new_empty(t.shape)
-        self.adapter.configure(self.model, None)
+        self._configure_full(self.model)
         self.finished = True
 
     # --- state ---------------------------------------------------------------------------------

@@ -6,9 +6,20 @@ own loop); this module gives it to the trainer: its options, label, checks, its 
 and the Strategy, which wraps the run's model and optimizer with :class:`IST` and takes the
 standard step. The model's units come from its registry entry's adapter (``ModelEntry.ist``).
 
+Local steps: ``method.local_steps = 0`` (the default) takes the model's own K, its adapter's
+``default_local_steps`` (10; 50 for the ResNet, as ResIST), read from the registry entry's
+adapter class without building the model (:func:`local_steps_of`); the entry's ``for_model``
+resolves it for the config's synchronisation period (steps, evaluations and checkpoints are
+aligned to the model's K) and for the planner (from the plan's ``default_local_steps``).
+
 Hybrid schedule: with ``method.switch_at = S`` the run switches to local SGD (period
 ``method.period``) on the full model at step S: IST's early speed without its accuracy ceiling
 (ResIST's converse, which warmed up with local SGD).
+
+The original code's behaviour, for exact comparisons with it (docs/IST.md, "Deviations"):
+``method.drop_last_step`` (its round sends the subnet back after K - 1 updates; the K-th is
+lost) and ``method.shards = whole`` (every worker samples the whole training set, in the same
+seeded order). Both default to thinwire's choice: all K steps count, a disjoint shard per rank.
 
 Traffic per round r (:func:`traffic`, exact): owner o sends worker w the piece of w's subnet it
 stores (:func:`~thinwire.strategies.ist.pieces.piece_matrix`) and gets it back after K steps;
@@ -20,6 +31,7 @@ rank's stored slices to every other rank once, then local SGD's averages follow.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,38 +57,111 @@ from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
 
 @dataclass(frozen=True)
 class Options:
-    local_steps: int = opt(10, "local optimizer steps per round (K)")
+    local_steps: int = opt(0, "local optimizer steps per round (K); 0: the model's default "
+                           "(10; resnet 50, as ResIST)")
     deployment: str = opt("central", "where the full model is stored: central (rank 0, which "
                           "also trains a subnet) or sharded (1/n on every rank)",
                           choices=("central", "sharded"))
     scale: str = opt("auto", "activation scaling: auto (the model's default), batchnorm (batch "
-                     "statistics), dropout (inverted dropout) or none",
-                     choices=("auto", "batchnorm", "dropout", "none"))
+                     "statistics), dropout (inverted dropout), eval (the full model's "
+                     "partitioned blocks scaled at evaluation, ResIST) or none",
+                     choices=("auto", "batchnorm", "dropout", "eval", "none"))
     optimizer_state: str = opt("reset", "optimizer state at repartition: reset (fresh each "
                                "round) or reindex (it travels with the subnet)",
                                choices=("reset", "reindex"))
     switch_at: int = opt(0, "hybrid schedule: switch to local SGD at this step (0: never)")
     period: int = opt(10, "after the switch: local SGD's steps between averages (H)")
+    drop_last_step: bool = opt(False, "as the original code: the K-th step of each round is "
+                               "taken but its update is lost (the subnet travels back after "
+                               "K - 1 updates); for exact comparisons with it")
+    shards: str = opt("own", "training data per rank: own (a disjoint shard each) or whole "
+                      "(every rank samples the whole training set in the same seeded order, as "
+                      "the original code)", choices=("own", "whole"))
 
     def __post_init__(self) -> None:
-        check(self.local_steps >= 1, "method.local_steps", "must be >= 1")
+        check(self.local_steps >= 0, "method.local_steps", "must be >= 1, or 0 for the model's "
+              "default")
         check(self.switch_at >= 0, "method.switch_at", "must be >= 0")
         check(self.period >= 1, "method.period", "must be >= 1")
-        check(self.switch_at % self.local_steps == 0, "method.switch_at",
-              f"must be a multiple of method.local_steps ({self.local_steps})")
+        if self.local_steps:
+            _check_k(self, self.local_steps)
+
+    def k(self, default: int) -> int:
+        """K: ``local_steps``, or ``default`` (the model's) when it is 0."""
+        return self.local_steps or default
+
+
+def _check_k(o: Options, k: int) -> None:
+    check(o.switch_at % k == 0, "method.switch_at",
+          f"must be a multiple of the local steps per round ({k})")
+    check(not o.drop_last_step or k >= 2, "method.drop_last_step",
+          f"discards the K-th update of each round; it needs method.local_steps >= 2, got {k}")
+
+
+def _for_model(o: Options, ist: Any) -> Options:
+    """The options with K resolved: ``local_steps = 0`` -> the model's ``default_local_steps``
+    (its adapter class or plan; 10 when it has none)."""
+    if o.local_steps:
+        return o
+    default = getattr(ist, "default_local_steps", ISTAdapter.default_local_steps)
+    return dataclasses.replace(o, local_steps=int(default))
 
 
 def _sync_every(o: Options) -> int:
+    if not o.local_steps:
+        return 1  # K is the model's: ``sync_every_for`` (via ``_for_model``) knows it
     if o.switch_at:
         return int(np.lcm(o.local_steps, o.period))
     return o.local_steps
+
+
+def default_local_steps(model_name: str) -> int:
+    """The model's K for ``local_steps = 0``: its registry entry's adapter class attribute
+    ``default_local_steps`` (an entry whose ``ist`` is a plain function: the generic 10)."""
+    from thinwire.models import MODELS
+
+    entry = MODELS.get(model_name)
+    return int(getattr(entry.ist, "default_local_steps", ISTAdapter.default_local_steps))
+
+
+def local_steps_of(cfg: Any) -> int:
+    """K of an ``ist`` run config, resolved (module docstring)."""
+    o: Options = cfg.method.options
+    return o.k(default_local_steps(cfg.model.name))
+
+
+def _check(cfg: Any) -> None:
+    """With an automatic K: the config's step alignment against the model's K."""
+    o: Options = cfg.method.options
+    if o.local_steps:
+        return
+    k = local_steps_of(cfg)
+    _check_k(o, k)
+    sync = int(np.lcm(k, o.period)) if o.switch_at else k
+    for name, every in (("train.steps", cfg.train.steps),
+                        ("train.eval_every", cfg.train.eval_every),
+                        ("run.checkpoint_every", cfg.run.checkpoint_every)):
+        check(every % sync == 0, name,
+              f"{every} is not a multiple of {sync}, the steps between synchronisations of ist "
+              f"on {cfg.model.name} (K = {k}, its default; set method.local_steps to change "
+              f"it); use a multiple of {sync}")
 
 
 def _label(o: Options) -> str:
     hybrid = f"->localsgd@{o.switch_at}" if o.switch_at else ""
     scale = f",{o.scale}-scale" if o.scale != "auto" else ""
     state = ",reindex" if o.optimizer_state == "reindex" else ""
-    return f"ist(K={o.local_steps},{o.deployment}{scale}{state}){hybrid}"
+    drop = ",drop-last" if o.drop_last_step else ""
+    whole = ",whole-data" if o.shards == "whole" else ""
+    k = o.local_steps or "auto"
+    return f"ist(K={k},{o.deployment}{scale}{state}{drop}{whole}){hybrid}"
+
+
+def data_shard(o: Options, rank: int, world: int) -> tuple[int, int]:
+    """(shard, shards) a rank reads: its own of ``world`` disjoint shards, or, with ``shards =
+    whole``, shard 0 of 1 on every rank; the batch stream is seeded by the shard, so every rank
+    then draws the same mini-batches, the original code's identically seeded shuffles."""
+    return (0, 1) if o.shards == "whole" else (rank, world)
 
 
 def adapter_for(cfg: Any, model: nn.Module) -> ISTAdapter:
@@ -115,12 +200,18 @@ class ISTStrategy(Strategy):
         self.o = o
         self.model = model.to(ctx.device)
         self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
-        self.ist = IST(self.model, self.opt, comm=self.comm, local_steps=o.local_steps,
+        adapter = adapter_for(self.cfg, model)
+        self.k = o.k(adapter.default_local_steps)
+        self.ist = IST(self.model, self.opt, comm=self.comm, local_steps=self.k,
                        seed=self.cfg.train.seed, deployment=o.deployment,
                        scale=None if o.scale == "auto" else o.scale,
-                       optimizer_state=o.optimizer_state, adapter=adapter_for(self.cfg, model))
+                       optimizer_state=o.optimizer_state, adapter=adapter,
+                       drop_last_step=o.drop_last_step)
         self._local_cls = LocalSGD
         self.local: Any = None
+
+    def data_shard(self) -> tuple[int, int]:
+        return data_shard(self.o, self.comm.rank, self.comm.world_size)
 
     def _switch(self, *, resuming: bool = False) -> None:
         """Hybrid schedule: every rank gets the full model, then local SGD continues, averaging
@@ -185,6 +276,7 @@ def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
         return Traffic.none(n)
     own = pc.Ownership(plan, n, o.deployment)
     groups = [(g.name, g.size, g.kind) for g in plan.groups]
+    k = o.k(plan.default_local_steps)
     copies = optimizer_states if o.optimizer_state == "reindex" else 0
     last = o.switch_at if o.switch_at else steps
     sent = np.zeros(n, dtype=np.int64)
@@ -192,7 +284,7 @@ def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
     rank0_p2p = [0, 0]
     shared_calls = [0, 0]
     shared = pc.shared_bytes(plan, state_copies=copies)
-    for r in range(min(last, steps) // o.local_steps):
+    for r in range(min(last, steps) // k):
         held = partition_groups(groups, n, seed, r)
         down = pc.piece_matrix(plan, own, held, state_copies=copies if r > 0 else 0)
         up = pc.piece_matrix(plan, own, held, state_copies=copies)
@@ -240,4 +332,5 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
 METHOD = MethodEntry(
     name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
-    sync_every=_sync_every, check_model=_check_model, traffic=traffic)
+    sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
+    for_model=_for_model)

@@ -13,7 +13,9 @@ per round (:mod:`thinwire.strategies.ist.core`).
 A *piece* is what owner o sends worker w at the start of a round and gets back at its end: for
 each cut tensor, the elements indexed by the units w holds that o owns (and w's units of the
 tensor's other cut dimensions). Piece sizes follow from the partition alone, so both ends know
-them without a message; :func:`piece_numel` is also the IST traffic formula's core.
+them without a message; :func:`piece_numel` is also the IST traffic formula's core. Every
+element travels in the plan's wire dtype (:attr:`~thinwire.models.adapter.ISTPlan.wire_dtype`),
+so a piece's bytes are its elements times the wire itemsize, integer buffers included.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from thinwire.models.adapter import Cut, ISTPlan, TensorPlan
+from thinwire.models.adapter import FLOAT_DTYPES, Cut, ISTPlan, TensorPlan
 
 Held = Mapping[str, Sequence[np.ndarray]]
 """``held[group][worker]``: sorted unit ids of a round (``partition_groups``)."""
@@ -117,16 +119,17 @@ def piece_matrix(plan: ISTPlan, own: Ownership, held: Held, *, state_copies: int
         for o in range(n):
             for w in range(n):
                 if o != w:
-                    out[o, w] += piece_numel(t, own, held, o, w) * t.itemsize * copies
+                    out[o, w] += piece_numel(t, own, held, o, w) * plan.wire_itemsize * copies
     return out
 
 
 def shared_bytes(plan: ISTPlan, *, state_copies: int = 0) -> int:
-    """Payload of the per-round all-reduce averaging the shared floating-point tensors."""
+    """Payload of the per-round all-reduce averaging the shared floating-point tensors (in the
+    wire dtype; integer shared buffers advance alike on every rank and do not travel)."""
     total = 0
     for t in plan.tensors:
-        if t.shared and t.dtype in ("float32", "float64", "float16", "bfloat16"):
-            total += t.numel * t.itemsize * (1 if t.buffer else 1 + state_copies)
+        if t.shared and t.dtype in FLOAT_DTYPES:
+            total += t.numel * plan.wire_itemsize * (1 if t.buffer else 1 + state_copies)
     return total
 
 

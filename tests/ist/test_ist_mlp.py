@@ -88,9 +88,10 @@ def test_partition_identical_on_every_rank() -> None:
 
 
 # --- bitwise properties ---------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [2, 4])
-@pytest.mark.parametrize("deployment", ["central", "sharded"])
-@pytest.mark.parametrize("norm", ["none", "batch"])
+# through the trainer's strategy; tests/ist/test_ist_invariants.py covers every adapter at
+# n = 2 and 4 in both deployments through the public IST, so three cases suffice here
+@pytest.mark.parametrize("n,deployment,norm", [(2, "central", "batch"), (4, "sharded", "batch"),
+                                               (4, "central", "none")])
 def test_lr_zero_round_reproduces_the_model_bitwise(n: int, deployment: str, norm: str) -> None:
     over = {"train.lr": 0.0, "method.deployment": deployment, "model.norm": norm,
             "method.scale": "batchnorm" if norm == "batch" else "dropout"}

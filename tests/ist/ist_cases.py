@@ -1,0 +1,198 @@
+"""Small models of every IST adapter for the invariant tests (tests/ist/test_ist_invariants.py).
+
+Each :class:`Case` builds a tiny model identically on every rank, its adapter, the batch of a
+(rank, step) and the loss: the fully connected stack (Yuan et al.), the GPT (heads and FFN
+neurons), the ResNet (ResIST's dealt blocks, a stage with fewer blocks than 4 workers so blocks
+are shared by several), the GCN (GIST, two hidden layers so cross blocks exist) and a user's own
+attention with a fused q|k|v projection and its own adapter (``per_unit`` > 1 with
+``segments`` = 3). BatchNorm momentum is 0 in the ResNet case, so running statistics stay put
+and bitwise claims hold for every floating-point tensor (the ResNet tests check the statistics
+themselves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from thinwire.data import DataSource
+from thinwire.data.graph import SBMOptions, make_sbm, node_dataset
+from thinwire.models import build_mlp
+from thinwire.models.adapter import (
+    Cut,
+    ISTAdapter,
+    ISTPlan,
+    TensorPlan,
+    UnitGroup,
+    linear_stack,
+)
+from thinwire.models.gcn import GCN, GISTAdapter
+from thinwire.models.gpt import GPT, GPTAdapter
+from thinwire.models.resnet import ResISTAdapter, ResNet
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[], nn.Module]
+    adapter: Callable[[nn.Module], ISTAdapter]
+    batch: Callable[[int, int], Batch]
+
+    @staticmethod
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def _gen(rank: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(1000 * rank + step)
+
+
+def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return make()
+
+
+# --- the fully connected stack ------------------------------------------------------------------
+def _mlp() -> nn.Module:
+    return build_mlp(12, (16, 12), 5, norm="none", seed=0)
+
+
+def _mlp_batch(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randn(8, 12, generator=g), torch.randint(0, 5, (8,), generator=g)
+
+
+# --- the GPT ----------------------------------------------------------------------------------
+def _gpt() -> nn.Module:
+    return _seeded(lambda: GPT(11, 8, n_layer=2, n_head=4, d_model=16, d_ff=24))
+
+
+def _tokens(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randint(0, 11, (4, 8), generator=g), torch.randint(0, 11, (4, 8), generator=g)
+
+
+# --- the ResNet -------------------------------------------------------------------------------
+def _resnet() -> nn.Module:
+    model = _seeded(lambda: ResNet((1, 8, 8), 3, widths=(4, 8), blocks=(3, 2)))
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.momentum = 0.0
+    return model
+
+
+def _images(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randn(6, 1, 8, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+
+
+# --- the GCN ----------------------------------------------------------------------------------
+@cache
+def _graph() -> tuple[torch.Tensor, torch.Tensor]:
+    options = SBMOptions(nodes=300, communities=3, avg_degree=6.0, feature_dim=12,
+                         train_per_class=10, val_nodes=50, test_nodes=100)
+    g = make_sbm(options, 0)
+    ds = node_dataset("sbm", features=g.features, labels=g.labels, edges=g.edges,
+                      train_ids=g.train_ids, val_ids=g.val_ids, test_ids=g.test_ids,
+                      num_classes=3, source=DataSource())
+    return ds.extra["features"], ds.extra["adjacency"]
+
+
+def _gcn() -> nn.Module:
+    features, adjacency = _graph()
+    return _seeded(lambda: GCN(features, adjacency, 3, hidden=16, layers=3, norm="layer"))
+
+
+def _nodes(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randint(0, 300, (16,), generator=g), torch.randint(0, 3, (16,), generator=g)
+
+
+# --- a user's own attention with a fused q|k|v projection --------------------------------------
+class FusedAttention(nn.Module):
+    """Token embedding, one causal attention whose q, k and v come from one Linear (rows: all
+    heads' q, then all heads' k, then all heads' v), an output projection to the vocabulary."""
+
+    def __init__(self, vocab: int = 7, d: int = 12, heads: int = 4, head_dim: int = 3) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv = nn.Linear(d, 3 * heads * head_dim)
+        self.out = nn.Linear(heads * head_dim, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        b, n, _ = x.shape
+        width = self.qkv.weight.shape[0] // 3
+        q, k, v = (t.view(b, n, -1, self.head_dim).transpose(1, 2)
+                   for t in self.qkv(x).split(width, dim=-1))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, n, width))
+
+
+def fused_adapter(model: nn.Module) -> ISTAdapter:
+    assert isinstance(model, FusedAttention)
+    hd, heads = model.head_dim, model.out.weight.shape[1] // model.head_dim
+    plan = ISTPlan(
+        groups=(UnitGroup("heads", heads),),
+        tensors=(TensorPlan("emb.weight", tuple(model.emb.weight.shape)),
+                 TensorPlan("qkv.weight", tuple(model.qkv.weight.shape),
+                            (Cut("heads", 0, per_unit=hd, segments=3),)),
+                 TensorPlan("qkv.bias", tuple(model.qkv.bias.shape),
+                            (Cut("heads", 0, per_unit=hd, segments=3),)),
+                 TensorPlan("out.weight", tuple(model.out.weight.shape),
+                            (Cut("heads", 1, per_unit=hd),)),
+                 TensorPlan("out.bias", tuple(model.out.bias.shape))),
+        scaled_inputs=(("out", "heads"),))
+    return ISTAdapter(plan)
+
+
+def _fused() -> nn.Module:
+    return _seeded(FusedAttention)
+
+
+def _fused_tokens(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randint(0, 7, (3, 6), generator=g), torch.randint(0, 7, (3, 6), generator=g)
+
+
+CASES: dict[str, Case] = {
+    "mlp": Case("mlp", _mlp, linear_stack, _mlp_batch),
+    "gpt": Case("gpt", _gpt, GPTAdapter, _tokens),
+    "resnet": Case("resnet", _resnet, ResISTAdapter, _images),
+    "gcn": Case("gcn", _gcn, GISTAdapter, _nodes),
+    "fused": Case("fused", _fused, fused_adapter, _fused_tokens),
+}
+
+
+def state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def block_owner(t: TensorPlan, plan: ISTPlan, held: dict[str, tuple[np.ndarray, ...]]
+                ) -> torch.Tensor:
+    """For a cut tensor: per element, the worker whose units index it along every cut (-1 where
+    the cuts name different workers: a cross block). Computed from the layout rule of
+    :class:`~thinwire.models.adapter.Cut` alone (segment-major, per_unit elements per unit)."""
+    owner = torch.full(t.shape, -2, dtype=torch.int64)
+    for c in t.cuts:
+        size = plan.group(c.group).size
+        worker_of = np.empty(size, dtype=np.int64)
+        for w, units in enumerate(held[c.group]):
+            worker_of[units] = w
+        along = torch.as_tensor(worker_of[(np.arange(t.shape[c.dim]) % (size * c.per_unit))
+                                          // c.per_unit])
+        view = [1] * len(t.shape)
+        view[c.dim] = -1
+        along = along.view(view).expand(t.shape)
+        owner = torch.where(owner == -2, along, torch.where(owner == along, owner, -1))
+    return owner
