@@ -10,6 +10,7 @@ from thinwire.runtime.comm import Comm, wire_estimate
 def _collectives(comm: Comm) -> dict:
     t = torch.full((1000,), float(comm.rank + 1))
     comm.all_reduce(t, tag="x")
+    mean = comm.all_reduce(torch.full((3,), float(comm.rank + 1)), op="avg", tag="m")
     g = comm.all_gather(torch.tensor([comm.rank], dtype=torch.int64), tag="y")
     b = torch.arange(10, dtype=torch.float32) if comm.rank == 0 else torch.zeros(10)
     comm.broadcast(b, src=0, tag="z")
@@ -25,7 +26,7 @@ def _collectives(comm: Comm) -> dict:
                          tag="ag").wait()
     part = torch.empty(2)
     comm.reduce_scatter_into(part, torch.arange(2.0 * n) + comm.rank, tag="rs")
-    return {"sum": t[0].item(), "into": gathered.tolist(), "part": part.tolist(), "gather": [int(x) for x in g], "bcast": b.tolist(),
+    return {"sum": t[0].item(), "mean": mean.tolist(), "into": gathered.tolist(), "part": part.tolist(), "gather": [int(x) for x in g], "bcast": b.tolist(),
             "p2p": buf[0].item(), "by_op": comm.ledger.by_op(), "totals": comm.ledger.totals()}
 
 
@@ -34,6 +35,7 @@ def test_collectives_values_and_bytes(n: int) -> None:
     out = run_workers(_collectives, n)
     for r, o in enumerate(out):
         assert o["sum"] == n * (n + 1) / 2
+        assert o["mean"] == [(n + 1) / 2] * 3  # op="avg": the mean, not a sum or a biased mean
         assert o["gather"] == list(range(n))
         assert o["bcast"] == list(range(10))
         assert o["p2p"] == float((r - 1) % n)

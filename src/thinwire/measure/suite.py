@@ -49,7 +49,8 @@ def suite_specs() -> list[str]:
     """Every registered method with a traffic formula (its defaults), and :data:`CODEC_RUN`."""
     from thinwire.strategies import METHODS
 
-    return [name for name, e in METHODS.entries() if e.traffic is not None] + [CODEC_RUN]
+    return [name for name, e in METHODS.entries()
+            if e.traffic is not None and e.planned] + [CODEC_RUN]
 
 
 def suite_configs(widths: Sequence[int], workers: int, steps: int, batch: int, out: str,

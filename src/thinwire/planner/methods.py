@@ -107,11 +107,12 @@ def _alias(name: str, values: dict[str, str], spec: str) -> tuple[str, dict[str,
 
 
 def default_methods() -> list[str]:
-    """Every registered method with a traffic formula, at its defaults, except the first (the
-    runs' default method, plain data parallelism, which the planner's own layout stands for)."""
+    """Every registered method priced from a model's layout alone (a traffic formula, and
+    ``planned``), at its defaults, except the first (the runs' default method, plain data
+    parallelism, which the planner's own layout stands for)."""
     from thinwire.strategies import METHODS
 
-    return [n for n, e in list(METHODS.entries())[1:] if e.traffic is not None]
+    return [n for n, e in list(METHODS.entries())[1:] if e.traffic is not None and e.planned]
 
 
 def partitioned(method: Method) -> bool:
