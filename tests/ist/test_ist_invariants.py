@@ -193,3 +193,29 @@ def test_one_worker_equals_plain_training(name: str) -> None:
     assert full is not None
     for key, v in plain.state_dict().items():
         assert torch.equal(full.state_dict()[key], v), key
+
+
+def _scaled_outputs(comm: Comm) -> dict:
+    out = {}
+    for scale in ("dropout", "none"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        IST(model, opt, comm=Comm(ledger=Ledger(comm.rank)), local_steps=K, scale=scale)
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            out[scale] = model(x)  # the subnet's forward (the round begins here)
+        out["bias"] = model[2].bias.detach().clone()
+    return out
+
+
+def test_dropout_scaling_multiplies_the_cut_layers_input_by_n() -> None:
+    """Inverted dropout (``scale = "dropout"``) at n = 2: a subnet holding half of the hidden
+    units feeds the next layer 2x its activations, so (output - bias) is exactly twice the
+    unscaled subnet's (ReLU is positively homogeneous; x2 is exact in float). Guards the
+    scaling factor units / held."""
+    for o in run_workers(_scaled_outputs, 2):
+        d, n, b = o["dropout"] - o["bias"], o["none"] - o["bias"], o["bias"]
+        assert torch.allclose(d, 2 * n, rtol=1e-6, atol=1e-6), (d, n, b)
+        assert not torch.allclose(d, n)
