@@ -219,3 +219,37 @@ def test_dropout_scaling_multiplies_the_cut_layers_input_by_n() -> None:
         d, n, b = o["dropout"] - o["bias"], o["none"] - o["bias"], o["bias"]
         assert torch.allclose(d, 2 * n, rtol=1e-6, atol=1e-6), (d, n, b)
         assert not torch.allclose(d, n)
+
+
+def _one_trained_worker(comm: Comm, deployment: str) -> dict:
+    case = CASES["mlp"]
+    model = case.build()
+    init = state(model)
+    opt = torch.optim.SGD(model.parameters(), lr=LR if comm.rank == 0 else 0.0)
+    local: dict[str, torch.Tensor] = {}
+    # registered before IST's own hook, so it sees the trained subnet before the exchange
+    opt.register_step_post_hook(lambda *_: local.update(
+        {k: v.detach().clone() for k, v in model.named_parameters()}))
+    ist = IST(model, opt, comm=Comm(ledger=Ledger(comm.rank)), local_steps=K,
+              deployment=deployment, adapter=case.adapter(model))
+    _steps(comm, case, model, opt, 0)
+    full = ist.full_model()
+    return {"init": init, "local": local, "full": None if full is None else state(full)}
+
+
+@pytest.mark.parametrize("deployment", ["central", "sharded"])
+def test_shared_tensors_move_by_the_mean_update(deployment: str) -> None:
+    """A tensor every subnet shares (the output layer's bias) ends a round at store + the mean
+    of the workers' updates: with rank 1 frozen (lr 0), exactly half of rank 0's update. Guards
+    the / n of the shared-tensor average. Tolerance: one float32 rounding of the halving and the
+    sum (ulps of values about 0.1); a sum for a mean is off by a whole update."""
+    out = run_workers(_one_trained_worker, 2, deployment)
+    plan = CASES["mlp"].adapter(CASES["mlp"].build()).plan
+    shared = [t.name for t in plan.tensors if t.shared and not t.buffer]
+    assert shared
+    full = out[0]["full"]
+    for name in shared:
+        init, trained = out[0]["init"][name], out[0]["local"][name]
+        assert not torch.equal(trained, init), name
+        want = init + (trained - init) / 2
+        assert torch.allclose(full[name], want, rtol=1e-6, atol=1e-7), name
