@@ -242,5 +242,19 @@ def _build_trainer(trainer_cls: Any, cfg: Any, comm: Any, device: Any, run_dir: 
             "afresh with --run.overwrite true") from None
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code``. A failed worker skips interpreter and C++ teardown: its
+    process group is broken, and destroying threads still blocked in it can abort with libstdc++'s
+    "terminate called without an active exception", a second line beside the launcher's one."""
+    if code == 0:
+        raise SystemExit(0)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())
