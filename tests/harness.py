@@ -36,3 +36,18 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
         return run_group(fn, world_size, *args, timeout=timeout, threads=1)
     except RankFailed as exc:
         raise AssertionError(str(exc)) from None
+
+
+def flat_state(state: object, prefix: str = "") -> dict[str, object]:
+    """Every leaf of a (nested) state dict, keyed by its path (resume tests compare them)."""
+    if isinstance(state, dict):
+        out: dict[str, object] = {}
+        for k, v in state.items():
+            out.update(flat_state(v, f"{prefix}{k}/"))
+        return out
+    if isinstance(state, (list, tuple)):
+        out = {}
+        for i, v in enumerate(state):
+            out.update(flat_state(v, f"{prefix}{i}/"))
+        return out
+    return {prefix: state}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import run_workers
+from harness import flat_state, run_workers
 
 from thinwire.config import load
 from thinwire.reference import reference_run
@@ -68,26 +68,11 @@ def test_localsgd_averages_every_period(tmp_path: Path) -> None:
         assert torch.equal(p, q)  # identical right after averaging
 
 
-def _flat_state(state: object, prefix: str = "") -> dict[str, object]:
-    """Every leaf of a (nested) state dict, keyed by its path."""
-    if isinstance(state, dict):
-        out: dict[str, object] = {}
-        for k, v in state.items():
-            out.update(_flat_state(v, f"{prefix}{k}/"))
-        return out
-    if isinstance(state, (list, tuple)):
-        out = {}
-        for i, v in enumerate(state):
-            out.update(_flat_state(v, f"{prefix}{i}/"))
-        return out
-    return {prefix: state}
-
-
 def _train_state(comm: Comm, cfg, run_dir: str) -> dict:
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     tr = Trainer(cfg, comm, torch.device("cpu"), Path(run_dir))
     summary = tr.run()
-    return {"summary": summary, "state": _flat_state(tr.strategy.state_dict())}
+    return {"summary": summary, "state": flat_state(tr.strategy.state_dict())}
 
 
 RESUMABLE = {

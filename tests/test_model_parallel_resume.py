@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
-from harness import SHARED_DATA, run_workers
+from harness import SHARED_DATA, flat_state, run_workers
 
 from thinwire.config import load
 from thinwire.runtime.comm import Comm
@@ -37,26 +37,12 @@ CONFIGS = {
 }
 
 
-def _flat(state: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(state, dict):
-        out: dict[str, Any] = {}
-        for k, v in state.items():
-            out.update(_flat(v, f"{prefix}{k}/"))
-        return out
-    if isinstance(state, (list, tuple)):
-        out = {}
-        for i, v in enumerate(state):
-            out.update(_flat(v, f"{prefix}{i}/"))
-        return out
-    return {prefix: state}
-
-
 def _train(comm: Comm, over: dict[str, Any], run_dir: str) -> dict[str, Any]:
     cfg = load(None, {**over, "runtime.workers": comm.world_size})
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     tr = Trainer(cfg, comm, torch.device("cpu"), Path(run_dir))
     summary = tr.run()
-    return {"final": summary["final"], "state": _flat(tr.strategy.state_dict())}
+    return {"final": summary["final"], "state": flat_state(tr.strategy.state_dict())}
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -82,16 +82,9 @@ def _write_error(run_dir: Path, path: Path, exc: OSError) -> CheckpointError:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` atomically (temporary file, fsync, rename); OSError propagates after
     the temporary file is removed."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        _unlink(tmp)
-        raise
+    from thinwire.rundir import replace_atomically
+
+    replace_atomically(path, data, path.with_name(path.name + ".tmp"))
 
 
 def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:

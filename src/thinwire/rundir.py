@@ -142,16 +142,24 @@ def write_bytes(path: Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data`` (temporary file, fsync, rename); on OSError the
     temporary file is removed, ``path`` keeps its old content (or stays absent) and a one-line
     UsageError names the errno and the path."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        replace_atomically(path, data, path.with_name(f".{path.name}.tmp.{os.getpid()}"))
+    except OSError as exc:
+        raise UsageError(describe_os_error(exc, path)) from None
+
+
+def replace_atomically(path: Path, data: bytes, tmp: Path) -> None:
+    """Write ``data`` to ``tmp``, fsync it and rename it over ``path``; on OSError ``tmp`` is
+    removed and the error propagates (``path`` keeps its old content or stays absent)."""
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except OSError:
         _unlink_quietly(tmp)
-        raise UsageError(describe_os_error(exc, path)) from None
+        raise
 
 
 def write_text(path: Path, text: str) -> None:
