@@ -9,6 +9,7 @@ side of the examples.
 from __future__ import annotations
 
 import argparse
+import gc
 
 import numpy as np
 import torch
@@ -69,6 +70,9 @@ def report(rank: int, name: str, test_mse: float, sent_bytes: float) -> None:
 
 
 def teardown() -> None:
+    """Leave the process group cleanly: collect what still holds tensors or hooks, wait for
+    every rank, then destroy the group (an exit with gloo's pairs still open can abort)."""
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

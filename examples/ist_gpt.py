@@ -10,6 +10,7 @@ rank and step); the validation loss is on the last 10 %.
 """
 
 import argparse
+import gc
 import math
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def main() -> None:
             loss = float(F.cross_entropy(full.eval()(x).flatten(0, 1), y.flatten()))
         print(f"ist gpt: final validation loss {loss:.4f} (uniform: {math.log(vocab):.4f}), "
               f"sent {comm.ledger.totals()['sent_bytes']:.0f} bytes", flush=True)
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
