@@ -54,6 +54,21 @@ class FeatureNorm(nn.Module):
         return F.layer_norm(x, x.shape[-1:], eps=self.eps)
 
 
+class GraphConv(nn.Linear):
+    """One graph convolution, ``A_hat (h W^T) + b``, or ``(A_hat h) W^T + b`` when the layer
+    widens (the cheaper order; the same result in exact arithmetic). An ``nn.Linear`` (its
+    ``weight`` and ``bias`` keep their names) called as a module, so module hooks see it: FSDP2
+    gathers its parameters and recomputation checkpoints it."""
+
+    def forward(self, h: torch.Tensor, adjacency: torch.Tensor | None = None) -> torch.Tensor:
+        if adjacency is None:
+            return super().forward(h)
+        if self.in_features < self.out_features:
+            return F.linear(torch.sparse.mm(adjacency, h), self.weight, self.bias)
+        h = torch.sparse.mm(adjacency, F.linear(h, self.weight))
+        return h if self.bias is None else h + self.bias
+
+
 class GCN(nn.Module):
     """The graph convolutional network of the module docstring."""
 
@@ -79,7 +94,7 @@ class GCN(nn.Module):
         # buffers DDP leaves alone (DistributedDataParallel._set_params_and_buffers_to_ignore_...).
         self._ddp_params_and_buffers_to_ignore: tuple[str, ...] = ("features", "adjacency")
         widths = [features.shape[1], *([hidden] * (layers - 1)), num_classes]
-        self.layers = nn.ModuleList(nn.Linear(widths[i], widths[i + 1])
+        self.layers = nn.ModuleList(GraphConv(widths[i], widths[i + 1])
                                     for i in range(len(widths) - 1))
         self.norm: nn.Module = FeatureNorm() if norm == "layer" else nn.Identity()
         self.act = nn.ReLU()
@@ -100,13 +115,7 @@ class GCN(nn.Module):
         for i, lin in enumerate(self.layers):
             assert isinstance(lin, nn.Linear)
             h = F.dropout(h, self.dropout, self.training)
-            out_width, in_width = lin.weight.shape
-            if in_width < out_width:
-                h = F.linear(self.propagate(h), lin.weight, lin.bias)
-            else:
-                h = self.propagate(F.linear(h, lin.weight))
-                if lin.bias is not None:
-                    h = h + lin.bias
+            h = lin(h, self.adjacency)
             if i < last:
                 h = self.act(self.norm(h))
         return h[node_ids]
@@ -222,7 +231,41 @@ class GISTAdapter(ISTAdapter):
                 model.act.register_forward_hook(scale)]
 
 
+def activation_bytes(options: Options, dataset: Dataset, batch: int, recompute: str) -> int:
+    """Bytes the forward pass and the cross-entropy loss keep for backward (fp32), from the
+    shapes: N nodes, F input features, hidden width H, L layers, C classes, B labelled nodes a
+    step. The whole graph runs every step, so the hidden states are N x H whatever B is.
+
+    Per layer l with input width k and output width w: 1. dropout (p > 0) on a hidden input
+    keeps its mask, N k elements (fp32 on the CPU, where dropout is a multiply by a scaled
+    mask; CUDA's fused dropout keeps one byte per element, which this formula overstates); the
+    node features are data (no gradient), so their dropout keeps no mask; 2. the layer's linear
+    keeps its input: the propagated N k when the layer widens (``block`` recompute: the layer's
+    input instead, new only after dropout), otherwise the dropout output N k when p > 0 (the
+    previous ReLU output, already counted, or the feature buffer, not an activation, when p = 0);
+    3. a hidden layer's LayerNorm keeps its input N w and mean and rstd (2 N), its ReLU the
+    output N w. Outside: the node ids (int64), the log-softmax output B C, the targets (int64)
+    and one scalar. The sparse adjacency is a buffer, never counted."""
+    n, f = (int(d) for d in dataset.extra["features"].shape)
+    c = dataset.num_classes
+    widths = [f, *([options.hidden] * (options.layers - 1)), c]
+    total = 0
+    for i in range(options.layers):
+        k, w = widths[i], widths[i + 1]
+        if options.dropout > 0 and i > 0:
+            total += n * k
+        if k < w:
+            total += n * k if (recompute != "block" or options.dropout > 0) else 0
+        elif options.dropout > 0:
+            total += n * k
+        if i < options.layers - 1:
+            if options.norm == "layer":
+                total += n * w + 2 * n
+            total += n * w
+    return 4 * (total + batch * c + 1) + 16 * batch
+
+
 MODEL = ModelEntry(
     name="gcn", summary="graph convolutional network (Kipf & Welling 2017) for node classes",
     build=build_gcn, data_kinds=("node",), default_data="cora", options=Options,
-    blocks=(r"layers\.\d+",), ist=GISTAdapter)
+    blocks=(r"layers\.\d+",), ist=GISTAdapter, activations=activation_bytes)

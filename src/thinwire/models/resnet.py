@@ -240,7 +240,44 @@ class ResISTAdapter(ISTAdapter):
                 block.branch_scale = 1.0 / min(len(blocks), n)
 
 
+def activation_bytes(options: Options, dataset: Dataset, batch: int, recompute: str) -> int:
+    """Bytes the forward pass and the cross-entropy loss keep for backward (fp32, training
+    mode), from the shapes: B images of C x H x W, stage widths c_s, a stride-2 stage halving H
+    and W (rounding up).
+
+    1. The input, B C H W; 2. the stem: the convolution's output (BatchNorm's input) and the
+    ReLU's output, 2 B c_0 H W, plus BatchNorm's saved mean and inverse std (2 c_0); 3. per
+    basic block of width c at resolution h x w (its input is the previous output, already
+    counted): conv1's and conv2's outputs (the BatchNorms' inputs), the inner ReLU's output
+    (conv2's input) and the block's final ReLU output, 4 B c h w, plus 4 c of BatchNorm
+    statistics; a downsampling block adds its 1x1 shortcut's output and statistics, B c h w + 2
+    c; 4. ``block`` recompute: a checkpointed block keeps only its input, so each block adds its
+    output (the next block's input) but the last, which the global average pool (a mean, saving
+    no tensor) does not keep; 5. the head's input B c_last, the log-softmax output B x classes,
+    the int64 targets and one scalar."""
+    b = batch
+    c0, h, w = (int(s) for s in dataset.input_shape)
+    total = b * c0 * h * w + 2 * b * options.widths[0] * h * w + 2 * options.widths[0]
+    c_in = options.widths[0]
+    stages = list(zip(options.widths, options.blocks))
+    for s, (c, count) in enumerate(stages):
+        for i in range(count):
+            if s > 0 and i == 0:
+                h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+            down = (s > 0 and i == 0) or c_in != c
+            out = b * c * h * w
+            if recompute == "block":
+                last = s == len(stages) - 1 and i == count - 1
+                total += 0 if last else out
+            else:
+                total += 4 * out + 4 * c + ((out + 2 * c) if down else 0)
+            c_in = c
+    total += b * c_in + b * dataset.num_classes + 1
+    return 4 * total + 8 * b
+
+
 MODEL = ModelEntry(
     name="resnet", summary="small ResNet with basic blocks (He et al. 2016) for grey images",
     build=build_resnet, data_kinds=("classification",), default_data="fashion-mnist",
-    options=Options, blocks=(r"stages\.\d+\.\d+",), ist=ResISTAdapter)
+    options=Options, blocks=(r"stages\.\d+\.\d+",), ist=ResISTAdapter,
+    activations=activation_bytes)
