@@ -213,3 +213,31 @@ def test_gcn_memory_options_train_like_dp_and_match_the_planner(cora_dir) -> Non
                                                                      rel=0.01)
         for rank, r in enumerate(ranks):
             assert r[name][2]["sent_bytes"] == traffic.sent[rank]
+
+
+def test_recomputed_blocks_fold_a_batch_into_batchnorm_statistics_once() -> None:
+    """A checkpointed ResNet block re-runs its forward pass in backward; its BatchNorms'
+    running statistics must still see each batch once: after two training steps the model's
+    whole state (running mean, variance and batch count included) equals the run without
+    recomputation, bit for bit (the same arithmetic in the same order)."""
+    from thinwire.models.resnet import ResNet
+    from thinwire.strategies.memory import apply_recompute
+
+    def trained(recompute: bool) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = ResNet((1, 8, 8), 10, widths=(4, 8), blocks=(2, 1))
+        if recompute:
+            apply_recompute(model, (r"stages\.\d+\.\d+",))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(2):
+            x, y = torch.randn(6, 64, generator=g), torch.randint(0, 10, (6,), generator=g)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    plain, recomputed = trained(False), trained(True)
+    assert plain.keys() == recomputed.keys()
+    for k in plain:
+        assert torch.equal(plain[k], recomputed[k]), k

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -57,14 +57,34 @@ def matching_modules(model: nn.Module, patterns: Sequence[str]) -> list[tuple[st
     return [(n, m) for n, m in model.named_modules() if n and any(r.fullmatch(n) for r in rx)]
 
 
+@contextmanager
+def running_stats_kept(module: nn.Module) -> Iterator[None]:
+    """Leave the running statistics of every BatchNorm inside ``module`` as they were on entry:
+    a recomputed forward pass in training mode would otherwise fold the same batch into them a
+    second time (twice the momentum, ``num_batches_tracked`` counted twice), so evaluation
+    would differ from the run without recomputation."""
+    norms = [m for m in module.modules()
+             if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
+    saved = [[b.clone() for b in m.buffers(recurse=False)] for m in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, old in zip(norms, saved):
+                for b, o in zip(m.buffers(recurse=False), old):
+                    b.copy_(o)
+
+
 def apply_recompute(model: nn.Module, patterns: Sequence[str]) -> list[nn.Module]:
     """Checkpoint every module matching ``patterns`` (torch's composable ``checkpoint``, in
-    place: names and state dicts are unchanged); returns the checkpointed modules."""
+    place: names and state dicts are unchanged); returns the checkpointed modules. The
+    recomputation runs under :func:`running_stats_kept`, so a checkpointed block with
+    BatchNorm updates its running statistics once per step, as without recomputation."""
     from torch.distributed._composable import checkpoint
 
     mods = [m for _, m in matching_modules(model, patterns)]
     for m in mods:
-        checkpoint(m)
+        checkpoint(m, context_fn=lambda m=m: (nullcontext(), running_stats_kept(m)))
     return mods
 
 
