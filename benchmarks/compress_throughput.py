@@ -2,10 +2,11 @@
 
 For each codec (the codec alone: no error feedback, no communication) and each size d of fp32
 input, time ``decode(encode(x), out=y)`` -- decoded into a preallocated buffer, as the exchange
-decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / seconds, best of the
+decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / seconds, median of the
 repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)`` into a
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
-speed. Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 10 / 3 / 2 repeats, on one
+speed. Each repeat times the copy and every codec in turn, and each cell is the median of its
+repeats. Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
 torch thread (a DDP worker's share of a small host, and immune to the stalls a 2-thread pool
 shows on a shared machine); ``--sizes 1M`` for a quick run; ``--device cuda`` times the device
 paths (synchronised around every call).
@@ -53,20 +54,22 @@ def sync(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
-def best_seconds(fn: Callable[[int], object], repeats: int,
-                 device: torch.device | None = None) -> float:
-    best = float("inf")
-    for i in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn(i)
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+def seconds(fn: Callable[[], object], device: torch.device | None = None) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def default_repeats(numel: int) -> int:
-    return 10 if numel <= MI else 3 if numel <= 16 * MI else 2
+    return 11 if numel <= MI else 7 if numel <= 16 * MI else 5
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -75,23 +78,29 @@ def parse_sizes(text: str) -> list[int]:
 
 def measure(numel: int, repeats: int, chosen: dict[str, Compressor],
             device: torch.device) -> dict[str, float]:
-    """GB/s of fp32 input for a copy and each codec at one size."""
+    """GB/s of fp32 input for a copy and each codec at one size: every repeat times the copy
+    and then each codec in turn (interleaved, so a change of load on a shared host hits all
+    of them alike), and each cell is the median of its repeats."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
     y = torch.empty_like(x)
     y.copy_(x)
     gb = 4 * numel / 1e9
-    out = {"memcpy (copy_)": gb / best_seconds(lambda i: y.copy_(x), 10, device),
-           "memcpy (clone)": gb / best_seconds(lambda i: x.clone(), 10, device)}
-    for name, comp in chosen.items():
-        out[name] = gb / best_seconds(
-            lambda i, c=comp: c.decode(c.encode(x, i), numel, i, out=y), repeats, device)
-    return out
+    times: dict[str, list[float]] = {"memcpy (copy_)": [], "memcpy (clone)": []}
+    times.update({name: [] for name in chosen})
+    for i in range(repeats):
+        times["memcpy (copy_)"].append(seconds(lambda: y.copy_(x), device))
+        times["memcpy (clone)"].append(seconds(lambda: x.clone(), device))
+        for name, comp in chosen.items():
+            times[name].append(seconds(
+                lambda c=comp, i=i: c.decode(c.encode(x, i), numel, i, out=y), device))
+    return {name: gb / median(ts) for name, ts in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1M,16M,64M", help="input sizes in M = 2^20 floats")
-    ap.add_argument("--repeats", type=int, default=0, help="repeats per cell (0: 10/3/2 by size)")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="interleaved repeats per size, median taken (0: 11/7/5 by size)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: as one worker of a loaded host; copy uses the same)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
@@ -117,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     print(f"torch {torch.__version__}, {device.type} ({where}), {torch.get_num_threads()} "
           f"thread(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; GB/s of "
-          f"fp32 input (encode + decode into a preallocated buffer, best of "
-          f"{args.repeats or '10/3/2'} by size); ratio at {labels[0]}; in brackets: fraction "
+          f"fp32 input (encode + decode into a preallocated buffer, median of "
+          f"{args.repeats or '11/7/5'} interleaved repeats by size); ratio at {labels[0]}; in brackets: fraction "
           f"of copy_")
     print()
     print("| compressor | ratio | " + " | ".join(labels) + " |")
