@@ -38,6 +38,7 @@ import torch
 
 from thinwire.compression.base import (
     BLOCK,
+    LARGE_BLOCK,
     NUMPY_DTYPES,
     Compressor,
     Part,
@@ -186,27 +187,25 @@ class Int8(Compressor):
             return self._encode_torch(flat)
         c, d = self.chunk, flat.numel()
         rows = d // c
-        xn = as_numpy(flat)
-        q = np.empty(d, np.int8)
-        scale = np.empty(math.ceil(d / c), np.float32)
-        per = max(1, BLOCK // c)  # whole chunks per block
-        buf = np.empty(min(per, rows) * c, np.float32)
+        q = empty(d, torch.int8)
+        scale = empty(math.ceil(d / c), torch.float32)
+        per = max(1, LARGE_BLOCK // c)  # whole chunks per block
+        n = min(per, rows)
+        buf, low = torch.empty(n, c), torch.empty(n)
         for r0, r1 in blocks(rows, per):
-            xb, a = xn[r0 * c:r1 * c], buf[:(r1 - r0) * c]
-            # 2. absmax scale per chunk
-            np.abs(xb, out=a)
-            sc = np.maximum.reduceat(a, np.arange(0, a.size, c)) / np.float32(127)
-            scale[r0:r1] = sc
+            xb, a, sc, lo = flat[r0 * c:r1 * c].view(-1, c), buf[:r1 - r0], scale[r0:r1], low[:r1 - r0]
+            # 2. absmax per chunk as max(max x, -min x) (no |x| pass; abs_ makes -0.0 +0.0)
+            torch.amax(xb, dim=1, out=sc)
+            torch.amin(xb, dim=1, out=lo)
+            torch.maximum(sc, lo.neg_(), out=sc).abs_().div_(127)
             # 3. round x / scale to the nearest integer (half to even), stored as int8
-            np.divide(xb.reshape(-1, c), np.where(sc > 0, sc, np.float32(1))[:, None],
-                      out=a.reshape(-1, c))
-            np.rint(a, out=a)
-            q[r0 * c:r1 * c] = a
+            torch.div(xb, torch.where(sc > 0, sc, 1.0)[:, None], out=a)
+            q[r0 * c:r1 * c].view(-1, c).copy_(a.round_())
         if rows * c < d:  # the last, partial chunk
             tq, ts = self._encode_torch(flat[rows * c:])
-            q[rows * c:] = as_numpy(tq)
-            scale[rows:] = as_numpy(ts)
-        return (torch.from_numpy(q), torch.from_numpy(scale))
+            q[rows * c:] = tq
+            scale[rows:] = ts
+        return (q, scale)
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,14 +216,12 @@ class Int8(Compressor):
             return write_out((self._chunks(q.float()) * scale[:, None]).reshape(-1)[:numel], out)
         c, rows = self.chunk, numel // self.chunk
         res = out.view(-1) if out is not None else empty(numel, torch.float32)
-        qn, sn, on = as_numpy(q), as_numpy(scale), as_numpy(res)
-        per = max(1, BLOCK // c)
-        for r0, r1 in blocks(rows, per):  # 4. block by block: cast, then scale in cache
-            ob = on[r0 * c:r1 * c].reshape(-1, c)
-            ob[...] = qn[r0 * c:r1 * c].reshape(-1, c)
-            ob *= sn[r0:r1, None]
+        per = max(1, LARGE_BLOCK // c)
+        for r0, r1 in blocks(rows, per):  # 4. block by block: widen, then scale in cache
+            ob = res[r0 * c:r1 * c].view(-1, c)
+            ob.copy_(q[r0 * c:r1 * c].view(-1, c)).mul_(scale[r0:r1, None])
         if rows * c < numel:
-            on[rows * c:] = qn[rows * c:] * sn[rows]
+            res[rows * c:] = q[rows * c:].float() * scale[rows]
         return out if out is not None else res
 
 
