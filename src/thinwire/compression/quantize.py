@@ -147,7 +147,7 @@ class QSGD(Compressor):
                 out.dtype == torch.float32 and out.is_contiguous())):
             res = out.view(-1) if out is not None else empty(numel, torch.float32)
             for a, b in blocks(numel, LARGE_BLOCK):  # widen, then scale in cache
-                res[a:b].copy_(q[a:b]).mul_(f)
+                res[a:b].copy_(q[a:b]).mul_(f.detach())
             return out if out is not None else res
         return write_out(q.float() * f, out)
 
@@ -188,6 +188,7 @@ class Int8(Compressor):
         flat = x.reshape(-1).float()
         if not on_cpu(flat):
             return self._encode_torch(flat)
+        flat = flat.detach()  # the out= calls below do not take autograd's inputs
         c, d = self.chunk, flat.numel()
         rows = d // c
         q = empty(d, torch.int8)
