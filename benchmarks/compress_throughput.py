@@ -9,10 +9,13 @@ speed. Each repeat times the copy and every codec in turn, and each cell is the 
 repeats. Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
 torch thread (a DDP worker's share of a small host, and immune to the stalls a 2-thread pool
 shows on a shared machine); ``--sizes 1M`` for a quick run; ``--device cuda`` times the device
-paths (synchronised around every call).
+paths (synchronised around every call). ``--clock cpu`` times with this thread's CPU time
+instead of the wall clock: on an oversubscribed host the wall clock mostly measures the time
+other processes hold the core.
 
     python benchmarks/compress_throughput.py [--sizes 1M,16M,64M] [--repeats N] [--threads T]
                                              [--device cpu|cuda] [--codecs topk,int8,...]
+                                             [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -54,12 +57,16 @@ def sync(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
-def seconds(fn: Callable[[], object], device: torch.device | None = None) -> float:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def seconds(fn: Callable[[], object], device: torch.device | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> float:
     sync(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     sync(device)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def median(values: list[float]) -> float:
@@ -77,7 +84,7 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def measure(numel: int, repeats: int, chosen: dict[str, Compressor],
-            device: torch.device) -> dict[str, float]:
+            device: torch.device, clock: Callable[[], float]) -> dict[str, float]:
     """GB/s of fp32 input for a copy and each codec at one size: every repeat times the copy
     and then each codec in turn (interleaved, so a change of load on a shared host hits all
     of them alike), and each cell is the median of its repeats."""
@@ -88,11 +95,11 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor],
     times: dict[str, list[float]] = {"memcpy (copy_)": [], "memcpy (clone)": []}
     times.update({name: [] for name in chosen})
     for i in range(repeats):
-        times["memcpy (copy_)"].append(seconds(lambda: y.copy_(x), device))
-        times["memcpy (clone)"].append(seconds(lambda: x.clone(), device))
+        times["memcpy (copy_)"].append(seconds(lambda: y.copy_(x), device, clock))
+        times["memcpy (clone)"].append(seconds(lambda: x.clone(), device, clock))
         for name, comp in chosen.items():
             times[name].append(seconds(
-                lambda c=comp, i=i: c.decode(c.encode(x, i), numel, i, out=y), device))
+                lambda c=comp, i=i: c.decode(c.encode(x, i), numel, i, out=y), device, clock))
     return {name: gb / median(ts) for name, ts in times.items()}
 
 
@@ -105,7 +112,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="torch threads (1: as one worker of a loaded host; copy uses the same)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
     ap.add_argument("--codecs", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                    help="wall: elapsed time; cpu: this thread's CPU time (leaves out the time "
+                         "other processes hold the core: for an oversubscribed host; CPU only)")
     args = ap.parse_args(argv)
+    if args.clock == "cpu" and torch.device(args.device).type != "cpu":
+        ap.exit(2, f"--clock cpu times CPU work only; use --clock wall with --device "
+                   f"{args.device}\n")
+    if args.codecs and set(args.codecs.split(",")) - set(codecs()):
+        unknown = ",".join(sorted(set(args.codecs.split(",")) - set(codecs())))
+        ap.exit(2, f"--codecs: unknown {unknown}; choose from {','.join(codecs())}\n")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = parse_sizes(args.sizes)
@@ -118,14 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     ratios = {name: comp.nominal_ratio(sizes[0]) for name, comp in chosen.items()}
     rows: dict[str, list[float]] = {}
     for numel in sizes:
-        speeds = measure(numel, args.repeats or default_repeats(numel), chosen, device)
+        speeds = measure(numel, args.repeats or default_repeats(numel), chosen, device,
+                         CLOCKS[args.clock])
         for name, speed in speeds.items():
             rows.setdefault(name, []).append(speed)
     copy = rows["memcpy (copy_)"]
     labels = [f"{n / MI:g}M" for n in sizes]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     print(f"torch {torch.__version__}, {device.type} ({where}), {torch.get_num_threads()} "
-          f"thread(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; GB/s of "
+          f"thread(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
+          f"{args.clock} clock; GB/s of "
           f"fp32 input (encode + decode into a preallocated buffer, median of "
           f"{args.repeats or '11/7/5'} interleaved repeats by size); ratio at {labels[0]}; in brackets: fraction "
           f"of copy_")
