@@ -40,8 +40,7 @@ def _port() -> int:
 
 def _plain_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     from thinwire.config import load
-    from thinwire.models import build_mlp
-    from thinwire.trainer import load_data, make_stream
+    from thinwire.run import build_model, load_data, make_stream
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -49,7 +48,7 @@ def _plain_worker(rank: int, world: int, port: int, args: argparse.Namespace, ou
     cfg = load(None, _overrides(args))
     ds = load_data(cfg)
     stream = make_stream(cfg, ds, rank, world)
-    model = build_mlp(ds.input_dim, cfg.model.hidden, ds.num_classes, norm=cfg.model.norm, seed=0)
+    model = build_model(cfg, ds)  # the model thinwire's trainer builds, from the same seed
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
     loss_fn = nn.CrossEntropyLoss()

@@ -9,7 +9,7 @@ Top-k, per rank:
      indices (so the selection is a function of x alone, the same on every device):
      a. a threshold t from a strided sample of |x| that about 1.5 k entries pass;
      b. the candidates |x_i| >= t, in index order (on CPU block by block, each block's |x| in
-        cache: x is read from memory once);
+        cache, the candidates' values taken from it there: x is read from memory once);
      c. if fewer than k passed (an unlucky sample), every index is a candidate;
      d. the k-th largest candidate magnitude v; keep every candidate above v and the first
         (k - #above) equal to v;
