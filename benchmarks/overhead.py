@@ -81,13 +81,13 @@ def plain(args: argparse.Namespace) -> float:
     return float(json.loads(Path(out).read_text())["wall_s"])
 
 
-def thinwire(args: argparse.Namespace, out_dir: str) -> float:
+def thinwire(args: argparse.Namespace, out_dir: str, name: str) -> float:
     cmd = [sys.executable, "-m", "thinwire", "train", "--method", "dp", "--no-progress",
-           "--run.out", out_dir, "--run.name", "dp"]
+           "--run.out", out_dir, "--run.name", name]
     for k, v in _overrides(args).items():
         cmd += [f"--{k}", v]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return float(json.loads((Path(out_dir) / "dp" / "summary.json").read_text())["wall_s"])
+    return float(json.loads((Path(out_dir) / name / "summary.json").read_text())["wall_s"])
 
 
 def main() -> None:
@@ -101,9 +101,9 @@ def main() -> None:
     args = p.parse_args()
     base, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
             base.append(plain(args))
-            ours.append(thinwire(args, tmp))
+            ours.append(thinwire(args, tmp, f"dp{i}"))  # a fresh run directory each repeat
     b, o = statistics.median(base), statistics.median(ours)
     print(f"# DP overhead: {args.workers} workers, MLP {args.hidden}, batch {args.batch}, "
           f"{args.steps} steps, {args.data}, {args.repeats} alternating repeats")
