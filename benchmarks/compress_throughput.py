@@ -6,7 +6,8 @@ decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / second
 repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)`` into a
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
 speed. Each repeat times the copy and every codec in turn, and each cell is the median of its
-repeats. Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
+repeats; a second table splits each codec's time into encode and decode, in units of the
+copy's time (a copy reads x once and writes y once). Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
 torch thread (a DDP worker's share of a small host, and immune to the stalls a 2-thread pool
 shows on a shared machine); ``--sizes 1M`` for a quick run; ``--device cuda`` times the device
 paths (synchronised around every call). ``--clock cpu`` times with this thread's CPU time
@@ -83,24 +84,38 @@ def parse_sizes(text: str) -> list[int]:
     return [int(float(s.strip().upper().rstrip("M")) * MI) for s in text.split(",") if s.strip()]
 
 
-def measure(numel: int, repeats: int, chosen: dict[str, Compressor],
-            device: torch.device, clock: Callable[[], float]) -> dict[str, float]:
-    """GB/s of fp32 input for a copy and each codec at one size: every repeat times the copy
-    and then each codec in turn (interleaved, so a change of load on a shared host hits all
-    of them alike), and each cell is the median of its repeats."""
+def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: torch.device,
+            clock: Callable[[], float]) -> dict[str, tuple[float, float, float]]:
+    """Median seconds (total, encode, decode) of a copy and each codec at one size: every
+    repeat times the copy and then each codec in turn (interleaved, so a change of load on a
+    shared host hits all of them alike), and each cell is the median of its repeats."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
     y = torch.empty_like(x)
     y.copy_(x)
-    gb = 4 * numel / 1e9
-    times: dict[str, list[float]] = {"memcpy (copy_)": [], "memcpy (clone)": []}
+    times: dict[str, list[tuple[float, float, float]]] = {"memcpy (copy_)": [],
+                                                          "memcpy (clone)": []}
     times.update({name: [] for name in chosen})
+
+    def codec(c: Compressor, i: int) -> tuple[float, float, float]:
+        sync(device)
+        t0 = clock()
+        payload = c.encode(x, i)
+        sync(device)
+        t1 = clock()
+        c.decode(payload, numel, i, out=y)
+        sync(device)
+        t2 = clock()
+        return t2 - t0, t1 - t0, t2 - t1
+
     for i in range(repeats):
-        times["memcpy (copy_)"].append(seconds(lambda: y.copy_(x), device, clock))
-        times["memcpy (clone)"].append(seconds(lambda: x.clone(), device, clock))
+        t = seconds(lambda: y.copy_(x), device, clock)
+        times["memcpy (copy_)"].append((t, t, 0.0))
+        t = seconds(lambda: x.clone(), device, clock)
+        times["memcpy (clone)"].append((t, t, 0.0))
         for name, comp in chosen.items():
-            times[name].append(seconds(
-                lambda c=comp, i=i: c.decode(c.encode(x, i), numel, i, out=y), device, clock))
-    return {name: gb / median(ts) for name, ts in times.items()}
+            times[name].append(codec(comp, i))
+    return {name: (median([t[0] for t in ts]), median([t[1] for t in ts]),
+                   median([t[2] for t in ts])) for name, ts in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,29 +147,37 @@ def main(argv: list[str] | None = None) -> None:
         w = torch.randn(4096, device=device)
         comp.decode(comp.encode(w, 0), 4096, 0, out=torch.empty_like(w))
     ratios = {name: comp.nominal_ratio(sizes[0]) for name, comp in chosen.items()}
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[tuple[float, float, float]]] = {}
     for numel in sizes:
-        speeds = measure(numel, args.repeats or default_repeats(numel), chosen, device,
-                         CLOCKS[args.clock])
-        for name, speed in speeds.items():
-            rows.setdefault(name, []).append(speed)
-    copy = rows["memcpy (copy_)"]
+        cells = measure(numel, args.repeats or default_repeats(numel), chosen, device,
+                        CLOCKS[args.clock])
+        for name, cell in cells.items():
+            rows.setdefault(name, []).append(cell)
+    copy = [t[0] for t in rows["memcpy (copy_)"]]
     labels = [f"{n / MI:g}M" for n in sizes]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     print(f"torch {torch.__version__}, {device.type} ({where}), {torch.get_num_threads()} "
           f"thread(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
-          f"{args.clock} clock; GB/s of "
-          f"fp32 input (encode + decode into a preallocated buffer, median of "
-          f"{args.repeats or '11/7/5'} interleaved repeats by size); ratio at {labels[0]}; in brackets: fraction "
-          f"of copy_")
+          f"{args.clock} clock; GB/s of fp32 input (encode + decode into a preallocated "
+          f"buffer, median of {args.repeats or '11/7/5'} interleaved repeats by size); ratio at "
+          f"{labels[0]}; in brackets: fraction of copy_")
     print()
     print("| compressor | ratio | " + " | ".join(labels) + " |")
     print("|---|---:|" + "---:|" * len(sizes))
-    for name, speeds in rows.items():
+    for name, cells in rows.items():
         ratio = f"{ratios[name]:.1f}x" if name in ratios else ""
-        cells = [f"{s:.2f} ({s / c:.0%})" for s, c in zip(speeds, copy)]
-        print(f"| {name} | {ratio} | " + " | ".join(cells) + " |")
-
+        text = [f"{4 * n / 1e9 / t[0]:.2f} ({c / t[0]:.0%})"
+                for n, t, c in zip(sizes, cells, copy)]
+        print(f"| {name} | {ratio} | " + " | ".join(text) + " |")
+    print()
+    print("Time of encode + decode in copies (median time / copy_'s median time): "
+          "encode + decode")
+    print()
+    print("| compressor | " + " | ".join(labels) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for name in chosen:
+        text = [f"{t[1] / c:.2f} + {t[2] / c:.2f}" for t, c in zip(rows[name], copy)]
+        print(f"| {name} | " + " | ".join(text) + " |")
 
 if __name__ == "__main__":
     main()
