@@ -2,16 +2,21 @@
 
 For each codec (the codec alone: no error feedback, no communication) and each size d of fp32
 input, time ``decode(encode(x), out=y)`` -- decoded into a preallocated buffer, as the exchange
-decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / seconds, best of the
+decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / seconds, median of the
 repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)`` into a
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
-speed. Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 10 / 3 / 2 repeats, on one
+speed. Each repeat times the copy and every codec in turn, and each cell is the median of its
+repeats; a second table splits each codec's time into encode and decode, in units of the
+copy's time (a copy reads x once and writes y once). Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
 torch thread (a DDP worker's share of a small host, and immune to the stalls a 2-thread pool
 shows on a shared machine); ``--sizes 1M`` for a quick run; ``--device cuda`` times the device
-paths (synchronised around every call).
+paths (synchronised around every call). ``--clock cpu`` times with this thread's CPU time
+instead of the wall clock: on an oversubscribed host the wall clock mostly measures the time
+other processes hold the core.
 
     python benchmarks/compress_throughput.py [--sizes 1M,16M,64M] [--repeats N] [--threads T]
                                              [--device cpu|cuda] [--codecs topk,int8,...]
+                                             [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -53,50 +58,85 @@ def sync(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
-def best_seconds(fn: Callable[[int], object], repeats: int,
-                 device: torch.device | None = None) -> float:
-    best = float("inf")
-    for i in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn(i)
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def seconds(fn: Callable[[], object], device: torch.device | None = None,
+            clock: Callable[[], float] = time.perf_counter) -> float:
+    sync(device)
+    t0 = clock()
+    fn()
+    sync(device)
+    return clock() - t0
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def default_repeats(numel: int) -> int:
-    return 10 if numel <= MI else 3 if numel <= 16 * MI else 2
+    return 11 if numel <= MI else 7 if numel <= 16 * MI else 5
 
 
 def parse_sizes(text: str) -> list[int]:
     return [int(float(s.strip().upper().rstrip("M")) * MI) for s in text.split(",") if s.strip()]
 
 
-def measure(numel: int, repeats: int, chosen: dict[str, Compressor],
-            device: torch.device) -> dict[str, float]:
-    """GB/s of fp32 input for a copy and each codec at one size."""
+def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: torch.device,
+            clock: Callable[[], float]) -> dict[str, tuple[float, float, float]]:
+    """Median seconds (total, encode, decode) of a copy and each codec at one size: every
+    repeat times the copy and then each codec in turn (interleaved, so a change of load on a
+    shared host hits all of them alike), and each cell is the median of its repeats."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
     y = torch.empty_like(x)
     y.copy_(x)
-    gb = 4 * numel / 1e9
-    out = {"memcpy (copy_)": gb / best_seconds(lambda i: y.copy_(x), 10, device),
-           "memcpy (clone)": gb / best_seconds(lambda i: x.clone(), 10, device)}
-    for name, comp in chosen.items():
-        out[name] = gb / best_seconds(
-            lambda i, c=comp: c.decode(c.encode(x, i), numel, i, out=y), repeats, device)
-    return out
+    times: dict[str, list[tuple[float, float, float]]] = {"memcpy (copy_)": [],
+                                                          "memcpy (clone)": []}
+    times.update({name: [] for name in chosen})
+
+    def codec(c: Compressor, i: int) -> tuple[float, float, float]:
+        sync(device)
+        t0 = clock()
+        payload = c.encode(x, i)
+        sync(device)
+        t1 = clock()
+        c.decode(payload, numel, i, out=y)
+        sync(device)
+        t2 = clock()
+        return t2 - t0, t1 - t0, t2 - t1
+
+    for i in range(repeats):
+        t = seconds(lambda: y.copy_(x), device, clock)
+        times["memcpy (copy_)"].append((t, t, 0.0))
+        t = seconds(lambda: x.clone(), device, clock)
+        times["memcpy (clone)"].append((t, t, 0.0))
+        for name, comp in chosen.items():
+            times[name].append(codec(comp, i))
+    return {name: (median([t[0] for t in ts]), median([t[1] for t in ts]),
+                   median([t[2] for t in ts])) for name, ts in times.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1M,16M,64M", help="input sizes in M = 2^20 floats")
-    ap.add_argument("--repeats", type=int, default=0, help="repeats per cell (0: 10/3/2 by size)")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="interleaved repeats per size, median taken (0: 11/7/5 by size)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: as one worker of a loaded host; copy uses the same)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
     ap.add_argument("--codecs", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                    help="wall: elapsed time; cpu: this thread's CPU time (leaves out the time "
+                         "other processes hold the core: for an oversubscribed host; CPU only)")
     args = ap.parse_args(argv)
+    if args.clock == "cpu" and torch.device(args.device).type != "cpu":
+        ap.exit(2, f"--clock cpu times CPU work only; use --clock wall with --device "
+                   f"{args.device}\n")
+    if args.codecs and set(args.codecs.split(",")) - set(codecs()):
+        unknown = ",".join(sorted(set(args.codecs.split(",")) - set(codecs())))
+        ap.exit(2, f"--codecs: unknown {unknown}; choose from {','.join(codecs())}\n")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = parse_sizes(args.sizes)
@@ -107,27 +147,37 @@ def main(argv: list[str] | None = None) -> None:
         w = torch.randn(4096, device=device)
         comp.decode(comp.encode(w, 0), 4096, 0, out=torch.empty_like(w))
     ratios = {name: comp.nominal_ratio(sizes[0]) for name, comp in chosen.items()}
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[tuple[float, float, float]]] = {}
     for numel in sizes:
-        speeds = measure(numel, args.repeats or default_repeats(numel), chosen, device)
-        for name, speed in speeds.items():
-            rows.setdefault(name, []).append(speed)
-    copy = rows["memcpy (copy_)"]
+        cells = measure(numel, args.repeats or default_repeats(numel), chosen, device,
+                        CLOCKS[args.clock])
+        for name, cell in cells.items():
+            rows.setdefault(name, []).append(cell)
+    copy = [t[0] for t in rows["memcpy (copy_)"]]
     labels = [f"{n / MI:g}M" for n in sizes]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     print(f"torch {torch.__version__}, {device.type} ({where}), {torch.get_num_threads()} "
-          f"thread(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; GB/s of "
-          f"fp32 input (encode + decode into a preallocated buffer, best of "
-          f"{args.repeats or '10/3/2'} by size); ratio at {labels[0]}; in brackets: fraction "
-          f"of copy_")
+          f"thread(s), {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
+          f"{args.clock} clock; GB/s of fp32 input (encode + decode into a preallocated "
+          f"buffer, median of {args.repeats or '11/7/5'} interleaved repeats by size); ratio at "
+          f"{labels[0]}; in brackets: fraction of copy_")
     print()
     print("| compressor | ratio | " + " | ".join(labels) + " |")
     print("|---|---:|" + "---:|" * len(sizes))
-    for name, speeds in rows.items():
+    for name, cells in rows.items():
         ratio = f"{ratios[name]:.1f}x" if name in ratios else ""
-        cells = [f"{s:.2f} ({s / c:.0%})" for s, c in zip(speeds, copy)]
-        print(f"| {name} | {ratio} | " + " | ".join(cells) + " |")
-
+        text = [f"{4 * n / 1e9 / t[0]:.2f} ({c / t[0]:.0%})"
+                for n, t, c in zip(sizes, cells, copy)]
+        print(f"| {name} | {ratio} | " + " | ".join(text) + " |")
+    print()
+    print("Time of encode + decode in copies (median time / copy_'s median time): "
+          "encode + decode")
+    print()
+    print("| compressor | " + " | ".join(labels) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for name in chosen:
+        text = [f"{t[1] / c:.2f} + {t[2] / c:.2f}" for t, c in zip(rows[name], copy)]
+        print(f"| {name} | " + " | ".join(text) + " |")
 
 if __name__ == "__main__":
     main()

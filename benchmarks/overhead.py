@@ -40,8 +40,7 @@ def _port() -> int:
 
 def _plain_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     from thinwire.config import load
-    from thinwire.models import build_mlp
-    from thinwire.trainer import load_data, make_stream
+    from thinwire.run import build_model, load_data, make_stream
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -49,7 +48,7 @@ def _plain_worker(rank: int, world: int, port: int, args: argparse.Namespace, ou
     cfg = load(None, _overrides(args))
     ds = load_data(cfg)
     stream = make_stream(cfg, ds, rank, world)
-    model = build_mlp(ds.input_dim, cfg.model.hidden, ds.num_classes, norm=cfg.model.norm, seed=0)
+    model = build_model(cfg, ds)  # the model thinwire's trainer builds, from the same seed
     ddp = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -82,13 +81,13 @@ def plain(args: argparse.Namespace) -> float:
     return float(json.loads(Path(out).read_text())["wall_s"])
 
 
-def thinwire(args: argparse.Namespace, out_dir: str) -> float:
+def thinwire(args: argparse.Namespace, out_dir: str, name: str) -> float:
     cmd = [sys.executable, "-m", "thinwire", "train", "--method", "dp", "--no-progress",
-           "--run.out", out_dir, "--run.name", "dp"]
+           "--run.out", out_dir, "--run.name", name]
     for k, v in _overrides(args).items():
         cmd += [f"--{k}", v]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return float(json.loads((Path(out_dir) / "dp" / "summary.json").read_text())["wall_s"])
+    return float(json.loads((Path(out_dir) / name / "summary.json").read_text())["wall_s"])
 
 
 def main() -> None:
@@ -102,9 +101,9 @@ def main() -> None:
     args = p.parse_args()
     base, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
             base.append(plain(args))
-            ours.append(thinwire(args, tmp))
+            ours.append(thinwire(args, tmp, f"dp{i}"))  # a fresh run directory each repeat
     b, o = statistics.median(base), statistics.median(ours)
     print(f"# DP overhead: {args.workers} workers, MLP {args.hidden}, batch {args.batch}, "
           f"{args.steps} steps, {args.data}, {args.repeats} alternating repeats")

@@ -13,8 +13,10 @@ Gradient Quantization and Encoding" (NeurIPS 2017), with s levels:
   4. decode x_hat_i = ||x||_2 level_i / s: unbiased, E[x_hat] = x, with
      E||x_hat - x||^2 <= min(d / s^2, sqrt(d) / s) ||x||^2 (their Lemma 3.1).
   Not linear (norms differ by rank): the exchange all-gathers and decodes each rank's payload.
-  On CPU, steps 2-3 run block by block in cache as t_i = c x_i + copysign(u_i, x_i) with
-  c = s / ||x||_2, whose truncation toward zero is sign(x_i) level_i; u comes from a numpy
+  On CPU, steps 2-3 run block by block in cache as floor(c x_i + u_i) with c = s / ||x||_2,
+  which is sign(x_i) level_i in law: for x_i < 0 it is -ceil(r_i - u_i), the upper neighbour
+  of r_i with probability P(u_i < r_i - floor(r_i)), as in step 2 up to the grid (so no sign
+  bits are split off and joined back); u comes from a numpy
   SFC64 stream there (``torch.rand`` on one core costs ~8x a copy of x), from the device's
   ``torch.Generator`` elsewhere.
 
@@ -38,6 +40,7 @@ import torch
 
 from thinwire.compression.base import (
     BLOCK,
+    LARGE_BLOCK,
     NUMPY_DTYPES,
     Compressor,
     Part,
@@ -107,29 +110,30 @@ class QSGD(Compressor):
         return (norm.reshape(1), torch.copysign(level, flat).to(level_dtype(s)))
 
     def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
-        """Steps 2-3 on CPU, block by block: trunc(c x + copysign(u, x)), within [-s, s]."""
+        """Steps 2-3 on CPU, block by block: floor(c x + u), within [-s, s] (see the module's
+        docstring for why this is sign(x) level in law)."""
         s = self.levels
         q = np.empty(xn.size, dtype=NUMPY_DTYPES[level_dtype(s)])
         bits = private_bits(self.seed, step, key, self.rank, 0x5EED)
         # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
         wide = s >= torch.iinfo(level_dtype(s)).max
         size = min(xn.size, BLOCK)
-        t, u, sign = np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.uint32)
+        t, u = np.empty(size, np.float32), np.empty(size, np.float32)
         for a, b in blocks(xn.size, size):
             m = b - a
-            tb, ub, sb = t[:m], u[:m], sign[:m]
+            tb, ub = t[:m], u[:m]
             np.multiply(xn[a:b], c, out=tb)  # 2. c x_i, signed: |c x_i| = r_i
             raw = bits.random_raw((m + 1) // 2).view(np.uint32)[:m]
             np.right_shift(raw, 8, out=raw)  # 24 random bits
             ub[:] = raw.view(np.int32)  # exact: < 2^24
             ub *= _U24  # u on the 2^24-point grid of [0, 1)
-            # copysign(u, c x_i) through the bits (numpy's copysign is 3x slower)
-            np.bitwise_and(tb.view(np.uint32), np.uint32(0x80000000), out=sb)
-            np.bitwise_or(ub.view(np.uint32), sb, out=ub.view(np.uint32))
-            tb += ub  # |t| = r_i + u_i
+            tb += ub
+            # 3. floor(c x_i + u_i): floor(r_i + u_i) for x_i >= 0, -ceil(r_i - u_i) for
+            #    x_i < 0, both the upper neighbour of r_i with probability frac(r_i)
+            np.floor(tb, out=tb)
             if wide:  # s + 1 would not fit the level dtype: clip before narrowing
                 np.clip(tb, -s, s, out=tb)
-            q[a:b] = tb  # 3. truncation toward zero: sign(x_i) floor(r_i + u_i)
+            q[a:b] = tb
         if not wide:
             np.clip(q, -s, s, out=q)  # cheaper on the narrow levels
         return q
@@ -141,10 +145,10 @@ class QSGD(Compressor):
         f = norm.reshape(()) / self.levels
         if on_cpu(q) and (out is None or (
                 out.dtype == torch.float32 and out.is_contiguous())):
-            res = out if out is not None else empty(numel, torch.float32)
-            np.multiply(as_numpy(q), np.float32(float(f)), out=as_numpy(res).reshape(-1),
-                        dtype=np.float32, casting="unsafe")
-            return res
+            res = out.view(-1) if out is not None else empty(numel, torch.float32)
+            for a, b in blocks(numel, LARGE_BLOCK):  # widen, then scale in cache
+                res[a:b].copy_(q[a:b]).mul_(f.detach())
+            return out if out is not None else res
         return write_out(q.float() * f, out)
 
 
@@ -184,29 +188,28 @@ class Int8(Compressor):
         flat = x.reshape(-1).float()
         if not on_cpu(flat):
             return self._encode_torch(flat)
+        flat = flat.detach()  # the out= calls below do not take autograd's inputs
         c, d = self.chunk, flat.numel()
         rows = d // c
-        xn = as_numpy(flat)
-        q = np.empty(d, np.int8)
-        scale = np.empty(math.ceil(d / c), np.float32)
-        per = max(1, BLOCK // c)  # whole chunks per block
-        buf = np.empty(min(per, rows) * c, np.float32)
+        q = empty(d, torch.int8)
+        scale = empty(math.ceil(d / c), torch.float32)
+        per = max(1, LARGE_BLOCK // c)  # whole chunks per block
+        n = min(per, rows)
+        buf, low = torch.empty(n, c), torch.empty(n)
         for r0, r1 in blocks(rows, per):
-            xb, a = xn[r0 * c:r1 * c], buf[:(r1 - r0) * c]
-            # 2. absmax scale per chunk
-            np.abs(xb, out=a)
-            sc = np.maximum.reduceat(a, np.arange(0, a.size, c)) / np.float32(127)
-            scale[r0:r1] = sc
+            xb, a, sc, lo = flat[r0 * c:r1 * c].view(-1, c), buf[:r1 - r0], scale[r0:r1], low[:r1 - r0]
+            # 2. absmax per chunk as max(max x, -min x) (no |x| pass; abs_ makes -0.0 +0.0)
+            torch.amax(xb, dim=1, out=sc)
+            torch.amin(xb, dim=1, out=lo)
+            torch.maximum(sc, lo.neg_(), out=sc).abs_().div_(127)
             # 3. round x / scale to the nearest integer (half to even), stored as int8
-            np.divide(xb.reshape(-1, c), np.where(sc > 0, sc, np.float32(1))[:, None],
-                      out=a.reshape(-1, c))
-            np.rint(a, out=a)
-            q[r0 * c:r1 * c] = a
+            torch.div(xb, torch.where(sc > 0, sc, 1.0)[:, None], out=a)
+            q[r0 * c:r1 * c].view(-1, c).copy_(a.round_())
         if rows * c < d:  # the last, partial chunk
             tq, ts = self._encode_torch(flat[rows * c:])
-            q[rows * c:] = as_numpy(tq)
-            scale[rows:] = as_numpy(ts)
-        return (torch.from_numpy(q), torch.from_numpy(scale))
+            q[rows * c:] = tq
+            scale[rows:] = ts
+        return (q, scale)
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
@@ -217,14 +220,12 @@ class Int8(Compressor):
             return write_out((self._chunks(q.float()) * scale[:, None]).reshape(-1)[:numel], out)
         c, rows = self.chunk, numel // self.chunk
         res = out.view(-1) if out is not None else empty(numel, torch.float32)
-        qn, sn, on = as_numpy(q), as_numpy(scale), as_numpy(res)
-        per = max(1, BLOCK // c)
-        for r0, r1 in blocks(rows, per):  # 4. block by block: cast, then scale in cache
-            ob = on[r0 * c:r1 * c].reshape(-1, c)
-            ob[...] = qn[r0 * c:r1 * c].reshape(-1, c)
-            ob *= sn[r0:r1, None]
+        per = max(1, LARGE_BLOCK // c)
+        for r0, r1 in blocks(rows, per):  # 4. block by block: widen, then scale in cache
+            ob = res[r0 * c:r1 * c].view(-1, c)
+            ob.copy_(q[r0 * c:r1 * c].view(-1, c)).mul_(scale[r0:r1, None])
         if rows * c < numel:
-            on[rows * c:] = qn[rows * c:] * sn[rows]
+            res[rows * c:] = q[rows * c:].float() * scale[rows]
         return out if out is not None else res
 
 

@@ -9,7 +9,7 @@ Top-k, per rank:
      indices (so the selection is a function of x alone, the same on every device):
      a. a threshold t from a strided sample of |x| that about 1.5 k entries pass;
      b. the candidates |x_i| >= t, in index order (on CPU block by block, each block's |x| in
-        cache: x is read from memory once);
+        cache, the candidates' values taken from it there: x is read from memory once);
      c. if fewer than k passed (an unlucky sample), every index is a candidate;
      d. the k-th largest candidate magnitude v; keep every candidate above v and the first
         (k - #above) equal to v;
@@ -45,6 +45,7 @@ import torch
 
 from thinwire.compression.base import (
     BLOCK,
+    NUMPY_DTYPES,
     Compressor,
     Part,
     Payload,
@@ -97,17 +98,17 @@ def _pick(cand: torch.Tensor, mags: torch.Tensor, k: int) -> torch.Tensor:
     return cand[keep]
 
 
-def _pick_numpy(cand: np.ndarray, mags: np.ndarray, k: int) -> np.ndarray:
-    """:func:`_pick` in numpy (CPU): the same selection."""
-    if cand.size == k:
-        return cand
+def _keep_numpy(mags: np.ndarray, k: int) -> np.ndarray | slice:
+    """:func:`_pick` in numpy (CPU): which candidates to keep (a mask, or every one)."""
+    if mags.size == k:
+        return slice(None)
     v = np.partition(mags, mags.size - k)[mags.size - k]
     keep = mags >= v
     if np.count_nonzero(keep) > k:  # ties at v: only the first (k - #above) of them
         above = mags > v
         equal = mags == v
         keep = above | (equal & (np.cumsum(equal) <= k - np.count_nonzero(above)))
-    return cand[keep]
+    return keep
 
 
 def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -116,7 +117,7 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     d = x.numel()
     plan = _sample_plan(d, k)
     if is_cpu_float32(x):
-        return torch.from_numpy(_topk_indices_numpy(as_numpy(x), k, plan))
+        return torch.from_numpy(_topk_numpy(as_numpy(x), k, plan)[0])
     a = x.abs()
     if plan is not None:
         stride, want = plan
@@ -128,25 +129,33 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return _pick(torch.arange(d, device=x.device), a, k)  # 1c
 
 
-def _topk_indices_numpy(xn: np.ndarray, k: int, plan: tuple[int, int] | None) -> np.ndarray:
+def _topk_numpy(xn: np.ndarray, k: int, plan: tuple[int, int] | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Step 1 on CPU, with step 2's values: (indices ascending, their values). The values are
+    taken from each block while it is in cache, so x is read from memory once (a gather
+    afterwards would miss the cache once per kept element)."""
     d = xn.size
     if plan is not None:
         stride, want = plan
         sample = np.abs(xn[::stride])
         t = np.partition(sample, sample.size - want)[sample.size - want]  # 1a
-        size = min(d, BLOCK)
+        size = min(d, 4 * BLOCK)  # fewer, longer calls: numpy's per-call cost dominates
         a, hit = np.empty(size, xn.dtype), np.empty(size, bool)
         idx: list[np.ndarray] = []
-        mags: list[np.ndarray] = []
+        vals: list[np.ndarray] = []
         for s, e in blocks(d, size):  # 1b, block by block in cache
-            ab = np.abs(xn[s:e], out=a[:e - s])
-            found = np.flatnonzero(np.greater_equal(ab, t, out=hit[:e - s]))
+            xb = xn[s:e]
+            found = np.flatnonzero(np.greater_equal(np.abs(xb, out=a[:e - s]), t,
+                                                    out=hit[:e - s]))
             idx.append(found + s)
-            mags.append(ab[found])
-        cand = np.concatenate(idx)
+            vals.append(xb[found])
+        cand, values = np.concatenate(idx), np.concatenate(vals)
         if cand.size >= k:
-            return _pick_numpy(cand, np.concatenate(mags), k)
-    return _pick_numpy(np.arange(d), np.abs(xn), k)  # 1c
+            keep = _keep_numpy(np.abs(values), k)
+            return cand[keep], values[keep]
+    keep = _keep_numpy(np.abs(xn), k)  # 1c
+    cand = np.arange(d)[keep]
+    return cand, xn[cand]
 
 
 class TopK(Compressor):
@@ -169,10 +178,16 @@ class TopK(Compressor):
 
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         flat = x.reshape(-1)
+        d = flat.numel()
+        k = count_k(self.ratio, d)
+        if is_cpu_float32(flat):  # 1-2 in numpy, the values picked up from cache
+            idx, values = _topk_numpy(as_numpy(flat), k, _sample_plan(d, k))
+            return (torch.from_numpy(values),
+                    torch.from_numpy(idx.astype(NUMPY_DTYPES[index_dtype(d)])))
         # 1. the k largest magnitudes
-        idx = topk_indices(flat, count_k(self.ratio, flat.numel()))
+        ti = topk_indices(flat, k)
         # 2. their values and (narrow) indices
-        return (flat[idx], idx.to(index_dtype(flat.numel())))
+        return (flat[ti], ti.to(index_dtype(d)))
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
