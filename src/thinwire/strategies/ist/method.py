@@ -21,7 +21,9 @@ than P values, it compares the best of the last P with the best before them; 3. 
 more than ``method.switch_tol`` (IST's curve has flattened), 4. it broadcasts the decision
 (one control-tagged number through the Comm, every evaluation, so every rank takes the same
 branch) and 5. every rank switches at the next step, a synchronisation point (evaluations
-fall on multiples of lcm(K, H)).
+fall on multiples of lcm(K, H)). Measured (docs/BENCHMARKS.md, "IST's time to DP's converged
+accuracy"): the earlier the switch, the better the hybrid ends, and none reaches DP's converged
+accuracy as soon as local SGD alone; the default tolerance (0.5 points) switches early.
 
 The original code's behaviour, for exact comparisons with it (docs/IST.md, "Deviations"):
 ``method.drop_last_step`` (its round sends the subnet back after K - 1 updates; the K-th is
@@ -82,8 +84,8 @@ class Options:
                                "evaluation metric's best over the last P evaluations is no more "
                                "than method.switch_tol better than its best before them (0: "
                                "off; needs train.eval_every)")
-    switch_tol: float = opt(0.002, "with method.switch_patience: the gain (metric units, e.g. "
-                            "accuracy 0.002 = 0.2 points) below which IST's curve counts as flat")
+    switch_tol: float = opt(0.005, "with method.switch_patience: the gain (metric units, e.g. "
+                            "accuracy 0.005 = 0.5 points) below which IST's curve counts as flat")
     period: int = opt(10, "after the switch: local SGD's steps between averages (H)")
     drop_last_step: bool = opt(False, "as the original code: the K-th step of each round is "
                                "taken but its update is lost (the subnet travels back after "
