@@ -278,7 +278,7 @@ def test_automatic_switch_on_a_flat_curve() -> None:
 
 
 def test_switch_options_checked() -> None:
-    with pytest.raises(UsageError, match="switch_at both"):
+    with pytest.raises(UsageError, match="combined with method.switch_at"):
         Options(switch_at=10, switch_patience=2)
     with pytest.raises(UsageError, match="eval_every"):
         load(None, {"method.name": "ist", "method.switch_patience": "2",

@@ -102,7 +102,8 @@ class Options:
         check(self.switch_patience >= 0, "method.switch_patience", "must be >= 0 (0: off)")
         check(self.switch_tol >= 0, "method.switch_tol", "must be >= 0")
         check(not (self.switch_at and self.switch_patience), "method.switch_patience",
-              "and method.switch_at both choose the switch step; set one of them to 0")
+              "cannot be combined with method.switch_at (both choose the switch "
+              "step); set one of them to 0")
         if self.local_steps:
             _check_k(self, self.local_steps)
 
