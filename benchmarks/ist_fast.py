@@ -68,7 +68,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loopback", nargs="+", default=["runs/istfast/acc", "runs/istfast/accB",
                                                   "runs/istfast/accC"])
-    p.add_argument("--testbed", nargs="*", default=["runs/istfast/tb/100mbit"])
+    p.add_argument("--testbed", nargs="*", default=["runs/istfast/tb/100mbit",
+                                                   "runs/istfast/tb2/100mbit"])
     p.add_argument("--tail", type=float, default=0.2, help="DP's last fraction of steps")
     p.add_argument("--target", type=float, default=None, help="instead of DP's converged one")
     p.add_argument("--fig", default="docs/figures/ist_fast_100mbit.png")
@@ -133,9 +134,10 @@ def main() -> int:
     times: dict[str, tuple[float, str]] = {}
     if bench:
         print("\nTestbed, 100 Mbit/s, 4 workers (measured unless marked derived):\n")
-        print("| method | steps run | final acc | s/step (measured) | steps to target | "
-              "s to target |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print("| method | steps run | final acc | s/step (measured) | "
+              + " | ".join(f"s to {t:.2f}" for t in LOWER)
+              + " | steps to target | s to target |")
+        print("|---|---:|---:|---:|" + "---:|" * len(LOWER) + "---:|---:|")
         for r in bench:
             c = curve(r)
             sps = seconds_per_step(r)
@@ -150,8 +152,10 @@ def main() -> int:
                 to = f"{sps * n:.1f} (derived: {sps:.3f} s/step x {n} loopback steps)"
             else:
                 to = "not reached"
+            low = [first_at(r, t) for t in LOWER]
             print(f"| {r.label} | {c[-1][0]} | {c[-1][1]:.4f} | {sps:.3f} | "
-                  f"{'-' if hit is None else hit[0]} | {to} |")
+                  + " | ".join("-" if h is None else f"{h[1]:.1f}" for h in low)
+                  + f" | {'-' if hit is None else hit[0]} | {to} |")
         ratios("testbed (dp derived)", {k: v[0] for k, v in times.items()})
     plot(loop, bench, target, dp, Path(args.fig), modelled)
     print(f"\nwrote {args.fig}")
