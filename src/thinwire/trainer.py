@@ -5,9 +5,9 @@ For each step: 1. take this worker's batch of the step (a pure function of seed,
 complete checkpoint is kept); 3. every ``log_every`` steps the loss rank writes a metrics record
 (compute time = step time - time inside communication calls, from the ledger); 4. at
 evaluation points every rank calls ``strategy.eval_model`` and the rank holding the full model
-evaluates it with the task's metric; 5. at checkpoint points every rank saves its state
-atomically. At the end the ledgers and memory reports of all ranks are gathered (tagged
-control) into ``summary.json`` (the memory measured from the tensors, the saved activations, the
+evaluates it with the task's metric; every rank then hands the value (None where it did not
+evaluate) to ``strategy.observe``; 5. at checkpoint points every rank saves its state atomically. At
+the end the ledgers and memory reports of all ranks are gathered (tagged control) into ``summary.json`` (the memory measured from the tensors, the saved activations, the
 process's peak resident set and, on CUDA, the allocator's peak: :func:`process_peaks`), and the final model is exported to ``model.pt`` (batch-statistics
 norms recalibrated so it predicts single samples: :mod:`thinwire.models.norms`).
 """
@@ -167,8 +167,11 @@ class Trainer:
         counters = self._counters()
         per_rank = self.comm.gather_floats([counters["sent_bytes"], counters["payload_bytes"]])
         if model is None:
+            self.strategy.observe(step, None, self.task.higher_is_better)
             return {}
         result = self.task.evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device)
+        self.strategy.observe(step, float(result[self.task.metric]),
+                              self.task.higher_is_better)
         if final:
             self.final_model = model
         if self.writer is None:

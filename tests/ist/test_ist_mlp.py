@@ -20,7 +20,7 @@ from thinwire.models.adapter import linear_stack
 from thinwire.run import build_strategy
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist.core import IST
-from thinwire.strategies.ist.method import Options, ist_traffic
+from thinwire.strategies.ist.method import Options, PlateauRule, ist_traffic
 from thinwire.strategies.ist.partition import Partitioner, group_sizes
 
 D, C = 12, 5
@@ -241,6 +241,48 @@ def test_hybrid_switches_to_local_sgd() -> None:
     assert "send:switch" in out[0]["by_op"] and "all_reduce:average" in out[0]["by_op"]
     assert out[0]["by_op"]["all_reduce:average"]["calls"] == 1
     assert out[0]["params"] is not None and out[0]["params"].numel() == D * 16 + 16 * 12 + 12 * C + 16 + 12 + C
+
+
+def test_plateau_rule() -> None:
+    """Flat once the best of the last P values gains <= tol over the best before them, for
+    either direction of the metric; never before P + 1 values."""
+    rule = PlateauRule(2, 0.01)
+    assert [rule.flat(v, True) for v in (0.5, 0.6, 0.605, 0.62, 0.615, 0.625)] == \
+        [False, False, False, False, False, True]
+    ppl = PlateauRule(1, 0.5)
+    assert [ppl.flat(v, False) for v in (9.0, 7.0, 6.6, 6.7)] == [False, False, True, True]
+
+
+def _auto_hybrid(comm: Comm) -> dict:
+    """Rank 0 feeds the metric (the others None, as the trainer does); every rank must switch
+    at the same step: the step of the evaluation that found the curve flat."""
+    _, strat, _ = make(comm, **{"method.switch_patience": 2, "method.switch_tol": 0.01,
+                                "method.period": 3, "train.steps": 15})
+    curve = iter((0.5, 0.6, 0.605, 0.606))  # flat at the 4th evaluation (step 12)
+    switched = []
+    for step in range(15):
+        strat.train_step(batch(comm.rank, step), step)
+        if (step + 1) % 3 == 0:
+            strat.observe(step + 1, next(curve, 0.6) if comm.rank == 0 else None, True)
+        switched.append(strat.local is not None)
+    return {"switch_step": strat.switch_step, "first": switched.index(True),
+            "by_op": comm.ledger.by_op()}
+
+
+def test_automatic_switch_on_a_flat_curve() -> None:
+    out = run_workers(_auto_hybrid, 2)
+    for r in out:
+        assert r["switch_step"] == 12 and r["first"] == 12
+        assert any(k.endswith(":switch") for k in r["by_op"])  # the full model travelled
+        assert r["by_op"]["all_reduce:average"]["calls"] == 1  # step 15, H = 3
+
+
+def test_switch_options_checked() -> None:
+    with pytest.raises(UsageError, match="combined with method.switch_at"):
+        Options(switch_at=10, switch_patience=2)
+    with pytest.raises(UsageError, match="eval_every"):
+        load(None, {"method.name": "ist", "method.switch_patience": "2",
+                    "train.eval_every": "0", "data.name": "teacher"})
 
 
 # --- in the user's own loop -----------------------------------------------------------------------

@@ -189,6 +189,11 @@ class Strategy(ABC):
         """The full model at a synchronisation point, on the rank that evaluates; None
         elsewhere. Every rank calls it (a sharded strategy assembles here)."""
 
+    def observe(self, step: int, value: float | None, higher_is_better: bool) -> None:  # noqa: B027
+        """After an evaluation at ``step``, on every rank: the metric's ``value`` on the rank
+        that evaluated, None on the others (a rule that acts on it decides on that rank and
+        tells the others through ``self.comm``). A no-op by default."""
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Everything this rank needs to resume (weights_only-loadable tensors and numbers)."""

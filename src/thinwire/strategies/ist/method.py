@@ -14,7 +14,16 @@ aligned to the model's K) and for the planner (from the plan's ``default_local_s
 
 Hybrid schedule: with ``method.switch_at = S`` the run switches to local SGD (period
 ``method.period``) on the full model at step S: IST's early speed without its accuracy ceiling
-(ResIST's converse, which warmed up with local SGD).
+(ResIST's converse, which warmed up with local SGD). With ``method.switch_patience = P`` instead
+the switch needs no hand-picked step (:class:`PlateauRule`): 1. after every evaluation the rank
+that evaluated the full model appends the metric to its history; 2. once the history holds more
+than P values, it compares the best of the last P with the best before them; 3. if they gain no
+more than ``method.switch_tol`` (IST's curve has flattened), 4. it broadcasts the decision
+(one control-tagged number through the Comm, every evaluation, so every rank takes the same
+branch) and 5. every rank switches at the next step, a synchronisation point (evaluations
+fall on multiples of lcm(K, H)). Measured (docs/BENCHMARKS.md, "IST's time to DP's converged
+accuracy"): the earlier the switch, the better the hybrid ends, and none reaches DP's converged
+accuracy as soon as local SGD alone; the default tolerance (0.5 points) switches early.
 
 The original code's behaviour, for exact comparisons with it (docs/IST.md, "Deviations"):
 ``method.drop_last_step`` (its round sends the subnet back after K - 1 updates; the K-th is
@@ -36,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from thinwire.errors import UsageError
@@ -70,6 +80,12 @@ class Options:
                                "round) or reindex (it travels with the subnet)",
                                choices=("reset", "reindex"))
     switch_at: int = opt(0, "hybrid schedule: switch to local SGD at this step (0: never)")
+    switch_patience: int = opt(0, "hybrid schedule, automatic: switch to local SGD once the "
+                               "evaluation metric's best over the last P evaluations is no more "
+                               "than method.switch_tol better than its best before them (0: "
+                               "off; needs train.eval_every)")
+    switch_tol: float = opt(0.005, "with method.switch_patience: the gain (metric units, e.g. "
+                            "accuracy 0.005 = 0.5 points) below which IST's curve counts as flat")
     period: int = opt(10, "after the switch: local SGD's steps between averages (H)")
     drop_last_step: bool = opt(False, "as the original code: the K-th step of each round is "
                                "taken but its update is lost (the subnet travels back after "
@@ -83,12 +99,42 @@ class Options:
               "default")
         check(self.switch_at >= 0, "method.switch_at", "must be >= 0")
         check(self.period >= 1, "method.period", "must be >= 1")
+        check(self.switch_patience >= 0, "method.switch_patience", "must be >= 0 (0: off)")
+        check(self.switch_tol >= 0, "method.switch_tol", "must be >= 0")
+        check(not (self.switch_at and self.switch_patience), "method.switch_patience",
+              "cannot be combined with method.switch_at (both choose the switch "
+              "step); set one of them to 0")
         if self.local_steps:
             _check_k(self, self.local_steps)
 
     def k(self, default: int) -> int:
         """K: ``local_steps``, or ``default`` (the model's) when it is 0."""
         return self.local_steps or default
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the run may switch to local SGD (at a set step or automatically)."""
+        return bool(self.switch_at or self.switch_patience)
+
+
+class PlateauRule:
+    """The automatic switch's test (module docstring, steps 1-3): the metric has flattened when
+    the best of its last ``patience`` values is no more than ``tol`` better than the best
+    before them. Kept on the rank that evaluates; its history is part of the checkpoint."""
+
+    def __init__(self, patience: int, tol: float) -> None:
+        self.patience, self.tol = patience, tol
+        self.history: list[float] = []
+
+    def flat(self, value: float, higher_is_better: bool) -> bool:
+        """Append ``value`` (step 1); whether the curve is flat now (steps 2-3)."""
+        self.history.append(value)
+        if len(self.history) <= self.patience:
+            return False
+        sign = 1.0 if higher_is_better else -1.0
+        before = max(sign * v for v in self.history[:-self.patience])
+        recent = max(sign * v for v in self.history[-self.patience:])
+        return recent - before <= self.tol
 
 
 def _check_k(o: Options, k: int) -> None:
@@ -110,7 +156,7 @@ def _for_model(o: Options, ist: Any) -> Options:
 def _sync_every(o: Options) -> int:
     if not o.local_steps:
         return 1  # K is the model's: ``sync_every_for`` (via ``_for_model``) knows it
-    if o.switch_at:
+    if o.hybrid:
         return int(np.lcm(o.local_steps, o.period))
     return o.local_steps
 
@@ -133,11 +179,14 @@ def local_steps_of(cfg: Any) -> int:
 def _check(cfg: Any) -> None:
     """With an automatic K: the config's step alignment against the model's K."""
     o: Options = cfg.method.options
+    if o.switch_patience and not cfg.train.eval_every:
+        raise UsageError("method.switch_patience switches on the evaluation curve; set "
+                         "train.eval_every (e.g. a few times per 10% of train.steps)")
     if o.local_steps:
         return
     k = local_steps_of(cfg)
     _check_k(o, k)
-    sync = int(np.lcm(k, o.period)) if o.switch_at else k
+    sync = int(np.lcm(k, o.period)) if o.hybrid else k
     for name, every in (("train.steps", cfg.train.steps),
                         ("train.eval_every", cfg.train.eval_every),
                         ("run.checkpoint_every", cfg.run.checkpoint_every)):
@@ -149,6 +198,10 @@ def _check(cfg: Any) -> None:
 
 def _label(o: Options) -> str:
     hybrid = f"->localsgd@{o.switch_at}" if o.switch_at else ""
+    if o.switch_patience:
+        hybrid = f"->localsgd@plateau(P={o.switch_patience},tol={o.switch_tol:g})"
+    if hybrid and o.period != 10:
+        hybrid += f"(H={o.period})"
     scale = f",{o.scale}-scale" if o.scale != "auto" else ""
     state = ",reindex" if o.optimizer_state == "reindex" else ""
     drop = ",drop-last" if o.drop_last_step else ""
@@ -209,6 +262,8 @@ class ISTStrategy(Strategy):
                        drop_last_step=o.drop_last_step)
         self._local_cls = LocalSGD
         self.local: Any = None
+        self.switch_step = o.switch_at  # 0: not (yet) chosen
+        self.rule = PlateauRule(o.switch_patience, o.switch_tol) if o.switch_patience else None
 
     def data_shard(self) -> tuple[int, int]:
         return data_shard(self.o, self.comm.rank, self.comm.world_size)
@@ -222,10 +277,22 @@ class ISTStrategy(Strategy):
         else:
             self.ist.finish()
         self.local = self._local_cls(self.model, self.opt, self.o.period, comm=self.comm)
-        self.local.steps = self.o.switch_at
+        self.local.steps = self.switch_step
+
+    def observe(self, step: int, value: float | None, higher_is_better: bool) -> None:
+        """The automatic switch (module docstring): rank 0, which evaluates IST's full model,
+        decides; the decision reaches every rank by one broadcast."""
+        if self.rule is None or self.local is not None or self.switch_step:
+            return
+        flat = value is not None and self.rule.flat(value, higher_is_better)
+        decision = torch.tensor([1.0 if flat else 0.0])
+        if self.comm.world_size > 1:
+            self.comm.broadcast(decision, 0, tag="control")
+        if decision.item():
+            self.switch_step = step
 
     def train_step(self, batch: Batch, step: int) -> float:
-        if self.o.switch_at and step >= self.o.switch_at and self.local is None:
+        if self.switch_step and step >= self.switch_step and self.local is None:
             self._switch()
         return self.standard_step(self.model, self.opt, batch, step)
 
@@ -237,10 +304,16 @@ class ISTStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         if self.local is not None:
             return {"local": self.local.state_dict(), "model": self.model.state_dict(),
-                    "opt": self.opt.state_dict()}
-        return {"ist": self.ist.state_dict()}
+                    "opt": self.opt.state_dict(), "switch_step": self.switch_step}
+        state: dict[str, Any] = {"ist": self.ist.state_dict(), "switch_step": self.switch_step}
+        if self.rule is not None:
+            state["plateau"] = torch.tensor(self.rule.history, dtype=torch.float64)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.switch_step = int(state.get("switch_step", self.o.switch_at))
+        if self.rule is not None and "plateau" in state:
+            self.rule.history = [float(v) for v in state["plateau"].tolist()]
         if "local" in state:
             self._switch(resuming=True)
             self.model.load_state_dict(state["model"])
@@ -270,7 +343,9 @@ class ISTStrategy(Strategy):
 
 def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
                 optimizer_states: int = 0) -> Traffic:
-    """The ledger bytes of a run (module docstring)."""
+    """The ledger bytes of a run (module docstring). With ``switch_patience`` the switch step
+    is found during the run: the prediction is IST's throughout (a lower bound; the
+    decision's broadcasts are control traffic)."""
     n = workers
     if n <= 1:
         return Traffic.none(n)
