@@ -1,7 +1,7 @@
 """The planner's pipeline model held to runs: the bytes it predicts from a transformer's
 dimensions alone (stages, micro-batches, micro-batch size, sequence length, d_model, codecs) are
-every rank's ledger bytes, to the byte, for S = 2 and 4 stages; and its step time is the
-schedule's (M + S - 1) slots of the slowest stage."""
+every rank's ledger bytes, to the byte, for S = 2 and 4 stages; and its step time is M slots of
+the slowest stage plus a bubble of S - 1 mean slots."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_planner_predicts_every_ranks_ledger_bytes(S: int) -> None:
     assert all(3 * p < q for p, q in zip(packed, plain))
 
 
-def test_step_time_is_m_plus_s_minus_one_slots_of_the_slowest_stage() -> None:
+def test_step_time_is_m_slowest_slots_and_a_bubble_of_s_minus_one_mean_slots() -> None:
     shape = PipelineShape(stages=4, micro_batches=8, micro_batch=2, seq=16, d_model=32)
     o = options_of("int8", "none", micro_batches=8)
     sent = boundary_bytes(shape, o)
@@ -80,8 +80,13 @@ def test_step_time_is_m_plus_s_minus_one_slots_of_the_slowest_stage() -> None:
     # stage 2 is the slowest: 1.5 s compute, 0.2 s codec, two messages at 10 ms
     assert t.compute == 1.5 and t.codec == 0.2
     assert t.transfer == pytest.approx(sent[2] / 1000.0 + 0.02)
-    assert t.total == pytest.approx(11 * t.slot)
-    assert t.bubble / t.schedule == pytest.approx(3 / 11)
+    slots = [c + e + x for c, e, x in
+             zip([1.0, 1.0, 1.5, 1.0], [0.1, 0.2, 0.2, 0.1],
+                 [sent[0] / 1e3 + 0.01, sent[1] / 1e3 + 0.02, sent[2] / 1e3 + 0.02,
+                  sent[3] / 1e3 + 0.01])]
+    assert t.total == pytest.approx(8 * max(slots) + 3 * sum(slots) / 4)
+    equal = step_time(shape, o, [1.0] * 4, bandwidth=1e12)
+    assert equal.bubble / equal.schedule == pytest.approx(3 / 11)  # (S-1)/(M+S-1)
     shared = step_time(shape, o, [1.0, 1.0, 1.5, 1.0], bandwidth=1e12, cores=1)
     assert shared.total == pytest.approx(8 * 4.5)  # one core: the stages' work in turn
     with pytest.raises(UsageError, match="stage_seconds"):

@@ -13,18 +13,19 @@ before it exists, with the very formula the tests hold equal to the ledger:
    own ``payload_bytes`` of the [b, T, h] shape (:mod:`thinwire.strategies.pipeline.codecs`):
    no byte count is derived twice;
 3. :func:`step_time`: the schedule's step time. GPipe (Huang et al., NeurIPS 2019) and 1F1B
-   (Narayanan et al., SC 2021) both take M + S - 1 slots of the slowest stage's per-micro-batch
-   time tau, a bubble of (S - 1) / (M + S - 1) of the step. A slot is the stage's forward and
-   backward compute c_s, the codec's encoding and decoding e_s, and the transfer of what the
-   stage sends for one micro-batch over its link, bytes_s / bandwidth plus one latency a
-   message (a stage's forward and backward messages leave through its one link, so they add
-   up; nothing is assumed to overlap with compute):
-       tau = max_s (c_s + e_s + bytes_s / bandwidth + messages_s * latency),
-       step = (M + S - 1) tau + sync + optimizer,
-   where sync is the data-parallel all-reduce of a stage's gradients (ring, 2 (dp-1)/dp of
-   4 P_s bytes at the bandwidth) and optimizer the optimizer step. When the S stages share
-   fewer cores than S (the thin-wire testbed runs every worker on one machine), the step is at
-   least the stages' total compute over the cores: ``cores`` bounds it from below.
+   (Narayanan et al., SC 2021, Sec. 2.2) both run M micro-batches through the slowest stage and
+   fill and drain the pipeline once: with tau_s stage s's time a micro-batch,
+       step = M max_s tau_s + (S - 1) mean_s tau_s + sync + optimizer,
+   the second term the bubble, (S - 1) / (M + S - 1) of the schedule when the stages are equal
+   (the planner's transformer path, :mod:`thinwire.planner.step`, uses the same form). tau_s is
+   the stage's forward and backward compute c_s, its codec's encoding and decoding e_s, and the
+   transfer of what it sends for one micro-batch over its link, bytes_s / bandwidth plus one
+   latency a message (its forward and backward messages leave through its one link, so they
+   add up; nothing is assumed to overlap with compute). sync is the data-parallel all-reduce of
+   a stage's gradients (ring, 2 (dp-1)/dp of 4 P_s bytes at the bandwidth), optimizer the
+   optimizer step. When the S stages share fewer cores than S (the thin-wire testbed runs every
+   worker on one machine), the schedule takes at least the stages' total compute and codec
+   time over the cores: ``cores`` bounds it from below.
 """
 
 from __future__ import annotations
@@ -110,14 +111,15 @@ def boundary_bytes(shape: PipelineShape, options: Any) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class StepTime:
-    """Seconds of one step (step 3): tau, the slowest stage's per-micro-batch time, split into
-    its compute, codec and transfer parts; M + S - 1 slots of it; sync and optimizer after."""
+    """Seconds of one step (step 3): the slowest stage's per-micro-batch time tau split into its
+    compute, codec and transfer parts, the mean stage's tau, and what follows the schedule."""
 
     stages: int
     micro_batches: int
     compute: float
     codec: float
     transfer: float
+    mean_slot: float
     sync: float = 0.0
     optimizer: float = 0.0
     floor: float = 0.0
@@ -125,18 +127,18 @@ class StepTime:
 
     @property
     def slot(self) -> float:
-        """tau."""
+        """max_s tau_s."""
         return self.compute + self.codec + self.transfer
 
     @property
-    def schedule(self) -> float:
-        """(M + S - 1) tau."""
-        return (self.micro_batches + self.stages - 1) * self.slot
+    def bubble(self) -> float:
+        """(S - 1) mean_s tau_s: the fill and drain."""
+        return (self.stages - 1) * self.mean_slot
 
     @property
-    def bubble(self) -> float:
-        """The schedule's idle part, (S - 1) tau: a fraction (S-1)/(M+S-1) of it."""
-        return (self.stages - 1) * self.slot
+    def schedule(self) -> float:
+        """M max_s tau_s + the bubble."""
+        return self.micro_batches * self.slot + self.bubble
 
     @property
     def total(self) -> float:
@@ -144,9 +146,9 @@ class StepTime:
 
     def as_dict(self) -> dict[str, float]:
         return {"slot": self.slot, "compute": self.compute, "codec": self.codec,
-                "transfer": self.transfer, "bubble": self.bubble, "schedule": self.schedule,
-                "floor": self.floor, "sync": self.sync, "optimizer": self.optimizer,
-                "total": self.total}
+                "transfer": self.transfer, "mean_slot": self.mean_slot, "bubble": self.bubble,
+                "schedule": self.schedule, "floor": self.floor, "sync": self.sync,
+                "optimizer": self.optimizer, "total": self.total}
 
 
 def step_time(shape: PipelineShape, options: Any, stage_seconds: Sequence[float], *,
@@ -170,12 +172,13 @@ def step_time(shape: PipelineShape, options: Any, stage_seconds: Sequence[float]
     parts = [(stage_seconds[s], codec[s], sent[s] / bandwidth + messages[s] * latency)
              for s in range(S)]
     c, e, x = max(parts, key=sum)
+    mean = sum(sum(p) for p in parts) / S
     sync = 0.0
     if shape.dp > 1 and shape.stage_params:
         grad = 4 * max(shape.stage_params)
         sync = 2 * (shape.dp - 1) / shape.dp * grad / bandwidth + 2 * (shape.dp - 1) * latency
     floor = M * (sum(stage_seconds) + sum(codec)) / cores if cores else 0.0
-    return StepTime(S, M, c, e, x, sync, optimizer_seconds, floor)
+    return StepTime(S, M, c, e, x, mean, sync, optimizer_seconds, floor)
 
 
 __all__ = ["PipelineShape", "StepTime", "boundary_bytes", "options_of", "plan_of", "step_time",
