@@ -43,7 +43,7 @@ from thinwire.config import Config, load
 from thinwire.report.tables import fmt_bytes
 
 RUNS: dict[str, dict[str, str]] = {
-    "dp": {"method.name": "dp", "parallel.pp": "1", "train.batch_size": "8"},
+    "dp": {"method.name": "dp", "parallel.pp": "1"},  # batch 32 / workers a replica
     "none": {},
     "int8": {"method.codec_fwd": "int8", "method.codec_bwd": "int8"},
     "int4": {"method.codec_fwd": "int4", "method.codec_bwd": "int4"},
@@ -55,7 +55,7 @@ RUNS: dict[str, dict[str, str]] = {
     "lowrank": {"method.codec_bwd": "lowrank:rank=8"},
 }
 LABELS = {
-    "dp": "dp (4 replicas x 8)", "none": "pipeline, uncompressed", "int8": "fwd + bwd int8",
+    "dp": "dp (S replicas x 32/S)", "none": "pipeline, uncompressed", "int8": "fwd + bwd int8",
     "int4": "fwd + bwd int4", "topk": "fwd top-10%", "topk_ef": "fwd top-10% + EF",
     "topk_b0": "fwd top-10% at boundary 0 only", "topk_b2": "fwd top-10% at boundary 2 only",
     "ae16": "fwd autoencoder k=16", "lowrank": "bwd low rank 8 (LEP)",
@@ -65,7 +65,7 @@ LABELS = {
 def config(name: str, args: argparse.Namespace, out: Path) -> Config:
     values = {"model.name": "gpt", "model.n_layer": "4", "model.d_model": "64",
               "model.n_head": "4", "data.name": "tinyshakespeare", "data.limit_test": "1024",
-              "runtime.workers": "4", "runtime.threads": "1", "train.steps": str(args.steps),
+              "runtime.workers": str(args.stages), "runtime.threads": "1", "train.steps": str(args.steps),
               "train.eval_every": str(args.eval_every), "train.log_every": "1",
               "train.batch_size": "32", "train.lr": "0.003", "train.optimizer": "adamw",
               "run.out": str(out), "run.progress": "false", "run.name": name,
@@ -75,6 +75,7 @@ def config(name: str, args: argparse.Namespace, out: Path) -> Config:
         values["data.dir"] = args.data_dir
     if RUNS[name].get("method.name", "pipeline") != "pipeline":
         values = {k: v for k, v in values.items() if not k.startswith("method.")}
+        values["train.batch_size"] = str(32 // args.stages)
     values.update(RUNS[name])
     return load(None, values)
 
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/pipeline_thin_wire")
     p.add_argument("--timeout", type=float, default=700.0, help="seconds for all runs")
     p.add_argument("--modelled", action="store_true", help="no namespaces: loopback, modelled")
+    p.add_argument("--loopback-bps", type=float, default=1e10,
+                   help="--modelled: the loopback's bit rate the prediction assumes")
     p.add_argument("--check", action="store_true",
                    help="build the configs, calibrate and predict, run nothing")
     args = p.parse_args(argv)
@@ -247,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{c.run_name} {lk.label}: predicted {t['total']:.3f} s/step "
                           f"(slot {t['slot']:.4f}, bubble {t['bubble']:.3f}, floor {t['floor']:.3f})")
         return 0
+    if modelled:  # one loopback run each: no link to model
+        links = links[:1]
     results, stopped = bench.run_all(cfgs, links, time.monotonic() + args.timeout,
                                      modelled=modelled)
     load_end = os.getloadavg()
@@ -255,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         name = res.run.path.name
         cfg = next(c for c in cfgs[groups[0] if modelled else res.link.label]
                    if c.run_name == res.run.path.name)
-        pred = (predict(cfg, cal, res.link.rate_bps, args.reps)
-                if cal is not None and cfg.method.name == "pipeline" and res.link.rate_bps
-                else None)
+        bps = args.loopback_bps if modelled else res.link.rate_bps
+        pred = (predict(cfg, cal, bps, args.reps)
+                if cal is not None and cfg.method.name == "pipeline" and bps else None)
         b = res.run.summary["bytes"]
         rows.append({
-            "link": res.link.label, "run": name, "label": LABELS[name],
+            "link": "loopback" if modelled else res.link.label, "run": name, "label": LABELS[name],
             "curve": [(int(e["step"]), float(e["perplexity"])) for e in res.run.evals],
             "final_ppl": float(res.run.summary["final"]["perplexity"]),
             "final_nll": float(res.run.summary["final"]["nll"]),
