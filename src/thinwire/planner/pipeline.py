@@ -31,7 +31,7 @@ before it exists, with the very formula the tests hold equal to the ledger:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from thinwire.errors import UsageError
@@ -58,9 +58,10 @@ class PipelineShape:
     clip: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("stages", "micro_batches", "micro_batch", "seq", "d_model", "dp"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"pipeline {name}: got {getattr(self, name)}; use 1 or more")
+        for f in fields(self):  # every count: stages, micro-batches, sizes, replicas
+            v = getattr(self, f.name)
+            if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+                raise UsageError(f"pipeline {f.name}: got {v}; use 1 or more")
         if self.stage_params and len(self.stage_params) != self.stages:
             raise UsageError(f"pipeline stage_params: {len(self.stage_params)} sizes for "
                              f"{self.stages} stages; give one a stage")
