@@ -47,7 +47,7 @@ class MethodEntry:
       topk codec), or None when the name is not one of its shorthands;
     - ``planned``: whether the planner's method comparisons price it from a model's layout alone
       (False for a method whose traffic needs a run's plan, such as pipeline stages, which the
-      planner models with its own ``pp`` layout);
+      planner prices from a transformer's dimensions in :mod:`thinwire.planner.pipeline`);
     - ``rescalable(options)``: whether a checkpoint resumes at another number of workers: the
       model (and what the method keeps beside the optimizer) is the same on every rank at a
       checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
