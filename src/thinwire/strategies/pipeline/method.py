@@ -31,6 +31,7 @@ The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -59,6 +60,16 @@ from thinwire.strategies.pipeline.codecs import (
     is_bottleneck,
 )
 from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
+from thinwire.strategies.tensor import (
+    Exchange,
+    Sharded,
+    check_split,
+    gather_full,
+    plan_of,
+    shard,
+    split_dims,
+    within,
+)
 from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
 
 
@@ -118,8 +129,15 @@ def chain_of(cfg: Any, model: nn.Module) -> list[nn.Module]:
     return entry.chain(model)
 
 
+TP_USER = "parallel.tp > 1 in the pipeline"
+"""Who asks for a tensor-parallel plan (named in its one-line errors)."""
+
+
 def check_model(cfg: Any, model: nn.Module) -> None:
-    """The chain has at least S links, and no parameter is shared between two stages."""
+    """The chain has at least S links, no parameter is shared between two stages, and with
+    tensor parallelism the model's plan splits tp ways."""
+    if cfg.parallel.tp > 1:
+        check_split(cfg, model, TP_USER)
     links = chain_of(cfg, model)
     S = cfg.parallel.pp
     if len(links) < S:
@@ -137,8 +155,9 @@ def check_model(cfg: Any, model: nn.Module) -> None:
 
 def check_config(cfg: Any) -> None:
     o = cfg.method.options
-    if cfg.parallel.tp != 1:
-        raise UsageError("parallel.tp: the pipeline method runs pp x dp; use --parallel.tp 1")
+    check(cfg.parallel.tp == 1 or cfg.train.clip_norm == 0, "train.clip_norm",
+          "gradient clipping over tensor-parallel slices is not supported; set 0 or use "
+          "--parallel.tp 1")
     if cfg.train.batch_size % o.micro_batches:
         raise UsageError(f"method.micro_batches: {o.micro_batches} does not divide "
                          f"train.batch_size={cfg.train.batch_size}; use a divisor of it")
@@ -163,7 +182,8 @@ def _label(o: Options) -> str:
 
 # --- the Strategy --------------------------------------------------------------------------------
 class PipelineParallel(Strategy):
-    """Stage s of replica d of the dp x pp mesh (module docstring, steps 1-4)."""
+    """Stage s of replica d of the dp x pp mesh, tensor slice t of it on a dp x pp x tp mesh
+    (module docstring, steps 1-4)."""
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
@@ -173,13 +193,20 @@ class PipelineParallel(Strategy):
         mesh = ctx.mesh
         if mesh is None:  # one stage: micro-batched data parallelism
             self.pp, self.dp = Comm.local(self.comm.ledger), self.comm
+            self.tp = Comm.local(self.comm.ledger)
             self.d, self.dps = self.comm.rank, self.comm.world_size
             self.loss_rank = 0
         else:
-            self.pp, self.dp = mesh.pp, mesh.dp
+            self.pp, self.dp, self.tp = mesh.pp, mesh.dp, mesh.tp
             self.d, self.dps = mesh.coords.dp, mesh.dp.world_size
             self.loss_rank = mesh.rank_of(0, mesh.pp.world_size - 1, 0)
         self.S, self.s = self.pp.world_size, self.pp.rank
+        # tensor parallelism: the stage's slices (after the first batch); replica 0's first
+        # tensor rank of each stage keeps a whole model to gather them into for evaluation
+        self.sharded: Sharded | None = None
+        self.full: nn.Module | None = None
+        if self.tp.world_size > 1 and self.d == 0 and self.tp.rank == 0:
+            self.full = copy.deepcopy(self.model)
         self.pipe: Pipeline | None = None
         self.opt: torch.optim.Optimizer | None = None
         self._pending: dict[str, Any] | None = None
@@ -194,6 +221,9 @@ class PipelineParallel(Strategy):
                         loss=self.loss_fn, example=x.chunk(self.o.micro_batches)[0],
                         schedule=self.o.schedule, boundaries=self.o.boundaries(),
                         seed=self.cfg.train.seed)
+        if self.tp.world_size > 1:  # the stage's regions split over the tensor group
+            plan = within(plan_of(self.cfg, self.model, TP_USER), self.model, pipe.stage)
+            self.sharded = shard(self.model, plan, Exchange(self.tp))
         self.pipe, self.opt = pipe, make_optimizer(pipe.parameters(), self.cfg.train)
         if self._pending is not None:
             self._apply(self._pending)
@@ -229,10 +259,10 @@ class PipelineParallel(Strategy):
         return float(out)
 
     # --- evaluation ----------------------------------------------------------------------------
-    def _stage_modules(self, s: int) -> list[nn.Module]:
+    def _stage_modules(self, s: int, chain: Sequence[nn.Module]) -> list[nn.Module]:
         """Stage s's trained modules in :meth:`Pipeline.modules` order (links, decoder, encoder)."""
-        a, b = cut(len(self.chain), self.S)[s]
-        out: list[nn.Module] = [nn.Sequential(*self.chain[a:b])]
+        a, b = cut(len(chain), self.S)[s]
+        out: list[nn.Module] = [nn.Sequential(*chain[a:b])]
         necks = self.pipe.bottlenecks if self.pipe is not None else {}
         if s - 1 in necks:
             out.append(necks[s - 1][1])
@@ -242,15 +272,26 @@ class PipelineParallel(Strategy):
 
     def eval_model(self) -> nn.Module | None:
         """Stages of replica 0 send their parameters to its last stage, which returns the whole
-        model (every rank calls this)."""
+        model (every rank calls this). With tensor parallelism each stage first gathers its
+        slices on its first tensor rank (:func:`~thinwire.strategies.tensor.gather_full`, control),
+        and those ranks carry the pipeline's exchange."""
+        whole: nn.Module | None = self.model
+        if self.sharded is not None:
+            if self.d == 0:
+                gather_full(self.model, self.sharded, self.tp, self.full)
+            whole = self.full
+        if whole is None:  # a tensor rank t > 0: its slices are gathered
+            return None
+        chain = self.chain if whole is self.model else chain_of(self.cfg, whole)
         if self.d == 0 and self.S > 1:
             if self.s < self.S - 1:
-                flat = torch.cat([p.detach().reshape(-1) for m in self._stage_modules(self.s)
+                flat = torch.cat([p.detach().reshape(-1)
+                                  for m in self._stage_modules(self.s, chain)
                                   for p in m.parameters()])
                 self.pp.send(flat, self.S - 1, tag=CONTROL)
             else:
                 for s in range(self.S - 1):
-                    params = [p for m in self._stage_modules(s) for p in m.parameters()]
+                    params = [p for m in self._stage_modules(s, chain) for p in m.parameters()]
                     flat = torch.empty(sum(p.numel() for p in params), device=self.ctx.device)
                     self.pp.recv(flat, s, tag=CONTROL)
                     with torch.no_grad():
@@ -259,15 +300,15 @@ class PipelineParallel(Strategy):
             return None
         necks = self.pipe.bottlenecks if self.pipe is not None else {}
         if not necks:
-            return self.model
-        chain: list[nn.Module] = []
-        for s, (a, b) in enumerate(cut(len(self.chain), self.S)):
+            return whole
+        out: list[nn.Module] = []
+        for s, (a, b) in enumerate(cut(len(chain), self.S)):
             if s - 1 in necks:
-                chain.append(necks[s - 1][1])
-            chain += self.chain[a:b]
+                out.append(necks[s - 1][1])
+            out += chain[a:b]
             if s in necks:
-                chain.append(necks[s][0])
-        return nn.Sequential(*chain)
+                out.append(necks[s][0])
+        return nn.Sequential(*out)
 
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -312,7 +353,10 @@ def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None
 class PipelinePlan:
     """What the traffic formula knows of a pipeline run: stages S, replicas dp, the per-replica
     batch, the per-sample shape leaving each stage but the last, each stage's parameter count
-    (without bottlenecks) and whether gradients are clipped."""
+    on one rank (without bottlenecks; its tensor slices with tp > 1) and whether gradients are
+    clipped; with tensor parallelism the degree ``tp`` and, per stage, the per-sample elements
+    of each of its group sums (a region's input in backward, each row layer's output in
+    forward)."""
 
     stages: int
     dp: int
@@ -320,28 +364,47 @@ class PipelinePlan:
     widths: tuple[tuple[int, ...], ...]
     stage_params: tuple[int, ...]
     clip: bool = False
+    tp: int = 1
+    tp_sums: tuple[tuple[int, ...], ...] = ()
 
 
 def pipeline_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
     """The model's :class:`Layout` with the run's :class:`PipelinePlan` (``example``: inputs of
-    the dataset; shapes found on the meta device)."""
-    import copy
-
+    the dataset; shapes found on a copy of the model on the meta device)."""
+    S, tp = cfg.parallel.pp, cfg.parallel.tp
     links = chain_of(cfg, model)
-    S = cfg.parallel.pp
     cuts = cut(len(links), S)
+    split: dict[str, int] = {}
+    meta = copy.deepcopy(model).to("meta")
+    sums: list[list[int]] = [[] for _ in range(S)]
+    at = [0]  # the stage being probed
+    if tp > 1:
+        plan = plan_of(cfg, model, TP_USER)
+        split = split_dims(model, plan)
+        for region in plan.regions:
+            module = meta.get_submodule(region.path)
+            module.register_forward_pre_hook(
+                lambda _m, args: sums[at[0]].append(args[0][0].numel()))
+            for name in region.row:
+                module.get_submodule(name).register_forward_hook(
+                    lambda _m, _a, out: sums[at[0]].append(out[0].numel()))
+    probe = chain_of(cfg, meta)
     h = example[:1].to("meta")
     widths: list[tuple[int, ...]] = []
     with torch.no_grad():
-        for a, b in cuts[:-1]:
-            for link in links[a:b]:
-                h = copy.deepcopy(link).to("meta")(h)
-            widths.append(tuple(h.shape[1:]))
-    sizes = tuple(sum(p.numel() for link in links[a:b] for p in link.parameters())
-                  for a, b in cuts)
-    plan = PipelinePlan(S, cfg.dp_degree, cfg.train.batch_size, tuple(widths), sizes,
-                        cfg.train.clip_norm > 0)
-    return replace(Layout.of_model(model), pipeline=plan)
+        for s, (a, b) in enumerate(cuts):
+            at[0] = s
+            for link in probe[a:b]:
+                h = link(h)
+            if s < S - 1:
+                widths.append(tuple(h.shape[1:]))
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    sizes = tuple(sum(p.numel() // (tp if name_of.get(id(p)) in split else 1)
+                      for p in nn.Sequential(*links[a:b]).parameters()) for a, b in cuts)
+    pp_plan = PipelinePlan(S, cfg.dp_degree, cfg.train.batch_size, tuple(widths), sizes,
+                           cfg.train.clip_norm > 0, tp,
+                           tuple(tuple(x) for x in sums) if tp > 1 else ())
+    return replace(Layout.of_model(model), pipeline=pp_plan)
 
 
 def _bottleneck_params(spec: str, width: int) -> tuple[int, int]:
@@ -361,9 +424,10 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     if not isinstance(plan, PipelinePlan):
         raise UsageError("the pipeline's traffic needs the run's stage plan: build the layout "
                          "with thinwire.strategies.pipeline.method.pipeline_layout")
-    S, dp, M = plan.stages, plan.dp, options.micro_batches
-    if S * dp != workers:
-        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages")
+    S, dp, T, M = plan.stages, plan.dp, plan.tp, options.micro_batches
+    if S * dp * T != workers:
+        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages x {T} "
+                         "tensor slices")
     bounds = options.boundaries()
     rows = plan.batch // M
     plain = build_boundary("none")
@@ -386,21 +450,25 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     sent, recv, pay = [], [], []
     calls: dict[str, tuple[int, int]] = {}
     for r in range(workers):
-        s = r % S
+        s = (r // T) % S
         out = (sum(fwd_bytes[s]) if s < S - 1 else 0) + (sum(bwd_bytes[s - 1]) if s > 0 else 0)
         into = (sum(fwd_bytes[s - 1]) if s > 0 else 0) + (sum(bwd_bytes[s]) if s < S - 1 else 0)
         p2p_calls = (M if s < S - 1 else 0) + (M if s > 0 else 0)
         grad = 4 * (plan.stage_params[s] + extra[s])
         ar = ring_all_reduce(grad, dp) if dp > 1 else 0
         clip = ring_all_reduce(4, S) if plan.clip and S > 1 else 0
-        n_ar = (dp > 1) + (plan.clip and S > 1)
-        sent.append(steps * (out + ar + clip))
-        recv.append(steps * (into + ar + clip))
-        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)))
+        # tensor parallelism: per micro-batch, each of the stage's group sums (one all-reduce)
+        tp_pay = [4 * rows * n for n in plan.tp_sums[s]] if T > 1 else []
+        tp = M * sum(ring_all_reduce(b, T) for b in tp_pay)
+        n_ar = (dp > 1) + (plan.clip and S > 1) + M * len(tp_pay)
+        sent.append(steps * (out + ar + clip + tp))
+        recv.append(steps * (into + ar + clip + tp))
+        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)
+                            + M * sum(tp_pay)))
         if r == 0:
             calls = {"send": (steps * p2p_calls, steps * out)}
             if n_ar:
-                calls["all_reduce"] = (steps * n_ar, steps * (ar + clip))
+                calls["all_reduce"] = (steps * n_ar, steps * (ar + clip + tp))
     return Traffic(tuple(sent), tuple(recv), tuple(pay), calls)
 
 
