@@ -1,6 +1,6 @@
-"""``thinwire train --method pipeline`` end to end: a GPT in two stages with compressed
-boundaries trains, evaluates on its last stage, and every rank's ledger holds the formula's
-bytes."""
+"""``thinwire train --method pipeline`` end to end: a GPT in two stages, each stage's blocks
+tensor-parallel over two ranks, with compressed boundaries, trains, evaluates on its last stage,
+and every rank's ledger holds the formula's bytes."""
 
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ from thinwire.strategies import METHODS
 from thinwire.strategies.pipeline.method import pipeline_layout
 
 
-def test_train_gpt_in_two_stages_from_the_command_line(tmp_path: Path) -> None:
+def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path: Path) -> None:
     if SHARED_DATA is None or not (SHARED_DATA / "tinyshakespeare").is_dir():
         pytest.skip("shared data tinyshakespeare absent")
     args = ["train", "--model", "gpt", "--model.n_layer", "2", "--model.d_model", "16",
             "--model.n_head", "2", "--data.name", "tinyshakespeare",
             "--data.dir", str(SHARED_DATA / "tinyshakespeare"), "--data.limit_train", "4096",
             "--data.limit_test", "256", "--method", "pipeline", "--parallel.pp", "2",
-            "--workers", "2", "--method.schedule", "1f1b", "--method.micro_batches", "2",
+            "--parallel.tp", "2", "--workers", "4", "--method.schedule", "1f1b",
+            "--method.micro_batches", "2",
             "--method.codec_fwd", "int8", "--method.codec_bwd", "lowrank:rank=4",
             "--train.steps", "4", "--train.eval_every", "4", "--train.batch_size", "8",
             "--out", str(tmp_path), "--no-progress"]
@@ -40,9 +41,9 @@ def test_train_gpt_in_two_stages_from_the_command_line(tmp_path: Path) -> None:
     ds = load_data(cfg)
     x = make_stream(cfg, ds, 0, 1).batch(0)[0]
     want = METHODS.get("pipeline").traffic(pipeline_layout(cfg, build_model(cfg, ds), x),
-                                           cfg.method.options, 2, 4, 0, 0)
+                                           cfg.method.options, 4, 4, 0, 0)
     assert summary["bytes"]["per_rank_sent"] == list(want.sent)
-    for rank in range(2):
+    for rank in range(4):
         totals = json.loads((run / f"ledger.rank{rank}.json").read_text())["totals"]
         assert totals["payload_bytes"] == want.payload[rank]
 
