@@ -25,11 +25,12 @@ from harness import run_workers
 
 from thinwire.config import load
 from thinwire.errors import UsageError
+from thinwire.measure.predict import run_traffic
 from thinwire.models.gpt import GPT
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies import METHODS
 from thinwire.strategies.base import Context
-from thinwire.strategies.pipeline.method import PipelineParallel, pipeline_layout
+from thinwire.strategies.pipeline.method import PipelineParallel
 
 DP, PP, TP = 2, 2, 2
 M, B, L, V, STEPS = 2, 4, 16, 13, 2
@@ -107,9 +108,10 @@ def test_dp_pp_tp_2x2x2_matches_one_process_and_the_traffic_formula() -> None:
     losses, want = _reference()
     for i, schedule in enumerate(schedules):
         cfg = config(schedule)
-        layout = pipeline_layout(cfg, make(), batch(0, 0)[0])
-        predicted = METHODS.get("pipeline").traffic(layout, cfg.method.options, DP * PP * TP,
-                                                    STEPS, 0, 0)
+        # the prediction of the run (measure.predict): the registry's traffic formula over the
+        # method's run layout of a fresh model and one batch
+        layout = METHODS.get("pipeline").run_layout(cfg, make(), batch(0, 0)[0])
+        predicted = run_traffic(cfg, layout)
         for rank, per_run in enumerate(results):
             r = per_run[i]
             d = rank // (PP * TP)

@@ -13,9 +13,8 @@ import pytest
 from harness import SHARED_DATA
 
 from thinwire.config import load
-from thinwire.run import build_model, load_data, make_stream
-from thinwire.strategies import METHODS
-from thinwire.strategies.pipeline.method import pipeline_layout
+from thinwire.measure.predict import run_layout, run_traffic
+from thinwire.run import load_data
 
 
 def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path: Path) -> None:
@@ -39,9 +38,7 @@ def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path:
     assert 1 < summary["final"]["perplexity"] < 200  # a finite model, evaluated whole
     cfg = load(run / "config.toml")
     ds = load_data(cfg)
-    x = make_stream(cfg, ds, 0, 1).batch(0)[0]
-    want = METHODS.get("pipeline").traffic(pipeline_layout(cfg, build_model(cfg, ds), x),
-                                           cfg.method.options, 4, 4, 0, 0)
+    want = run_traffic(cfg, run_layout(cfg, ds))  # the run's prediction from its config
     assert summary["bytes"]["per_rank_sent"] == list(want.sent)
     for rank in range(4):
         totals = json.loads((run / f"ledger.rank{rank}.json").read_text())["totals"]

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,7 +74,7 @@ from thinwire.strategies.base import (
     set_lr,
 )
 from thinwire.strategies.entry import MethodEntry
-from thinwire.strategies.traffic import Traffic, wire
+from thinwire.strategies.traffic import Layout, Traffic, wire
 
 if TYPE_CHECKING:
     from thinwire.compression.base import Compressor
@@ -594,6 +594,51 @@ def traffic_of(shape: TPShape, tp: int, dp: int, steps: int, *, sequence_paralle
     return Traffic((sent,) * workers, (sent,) * workers, (pay,) * workers, calls)
 
 
+@dataclass(frozen=True)
+class TensorLayout:
+    """A tensor-parallel run in a :class:`~thinwire.strategies.traffic.Layout`: one rank's
+    :class:`TPShape` and the degree tp (:func:`tensor_layout`)."""
+
+    shape: TPShape
+    tp: int
+
+
+def tensor_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
+    """The model's layout with the run's :class:`TensorLayout`, from the model's plan (no
+    sharding): a rank's parameters are its slices of the split ones (:func:`split_dims`) and
+    the rest whole; ``example`` (an input batch) gives the sequence length."""
+    from thinwire.strategies.traffic import Layout
+
+    plan = plan_of(cfg, model)
+    tp = cfg.parallel.tp
+    split = split_dims(model, plan)
+    params = dict(model.named_parameters())
+    local = sum(p.numel() // (tp if n in split else 1) for n, p in params.items())
+    span = 0
+    if cfg.method.options.sequence_parallel:
+        prefixes = tuple(q + "." for q in plan.span)
+        span = sum(p.numel() for n, p in params.items()
+                   if n.startswith(prefixes) and n not in split)
+    tokens = cfg.train.batch_size * int(example.shape[plan.seq_dim])
+    shape = TPShape(len(plan.regions), tokens, plan.width, local, span)
+    return replace(Layout.of_model(model), tensor=TensorLayout(shape, tp))
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    """The ledger's totals per rank after ``steps`` steps (:func:`traffic_of` of the run's
+    :class:`TensorLayout`)."""
+    del seed, optimizer_states
+    run = layout.tensor
+    if not isinstance(run, TensorLayout):
+        raise UsageError("the tensor method's traffic needs the run's shapes: build the layout "
+                         "with thinwire.strategies.tensor.tensor_layout")
+    if workers % run.tp:
+        raise UsageError(f"{workers} workers are not a multiple of parallel.tp={run.tp}")
+    return traffic_of(run.shape, run.tp, workers // run.tp, steps,
+                      sequence_parallel=options.sequence_parallel, codec=options.codec)
+
+
 def _label(o: Options) -> str:
     parts = ["sp"] if o.sequence_parallel else []
     if o.codec != "none":
@@ -607,8 +652,9 @@ METHOD = MethodEntry(
     name="tensor", summary="Megatron tensor parallelism (parallel.tp) x data parallelism, "
     "optional sequence parallelism and a codec on the activations",
     strategy="thinwire.strategies.tensor:TensorParallel", options=Options, label=_label,
-    check=_check, check_model=_check_model)
+    check=_check, check_model=_check_model, traffic=traffic, run_layout=tensor_layout,
+    planned=False)
 
 __all__ = ["METHOD", "Exchange", "Options", "RowParallel", "Sharded", "TPShape",
-           "TensorParallel", "check_split", "gather_full", "plan_of", "shard", "split_dims",
-           "traffic_of", "within"]
+           "TensorLayout", "TensorParallel", "check_split", "gather_full", "plan_of", "shard",
+           "split_dims", "tensor_layout", "traffic", "traffic_of", "within"]

@@ -477,6 +477,6 @@ METHOD = MethodEntry(
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
-    planned=False)
+    run_layout=pipeline_layout, planned=False)
 
 __all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "pipeline_layout", "traffic"]
