@@ -1,15 +1,24 @@
-"""The ``pipeline`` method: pipeline stages x data-parallel replicas, compressed boundaries.
+"""The ``pipeline`` method: pipeline stages x data-parallel replicas, compressed boundaries;
+with ``--parallel.tp`` each stage's blocks tensor-parallel (dp x pp x tp).
 
-The run's workers form the mesh dp x pp (``--parallel.pp S``; dp = workers / S): the model's
-chain (its registry entry's ``chain``) is cut into S stages, rank (d, s) trains stage s of
-replica d. Each step, on every rank:
+The run's workers form the mesh dp x pp x tp (``--parallel.pp S``, ``--parallel.tp T``; dp =
+workers / (S T)): the model's chain (its registry entry's ``chain``) is cut into S stages, rank
+(d, s, t) trains stage s of replica d, with T > 1 its tensor slice t. With T > 1, at the first
+batch (after the pipeline has probed its boundary shapes on the whole chain) the regions of the
+model's :class:`~thinwire.models.tensor_plan.TensorPlan` inside the stage are sharded in place
+over the mesh's tensor communicator by :func:`thinwire.strategies.tensor.shard` (Megatron,
+Shoeybi et al. 2019: column- and row-parallel layers, the f and g operators, tag ``tp``); the
+stage's links are the same modules, so the schedule runs the sharded blocks unchanged, the T
+ranks of a stage running the same schedule on the same micro-batches, each exchanging the
+(replicated) boundary tensors with the same-t rank of its neighbour stages. Each step, on every
+rank:
 
   1. :meth:`Pipeline.run` (:mod:`.schedule`): the replica's batch in ``micro_batches``
      micro-batches through the GPipe or 1F1B schedule, activations and their gradients crossing
      each boundary through the boundary's codecs (:mod:`.codecs`), the stage's gradients of the
      batch's mean loss accumulated;
-  2. the stage's gradients averaged over its data group: one all-reduce of the flat gradient
-     (tag ``grad``) through the mesh's data communicator;
+  2. the stage's gradients (its local slices with T > 1) averaged over its data group: one
+     all-reduce of the flat gradient (tag ``grad``) through the mesh's data communicator;
   3. with ``train.clip_norm``: the squared gradient norm summed over the pipeline group (one
      all-reduce of 4 bytes, tag ``grad``) and every stage scales by the same coefficient, so
      clipping acts on the whole model's norm as in single-process training;
@@ -17,16 +26,21 @@ replica d. Each step, on every rank:
      (tagged control) so every rank reports the batch's loss.
 
 Evaluation gathers every stage's parameters of replica 0 on its last stage (tagged control),
-which evaluates the whole model (with the boundaries' bottleneck modules, when there are any).
+which evaluates the whole model (with the boundaries' bottleneck modules, when there are any);
+with T > 1 each stage first all-gathers its slices on its tensor rank 0 (control), whose ranks
+then carry the exchange.
 
 Traffic (:func:`traffic`, equal to the ledger): per step, stage s sends M forward payloads over
 boundary s and M backward payloads over boundary s - 1 (each the codec's
 ``payload_bytes`` of the micro-batch's boundary shape, the uncompressed size where
 ``uncompressed_first`` or ``epilogue_only`` leave a message plain) and receives the mirror image;
 with dp > 1 one all-reduce of 4 P_s bytes (P_s: the stage's parameters), ring estimate
-2 (dp - 1) / dp of it on the wire; with clipping one all-reduce of 4 bytes over the S stages.
-The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes), which
-:func:`pipeline_layout` probes from the model and one input.
+2 (dp - 1) / dp of it on the wire (P_s: the rank's slices with T > 1); with clipping one
+all-reduce of 4 bytes over the S stages; with T > 1, per micro-batch and region of the stage,
+an all-reduce over the T ranks of the region input's gradient (backward f) and of each row
+layer's output (forward g), each [b / M, L, d] float32, ring 2 (T - 1) / T on the wire.
+The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes, the stages'
+tensor-parallel sums), which :func:`pipeline_layout` probes from the model and one input.
 """
 
 from __future__ import annotations
