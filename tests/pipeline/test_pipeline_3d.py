@@ -132,12 +132,15 @@ def test_dp_pp_tp_2x2x2_matches_one_process_and_the_traffic_formula() -> None:
 
 
 def test_dp_pp_tp_refuses_what_it_cannot_split() -> None:
-    """One-line errors: clipping over slices, the tensor method with stages, a tp that does not
-    divide the heads, dropout, a model without a tensor-parallel plan."""
+    """One-line errors: clipping over slices, a tensor codec without tensor parallelism, the
+    tensor method with stages, a tp that does not divide the heads, dropout, a model without a
+    tensor-parallel plan."""
     entry = METHODS.get("pipeline")
     assert entry.check_model is not None
     with pytest.raises(UsageError, match="clip"):
         config("1f1b", **{"train.clip_norm": 1.0})
+    with pytest.raises(UsageError, match="method.tp_codec"):
+        config("1f1b", **{"method.tp_codec": "int8", "parallel.tp": 1, "runtime.workers": 4})
     with pytest.raises(UsageError, match="--method pipeline --parallel.pp S --parallel.tp T"):
         load(None, {"model.name": "gpt", "data.name": "tinyshakespeare", "method.name": "tensor",
                     "parallel.pp": 2, "parallel.tp": 2, "runtime.workers": 4})

@@ -1,6 +1,6 @@
 """``thinwire train --method pipeline`` end to end: a GPT in two stages, each stage's blocks
-tensor-parallel over two ranks, with compressed boundaries, trains, evaluates on its last stage,
-and every rank's ledger holds the formula's bytes."""
+tensor-parallel over two ranks, with compressed boundaries and int8 on the tensor-parallel sums,
+trains, evaluates on its last stage, and every rank's ledger holds the predicted bytes."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path:
             "--parallel.tp", "2", "--workers", "4", "--method.schedule", "1f1b",
             "--method.micro_batches", "2",
             "--method.codec_fwd", "int8", "--method.codec_bwd", "lowrank:rank=4",
+            "--method.tp_codec", "int8",
             "--train.steps", "4", "--train.eval_every", "4", "--train.batch_size", "8",
             "--out", str(tmp_path), "--no-progress"]
     r = subprocess.run([sys.executable, "-m", "thinwire", *args], capture_output=True,
@@ -34,7 +35,8 @@ def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path:
     assert r.returncode == 0, r.stderr
     run = tmp_path / "pipeline"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["label"].startswith("gpt:pipeline(1f1b,M=2,fwd=int8,bwd=lowrank:rank=4)")
+    assert summary["label"].startswith(
+        "gpt:pipeline(1f1b,M=2,fwd=int8,bwd=lowrank:rank=4,tp=int8)")
     assert 1 < summary["final"]["perplexity"] < 200  # a finite model, evaluated whole
     cfg = load(run / "config.toml")
     ds = load_data(cfg)

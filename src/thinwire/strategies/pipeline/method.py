@@ -66,6 +66,7 @@ from thinwire.strategies.base import (
     memory_of,
     set_lr,
 )
+from thinwire.strategies.data_parallel import check_codec
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.pipeline.codecs import (
     bottleneck_options,
@@ -84,7 +85,10 @@ from thinwire.strategies.tensor import (
     split_dims,
     within,
 )
-from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
+from thinwire.strategies.tensor import (
+    collectives as tp_collectives,
+)
+from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce, wire
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class Options:
     uncompressed_first: int = opt(0, "send the first n boundaries uncompressed")
     epilogue_only: bool = opt(False, "compress gradients only in the 1F1B cool-down (Optimus-CC)")
     overrides: str = opt("", "per-boundary codecs 'b@fwd|bwd;...', e.g. '2@int4|lowrank:rank=4'")
+    tp_codec: str = opt("none", "with --parallel.tp > 1: codec on the tensor-parallel sums inside "
+                        "stages, e.g. int8 (see thinwire.compression; none: exact)")
 
     def __post_init__(self) -> None:
         check(self.micro_batches >= 1, "method.micro_batches",
@@ -110,6 +116,8 @@ class Options:
         check(not self.epilogue_only or self.schedule == "1f1b", "method.epilogue_only",
               "needs --method.schedule 1f1b (GPipe has no cool-down)")
         parse_overrides(self.overrides)
+        if self.tp_codec != "none":
+            check_codec(self.tp_codec, "method.tp_codec")
 
     def boundaries(self) -> Boundaries:
         return Boundaries(self.codec_fwd, self.codec_bwd, self.uncompressed_first,
@@ -172,6 +180,8 @@ def check_config(cfg: Any) -> None:
     check(cfg.parallel.tp == 1 or cfg.train.clip_norm == 0, "train.clip_norm",
           "gradient clipping over tensor-parallel slices is not supported; set 0 or use "
           "--parallel.tp 1")
+    check(cfg.parallel.tp > 1 or o.tp_codec == "none", "method.tp_codec",
+          "compresses the tensor-parallel sums inside stages; use it with --parallel.tp > 1")
     if cfg.train.batch_size % o.micro_batches:
         raise UsageError(f"method.micro_batches: {o.micro_batches} does not divide "
                          f"train.batch_size={cfg.train.batch_size}; use a divisor of it")
@@ -191,6 +201,8 @@ def _label(o: Options) -> str:
         parts.append(f"plain<{o.uncompressed_first}")
     if o.epilogue_only:
         parts.append("epilogue")
+    if o.tp_codec != "none":
+        parts.append(f"tp={o.tp_codec}")
     return f"pipeline({','.join(parts)})"
 
 
@@ -221,6 +233,12 @@ class PipelineParallel(Strategy):
         self.full: nn.Module | None = None
         if self.tp.world_size > 1 and self.d == 0 and self.tp.rank == 0:
             self.full = copy.deepcopy(self.model)
+        codec = None
+        if self.o.tp_codec != "none":
+            from thinwire.compression import build
+
+            codec = build(self.o.tp_codec, seed=self.cfg.train.seed, rank=self.comm.rank)
+        self.exchange = Exchange(self.tp, codec)
         self.pipe: Pipeline | None = None
         self.opt: torch.optim.Optimizer | None = None
         self._pending: dict[str, Any] | None = None
@@ -237,7 +255,7 @@ class PipelineParallel(Strategy):
                         seed=self.cfg.train.seed)
         if self.tp.world_size > 1:  # the stage's regions split over the tensor group
             plan = within(plan_of(self.cfg, self.model, TP_USER), self.model, pipe.stage)
-            self.sharded = shard(self.model, plan, Exchange(self.tp))
+            self.sharded = shard(self.model, plan, self.exchange)
         self.pipe, self.opt = pipe, make_optimizer(pipe.parameters(), self.cfg.train)
         if self._pending is not None:
             self._apply(self._pending)
@@ -248,6 +266,7 @@ class PipelineParallel(Strategy):
         x, y = batch
         pipe = self.pipe or self._setup(x)
         assert self.opt is not None
+        self.exchange.step = step
         set_lr(self.opt, lr_at(self.cfg.train, step))
         for m in pipe.modules():
             m.train()
@@ -328,8 +347,10 @@ class PipelineParallel(Strategy):
     def state_dict(self) -> dict[str, Any]:
         if self.pipe is None or self.opt is None:
             return {"model": self.model.state_dict()}
+        codec = self.exchange.codec
         return {"params": [p.detach().clone() for p in self.pipe.parameters()],
-                "opt": self.opt.state_dict(), "codecs": self.pipe.codec_state()}
+                "opt": self.opt.state_dict(), "codecs": self.pipe.codec_state(),
+                "tp_codec": codec.state_dict() if codec is not None else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "model" in state:
@@ -346,6 +367,8 @@ class PipelineParallel(Strategy):
                 p.copy_(v)
         self.opt.load_state_dict(state["opt"])
         self.pipe.load_codec_state(state["codecs"])
+        if self.exchange.codec is not None:
+            self.exchange.codec.load_state_dict(state["tp_codec"])
 
     def memory(self) -> MemoryReport:
         if self.pipe is None:
@@ -443,6 +466,11 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
         raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages x {T} "
                          "tensor slices")
     bounds = options.boundaries()
+    comp = None
+    if options.tp_codec != "none":
+        from thinwire.compression import build
+
+        comp = build(options.tp_codec)
     rows = plan.batch // M
     plain = build_boundary("none")
     fwd_bytes, bwd_bytes = [], []  # per boundary: per micro-batch
@@ -471,18 +499,24 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
         grad = 4 * (plan.stage_params[s] + extra[s])
         ar = ring_all_reduce(grad, dp) if dp > 1 else 0
         clip = ring_all_reduce(4, S) if plan.clip and S > 1 else 0
-        # tensor parallelism: per micro-batch, each of the stage's group sums (one all-reduce)
-        tp_pay = [4 * rows * n for n in plan.tp_sums[s]] if T > 1 else []
-        tp = M * sum(ring_all_reduce(b, T) for b in tp_pay)
-        n_ar = (dp > 1) + (plan.clip and S > 1) + M * len(tp_pay)
+        # tensor parallelism: per micro-batch, each of the stage's group sums (an all-reduce,
+        # or the codec's collectives)
+        tp_calls = [c for n in (plan.tp_sums[s] if T > 1 else ())
+                    for c in tp_collectives(comp, "sum", rows * n, T)]
+        tp_wire = [(op, b if op == "all_to_all" else wire(op, b, T)) for op, b in tp_calls]
+        tp = M * sum(w for _, w in tp_wire)
+        n_ar = (dp > 1) + (plan.clip and S > 1)
         sent.append(steps * (out + ar + clip + tp))
         recv.append(steps * (into + ar + clip + tp))
         pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)
-                            + M * sum(tp_pay)))
+                            + M * sum(b for _, b in tp_calls)))
         if r == 0:
             calls = {"send": (steps * p2p_calls, steps * out)}
             if n_ar:
-                calls["all_reduce"] = (steps * n_ar, steps * (ar + clip + tp))
+                calls["all_reduce"] = (steps * n_ar, steps * (ar + clip))
+            for op, w in tp_wire:
+                c, b = calls.get(op, (0, 0))
+                calls[op] = (c + steps * M, b + steps * M * w)
     return Traffic(tuple(sent), tuple(recv), tuple(pay), calls)
 
 
