@@ -1,4 +1,5 @@
-"""Tensor parallelism: exact against single-process training, ledger equal to the formula.
+"""Tensor parallelism: exact against single-process training, ledger equal to the formula and
+to the prediction of the run (the registry's traffic over the method's run layout).
 
 Tolerance: the sharded model computes the same functions in another summation order (a row
 layer's product is a sum of tp partial products; the dp average another sum), so parameters
@@ -19,8 +20,10 @@ from harness import SHARED_DATA, run_workers
 from thinwire.config import load
 from thinwire.data.task import task_for
 from thinwire.errors import UsageError
+from thinwire.measure.predict import run_traffic
 from thinwire.run import build_mesh, build_model, build_strategy, load_data, preflight
 from thinwire.runtime.comm import Comm
+from thinwire.strategies import METHODS
 from thinwire.strategies.tensor import TPShape, traffic_of
 
 STEPS, BATCH, SEQ = 3, 4, 16
@@ -59,8 +62,12 @@ def _tp_runs(comm: Comm, base: dict[str, Any], runs: list[dict[str, Any]]) -> li
         o = cfg.method.options
         want = traffic_of(TPShape.of(strat, BATCH, SEQ), cfg.parallel.tp, dp, STEPS,
                           sequence_parallel=o.sequence_parallel, codec=o.codec)
+        # the prediction of the run from the config, a fresh model and one batch
+        layout = METHODS.get("tensor").run_layout(cfg, build_model(cfg, ds), x[:BATCH])
+        predicted = run_traffic(cfg, layout).sent[comm.rank]
         full = strat.eval_model()
         out.append({"losses": losses, "sent": sent, "want": want.sent[comm.rank],
+                    "predicted": predicted,
                     "params": None if full is None else
                     {k: v.detach().clone() for k, v in full.named_parameters()}})
     return out
@@ -91,7 +98,8 @@ def _check(result: dict, ref: tuple[list[float], dict[str, torch.Tensor]], label
     for k, v in params.items():
         torch.testing.assert_close(result["params"][k], v, atol=1e-5, rtol=1e-4,
                                    msg=lambda m, k=k: f"{label} {k}: {m}")
-    assert result["sent"] == result["want"], (label, result["sent"], result["want"])
+    assert result["sent"] == result["want"] == result["predicted"], \
+        (label, result["sent"], result["want"], result["predicted"])
 
 
 def test_tensor_parallel_matches_single_process_on_4_ranks() -> None:
@@ -107,7 +115,7 @@ def test_tensor_parallel_matches_single_process_on_4_ranks() -> None:
             mean = [(a + b) / 2 for a, b in zip(out[0][i]["losses"], out[2][i]["losses"])]
             _check({**out[0][i], "losses": mean}, ref2, str(run))
         for r in range(4):
-            assert out[r][i]["sent"] == out[r][i]["want"] > 0, (run, r)
+            assert out[r][i]["sent"] == out[r][i]["want"] == out[r][i]["predicted"] > 0, (run, r)
             assert out[r][i]["losses"] == out[r - r % run["parallel.tp"]][i]["losses"], (run, r)
 
 
@@ -124,7 +132,7 @@ def test_tensor_parallel_tp2_exact_and_codecs_count_their_bytes() -> None:
     exact = out[0][0]
     for i in (1, 2):
         for r in range(2):
-            assert out[r][i]["sent"] == out[r][i]["want"], (runs[i], r)
+            assert out[r][i]["sent"] == out[r][i]["want"] == out[r][i]["predicted"], (runs[i], r)
         assert out[0][i]["sent"] < exact["sent"], runs[i]
         assert out[0][i]["losses"] == pytest.approx(exact["losses"], rel=0.05), runs[i]
         assert out[0][i]["losses"] != exact["losses"], runs[i]  # the codec really ran

@@ -1,6 +1,6 @@
-"""``thinwire train --method pipeline`` end to end: a GPT in two stages with compressed
-boundaries trains, evaluates on its last stage, and every rank's ledger holds the formula's
-bytes."""
+"""``thinwire train --method pipeline`` end to end: a GPT in two stages, each stage's blocks
+tensor-parallel over two ranks, with compressed boundaries and int8 on the tensor-parallel sums,
+trains, evaluates on its last stage, and every rank's ledger holds the predicted bytes."""
 
 from __future__ import annotations
 
@@ -13,20 +13,21 @@ import pytest
 from harness import SHARED_DATA
 
 from thinwire.config import load
-from thinwire.run import build_model, load_data, make_stream
-from thinwire.strategies import METHODS
-from thinwire.strategies.pipeline.method import pipeline_layout
+from thinwire.measure.predict import run_layout, run_traffic
+from thinwire.run import load_data
 
 
-def test_train_gpt_in_two_stages_from_the_command_line(tmp_path: Path) -> None:
+def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path: Path) -> None:
     if SHARED_DATA is None or not (SHARED_DATA / "tinyshakespeare").is_dir():
         pytest.skip("shared data tinyshakespeare absent")
     args = ["train", "--model", "gpt", "--model.n_layer", "2", "--model.d_model", "16",
             "--model.n_head", "2", "--data.name", "tinyshakespeare",
             "--data.dir", str(SHARED_DATA / "tinyshakespeare"), "--data.limit_train", "4096",
             "--data.limit_test", "256", "--method", "pipeline", "--parallel.pp", "2",
-            "--workers", "2", "--method.schedule", "1f1b", "--method.micro_batches", "2",
+            "--parallel.tp", "2", "--workers", "4", "--method.schedule", "1f1b",
+            "--method.micro_batches", "2",
             "--method.codec_fwd", "int8", "--method.codec_bwd", "lowrank:rank=4",
+            "--method.tp_codec", "int8",
             "--train.steps", "4", "--train.eval_every", "4", "--train.batch_size", "8",
             "--out", str(tmp_path), "--no-progress"]
     r = subprocess.run([sys.executable, "-m", "thinwire", *args], capture_output=True,
@@ -34,15 +35,14 @@ def test_train_gpt_in_two_stages_from_the_command_line(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     run = tmp_path / "pipeline"
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["label"].startswith("gpt:pipeline(1f1b,M=2,fwd=int8,bwd=lowrank:rank=4)")
+    assert summary["label"].startswith(
+        "gpt:pipeline(1f1b,M=2,fwd=int8,bwd=lowrank:rank=4,tp=int8)")
     assert 1 < summary["final"]["perplexity"] < 200  # a finite model, evaluated whole
     cfg = load(run / "config.toml")
     ds = load_data(cfg)
-    x = make_stream(cfg, ds, 0, 1).batch(0)[0]
-    want = METHODS.get("pipeline").traffic(pipeline_layout(cfg, build_model(cfg, ds), x),
-                                           cfg.method.options, 2, 4, 0, 0)
+    want = run_traffic(cfg, run_layout(cfg, ds))  # the run's prediction from its config
     assert summary["bytes"]["per_rank_sent"] == list(want.sent)
-    for rank in range(2):
+    for rank in range(4):
         totals = json.loads((run / f"ledger.rank{rank}.json").read_text())["totals"]
         assert totals["payload_bytes"] == want.payload[rank]
 

@@ -5,6 +5,8 @@ For a run config (any registered method, any model):
 1. the layout of the run's model (:func:`run_layout`): built from the config as the workers
    build it, its gradient-ready order probed with one forward and backward pass on the run's
    first batch (DDP fills its buckets in that order), its IST plan from the model's adapter;
+   for a method that declares a ``run_layout`` (pipeline stages, tensor-parallel slices) that
+   function's layout of the model and the first batch instead;
 2. the bytes (:func:`run_traffic`): the method's own traffic function,
    ``METHODS.get(name).traffic(layout, options, workers, steps, seed, optimizer_states)``; no
    byte is re-derived here, so the prediction equals every rank's ledger (tests hold it so);
@@ -44,13 +46,17 @@ def run_layout(cfg: Config, dataset: Dataset | None = None) -> Layout:
     """Step 1: the layout of the run's model (module docstring)."""
     from thinwire.models import MODELS
     from thinwire.run import build_model, load_data, make_stream
+    from thinwire.strategies import METHODS
     from thinwire.strategies.traffic import Layout
 
     ds = dataset if dataset is not None else load_data(cfg)
     model = build_model(cfg, ds)
+    example, _ = make_stream(cfg, ds, 0, cfg.dp_degree).batch(0)
+    entry = METHODS.get(cfg.method.name)
+    if entry.run_layout is not None:
+        return entry.run_layout(cfg, model, example)
     adapter = MODELS.get(cfg.model.name).ist
     plan = adapter(model).plan if adapter is not None else None
-    example, _ = make_stream(cfg, ds, 0, cfg.dp_degree).batch(0)
     return Layout.of_model(model, example, ist=plan)
 
 

@@ -41,6 +41,11 @@ class MethodEntry:
       bytes of a run (:class:`~thinwire.strategies.traffic.Traffic`), a pure function used by
       the planner (``optimizer_states``: per-element state tensors of the optimizer, e.g. 2 for
       Adam, for methods that move optimizer state);
+    - ``run_layout(cfg, model, example)``: the :class:`~thinwire.strategies.traffic.Layout`
+      the traffic formula reads for a run, when it needs more than the model's parameters (a
+      pipeline's stage plan, tensor-parallel activation shapes), from the config, the built
+      model and one input batch (None: the model's layout); the planner's
+      :func:`~thinwire.planner.runs.predict_traffic` prices a run with it;
     - ``memory``: the memory options of ``[memory]`` the method runs (``zero``, ``recompute``;
       :mod:`thinwire.strategies.memory`), others are a one-line error;
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
@@ -68,6 +73,7 @@ class MethodEntry:
     check: Callable[[Any], None] | None = None
     check_model: Callable[[Any, nn.Module], None] | None = None
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
+    run_layout: Callable[[Any, nn.Module, Any], Layout] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
     planned: bool = True
     rescalable: Callable[[Any], bool] = lambda options: False

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -74,7 +74,7 @@ from thinwire.strategies.base import (
     set_lr,
 )
 from thinwire.strategies.entry import MethodEntry
-from thinwire.strategies.traffic import Traffic, wire
+from thinwire.strategies.traffic import Layout, Traffic, wire
 
 if TYPE_CHECKING:
     from thinwire.compression.base import Compressor
@@ -378,15 +378,42 @@ def gather_full(model: nn.Module, sharded: Sharded, comm: Comm, into: nn.Module 
 
 
 # --- the strategy -----------------------------------------------------------------------------------
-def plan_of(cfg: Any, model: nn.Module) -> TensorPlan:
+def plan_of(cfg: Any, model: nn.Module, who: str = "method tensor") -> TensorPlan:
+    """The model's :class:`TensorPlan` from its registry entry, or a one-line error naming
+    ``who`` asked and the models that have one."""
     from thinwire.models import MODELS
 
     entry = MODELS.get(cfg.model.name)
     if entry.tensor is None:
         offered = [n for n, e in MODELS.entries() if e.tensor is not None]
-        raise UsageError(f"method tensor: model {cfg.model.name} offers no tensor-parallel plan; "
+        raise UsageError(f"{who}: model {cfg.model.name} offers no tensor-parallel plan; "
                          f"use a model that does ({', '.join(offered)})")
     return entry.tensor(model)
+
+
+def within(plan: TensorPlan, model: nn.Module, part: nn.Module) -> TensorPlan:
+    """The regions of ``plan`` whose module lies inside ``part`` (e.g. one pipeline stage of
+    ``model``), without a sequence-parallel span: a part of the model is sharded alone."""
+    from thinwire.models.tensor_plan import TensorPlan
+
+    inside = {id(m) for m in part.modules()}
+    regions = tuple(r for r in plan.regions if id(model.get_submodule(r.path)) in inside)
+    return TensorPlan(regions, (), plan.seq_dim, plan.width, plan.seq_len)
+
+
+def split_dims(model: nn.Module, plan: TensorPlan) -> dict[str, int]:
+    """The parameters :func:`shard` splits (name -> dim), without sharding: what
+    :attr:`Sharded.split` will hold, for traffic formulas and memory counts."""
+    out: dict[str, int] = {}
+    for region in plan.regions:
+        module = model.get_submodule(region.path)
+        for name in region.column:
+            out[f"{region.path}.{name}.weight"] = 0
+            if getattr(module.get_submodule(name), "bias", None) is not None:
+                out[f"{region.path}.{name}.bias"] = 0
+        for name in region.row:
+            out[f"{region.path}.{name}.weight"] = 1
+    return out
 
 
 class TensorParallel(Strategy):
@@ -476,17 +503,20 @@ def _unflatten(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
 # --- checks and traffic ------------------------------------------------------------------------------
 def _check(cfg: Any) -> None:
     check(cfg.parallel.pp == 1, "parallel.pp",
-          "method tensor splits layers only (pp = 1); pipeline stages are another method")
+          "method tensor splits layers only (pp = 1); for pipeline stages of tensor-parallel "
+          "blocks use --method pipeline --parallel.pp S --parallel.tp T")
     check(cfg.train.clip_norm == 0, "train.clip_norm",
           "gradient clipping over tensor-parallel slices is not supported; set 0")
 
 
-def _check_model(cfg: Any, model: nn.Module) -> None:
-    plan = plan_of(cfg, model)
+def check_split(cfg: Any, model: nn.Module, who: str = "method tensor") -> TensorPlan:
+    """The model's plan splits ``parallel.tp`` ways (one-line errors naming ``who``): the model
+    has a plan, no dropout, and tp divides every column layer's units."""
+    plan = plan_of(cfg, model, who)
     tp = cfg.parallel.tp
     if getattr(cfg.model.options, "dropout", 0.0):
-        raise UsageError("method tensor: model.dropout must be 0 (the ranks of a group would "
-                         "draw different dropout masks for the same activations)")
+        raise UsageError(f"{who}: model.dropout must be 0 (the ranks of a tensor-parallel group "
+                         "would draw different dropout masks for the same activations)")
     for region in plan.regions:
         module = model.get_submodule(region.path)
         for name in region.column:
@@ -496,6 +526,12 @@ def _check_model(cfg: Any, model: nn.Module) -> None:
             if (rows // region.unit) % tp:
                 raise UsageError(f"parallel.tp={tp} does not divide the {rows // region.unit} "
                                  f"units of {region.path}.{name}; choose a tp that does")
+    return plan
+
+
+def _check_model(cfg: Any, model: nn.Module) -> None:
+    plan = check_split(cfg, model)
+    tp = cfg.parallel.tp
     if cfg.method.options.sequence_parallel and plan.seq_len % tp:
         raise UsageError(f"method.sequence_parallel: the sequence length {plan.seq_len} is not "
                          f"divisible by parallel.tp={tp}")
@@ -558,6 +594,51 @@ def traffic_of(shape: TPShape, tp: int, dp: int, steps: int, *, sequence_paralle
     return Traffic((sent,) * workers, (sent,) * workers, (pay,) * workers, calls)
 
 
+@dataclass(frozen=True)
+class TensorLayout:
+    """A tensor-parallel run in a :class:`~thinwire.strategies.traffic.Layout`: one rank's
+    :class:`TPShape` and the degree tp (:func:`tensor_layout`)."""
+
+    shape: TPShape
+    tp: int
+
+
+def tensor_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
+    """The model's layout with the run's :class:`TensorLayout`, from the model's plan (no
+    sharding): a rank's parameters are its slices of the split ones (:func:`split_dims`) and
+    the rest whole; ``example`` (an input batch) gives the sequence length."""
+    from thinwire.strategies.traffic import Layout
+
+    plan = plan_of(cfg, model)
+    tp = cfg.parallel.tp
+    split = split_dims(model, plan)
+    params = dict(model.named_parameters())
+    local = sum(p.numel() // (tp if n in split else 1) for n, p in params.items())
+    span = 0
+    if cfg.method.options.sequence_parallel:
+        prefixes = tuple(q + "." for q in plan.span)
+        span = sum(p.numel() for n, p in params.items()
+                   if n.startswith(prefixes) and n not in split)
+    tokens = cfg.train.batch_size * int(example.shape[plan.seq_dim])
+    shape = TPShape(len(plan.regions), tokens, plan.width, local, span)
+    return replace(Layout.of_model(model), tensor=TensorLayout(shape, tp))
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    """The ledger's totals per rank after ``steps`` steps (:func:`traffic_of` of the run's
+    :class:`TensorLayout`)."""
+    del seed, optimizer_states
+    run = layout.tensor
+    if not isinstance(run, TensorLayout):
+        raise UsageError("the tensor method's traffic needs the run's shapes: build the layout "
+                         "with thinwire.strategies.tensor.tensor_layout")
+    if workers % run.tp:
+        raise UsageError(f"{workers} workers are not a multiple of parallel.tp={run.tp}")
+    return traffic_of(run.shape, run.tp, workers // run.tp, steps,
+                      sequence_parallel=options.sequence_parallel, codec=options.codec)
+
+
 def _label(o: Options) -> str:
     parts = ["sp"] if o.sequence_parallel else []
     if o.codec != "none":
@@ -571,7 +652,9 @@ METHOD = MethodEntry(
     name="tensor", summary="Megatron tensor parallelism (parallel.tp) x data parallelism, "
     "optional sequence parallelism and a codec on the activations",
     strategy="thinwire.strategies.tensor:TensorParallel", options=Options, label=_label,
-    check=_check, check_model=_check_model)
+    check=_check, check_model=_check_model, traffic=traffic, run_layout=tensor_layout,
+    planned=False)
 
 __all__ = ["METHOD", "Exchange", "Options", "RowParallel", "Sharded", "TPShape",
-           "TensorParallel", "gather_full", "shard", "traffic_of"]
+           "TensorLayout", "TensorParallel", "check_split", "gather_full", "plan_of", "shard",
+           "split_dims", "tensor_layout", "traffic", "traffic_of", "within"]

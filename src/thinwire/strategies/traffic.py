@@ -9,7 +9,8 @@ them equal to real runs' ledgers.
 :class:`Layout` is what the functions know of a model: its parameters in registration order,
 the order their gradients become ready in a backward pass (DDP fills its buckets in that order),
 and, for models with IST units, the adapter's :class:`~thinwire.models.adapter.ISTPlan` (for a
-pipeline run, its stage plan). No
+pipeline run its stage plan, for a tensor-parallel run its activation shapes: what a method's
+``run_layout`` adds from a run's config and one input batch). No
 torch is needed to build one from shapes (:meth:`Layout.from_shapes`); :meth:`Layout.of_model`
 probes a real model.
 """
@@ -77,6 +78,8 @@ class Layout:
     pipeline: Any = None
     """A pipeline run's stage plan (:class:`thinwire.strategies.pipeline.method.PipelinePlan`),
     for the traffic formula of methods that cut the model into stages."""
+    tensor: Any = None
+    """A tensor-parallel run's shapes (:class:`thinwire.strategies.tensor.TensorLayout`)."""
 
     @property
     def numel(self) -> int:

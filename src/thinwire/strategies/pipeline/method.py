@@ -1,15 +1,24 @@
-"""The ``pipeline`` method: pipeline stages x data-parallel replicas, compressed boundaries.
+"""The ``pipeline`` method: pipeline stages x data-parallel replicas, compressed boundaries;
+with ``--parallel.tp`` each stage's blocks tensor-parallel (dp x pp x tp).
 
-The run's workers form the mesh dp x pp (``--parallel.pp S``; dp = workers / S): the model's
-chain (its registry entry's ``chain``) is cut into S stages, rank (d, s) trains stage s of
-replica d. Each step, on every rank:
+The run's workers form the mesh dp x pp x tp (``--parallel.pp S``, ``--parallel.tp T``; dp =
+workers / (S T)): the model's chain (its registry entry's ``chain``) is cut into S stages, rank
+(d, s, t) trains stage s of replica d, with T > 1 its tensor slice t. With T > 1, at the first
+batch (after the pipeline has probed its boundary shapes on the whole chain) the regions of the
+model's :class:`~thinwire.models.tensor_plan.TensorPlan` inside the stage are sharded in place
+over the mesh's tensor communicator by :func:`thinwire.strategies.tensor.shard` (Megatron,
+Shoeybi et al. 2019: column- and row-parallel layers, the f and g operators, tag ``tp``); the
+stage's links are the same modules, so the schedule runs the sharded blocks unchanged, the T
+ranks of a stage running the same schedule on the same micro-batches, each exchanging the
+(replicated) boundary tensors with the same-t rank of its neighbour stages. Each step, on every
+rank:
 
   1. :meth:`Pipeline.run` (:mod:`.schedule`): the replica's batch in ``micro_batches``
      micro-batches through the GPipe or 1F1B schedule, activations and their gradients crossing
      each boundary through the boundary's codecs (:mod:`.codecs`), the stage's gradients of the
      batch's mean loss accumulated;
-  2. the stage's gradients averaged over its data group: one all-reduce of the flat gradient
-     (tag ``grad``) through the mesh's data communicator;
+  2. the stage's gradients (its local slices with T > 1) averaged over its data group: one
+     all-reduce of the flat gradient (tag ``grad``) through the mesh's data communicator;
   3. with ``train.clip_norm``: the squared gradient norm summed over the pipeline group (one
      all-reduce of 4 bytes, tag ``grad``) and every stage scales by the same coefficient, so
      clipping acts on the whole model's norm as in single-process training;
@@ -17,20 +26,26 @@ replica d. Each step, on every rank:
      (tagged control) so every rank reports the batch's loss.
 
 Evaluation gathers every stage's parameters of replica 0 on its last stage (tagged control),
-which evaluates the whole model (with the boundaries' bottleneck modules, when there are any).
+which evaluates the whole model (with the boundaries' bottleneck modules, when there are any);
+with T > 1 each stage first all-gathers its slices on its tensor rank 0 (control), whose ranks
+then carry the exchange.
 
 Traffic (:func:`traffic`, equal to the ledger): per step, stage s sends M forward payloads over
 boundary s and M backward payloads over boundary s - 1 (each the codec's
 ``payload_bytes`` of the micro-batch's boundary shape, the uncompressed size where
 ``uncompressed_first`` or ``epilogue_only`` leave a message plain) and receives the mirror image;
 with dp > 1 one all-reduce of 4 P_s bytes (P_s: the stage's parameters), ring estimate
-2 (dp - 1) / dp of it on the wire; with clipping one all-reduce of 4 bytes over the S stages.
-The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes), which
-:func:`pipeline_layout` probes from the model and one input.
+2 (dp - 1) / dp of it on the wire (P_s: the rank's slices with T > 1); with clipping one
+all-reduce of 4 bytes over the S stages; with T > 1, per micro-batch and region of the stage,
+an all-reduce over the T ranks of the region input's gradient (backward f) and of each row
+layer's output (forward g), each [b / M, L, d] float32, ring 2 (T - 1) / T on the wire.
+The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes, the stages'
+tensor-parallel sums), which :func:`pipeline_layout` probes from the model and one input.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,6 +66,7 @@ from thinwire.strategies.base import (
     memory_of,
     set_lr,
 )
+from thinwire.strategies.data_parallel import check_codec
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.pipeline.codecs import (
     bottleneck_options,
@@ -59,7 +75,20 @@ from thinwire.strategies.pipeline.codecs import (
     is_bottleneck,
 )
 from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
-from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
+from thinwire.strategies.tensor import (
+    Exchange,
+    Sharded,
+    check_split,
+    gather_full,
+    plan_of,
+    shard,
+    split_dims,
+    within,
+)
+from thinwire.strategies.tensor import (
+    collectives as tp_collectives,
+)
+from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce, wire
 
 
 @dataclass(frozen=True)
@@ -74,6 +103,8 @@ class Options:
     uncompressed_first: int = opt(0, "send the first n boundaries uncompressed")
     epilogue_only: bool = opt(False, "compress gradients only in the 1F1B cool-down (Optimus-CC)")
     overrides: str = opt("", "per-boundary codecs 'b@fwd|bwd;...', e.g. '2@int4|lowrank:rank=4'")
+    tp_codec: str = opt("none", "with --parallel.tp > 1: codec on the tensor-parallel sums inside "
+                        "stages, e.g. int8 (see thinwire.compression; none: exact)")
 
     def __post_init__(self) -> None:
         check(self.micro_batches >= 1, "method.micro_batches",
@@ -85,6 +116,8 @@ class Options:
         check(not self.epilogue_only or self.schedule == "1f1b", "method.epilogue_only",
               "needs --method.schedule 1f1b (GPipe has no cool-down)")
         parse_overrides(self.overrides)
+        if self.tp_codec != "none":
+            check_codec(self.tp_codec, "method.tp_codec")
 
     def boundaries(self) -> Boundaries:
         return Boundaries(self.codec_fwd, self.codec_bwd, self.uncompressed_first,
@@ -118,8 +151,15 @@ def chain_of(cfg: Any, model: nn.Module) -> list[nn.Module]:
     return entry.chain(model)
 
 
+TP_USER = "parallel.tp > 1 in the pipeline"
+"""Who asks for a tensor-parallel plan (named in its one-line errors)."""
+
+
 def check_model(cfg: Any, model: nn.Module) -> None:
-    """The chain has at least S links, and no parameter is shared between two stages."""
+    """The chain has at least S links, no parameter is shared between two stages, and with
+    tensor parallelism the model's plan splits tp ways."""
+    if cfg.parallel.tp > 1:
+        check_split(cfg, model, TP_USER)
     links = chain_of(cfg, model)
     S = cfg.parallel.pp
     if len(links) < S:
@@ -137,8 +177,11 @@ def check_model(cfg: Any, model: nn.Module) -> None:
 
 def check_config(cfg: Any) -> None:
     o = cfg.method.options
-    if cfg.parallel.tp != 1:
-        raise UsageError("parallel.tp: the pipeline method runs pp x dp; use --parallel.tp 1")
+    check(cfg.parallel.tp == 1 or cfg.train.clip_norm == 0, "train.clip_norm",
+          "gradient clipping over tensor-parallel slices is not supported; set 0 or use "
+          "--parallel.tp 1")
+    check(cfg.parallel.tp > 1 or o.tp_codec == "none", "method.tp_codec",
+          "compresses the tensor-parallel sums inside stages; use it with --parallel.tp > 1")
     if cfg.train.batch_size % o.micro_batches:
         raise UsageError(f"method.micro_batches: {o.micro_batches} does not divide "
                          f"train.batch_size={cfg.train.batch_size}; use a divisor of it")
@@ -158,12 +201,15 @@ def _label(o: Options) -> str:
         parts.append(f"plain<{o.uncompressed_first}")
     if o.epilogue_only:
         parts.append("epilogue")
+    if o.tp_codec != "none":
+        parts.append(f"tp={o.tp_codec}")
     return f"pipeline({','.join(parts)})"
 
 
 # --- the Strategy --------------------------------------------------------------------------------
 class PipelineParallel(Strategy):
-    """Stage s of replica d of the dp x pp mesh (module docstring, steps 1-4)."""
+    """Stage s of replica d of the dp x pp mesh, tensor slice t of it on a dp x pp x tp mesh
+    (module docstring, steps 1-4)."""
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
@@ -173,13 +219,26 @@ class PipelineParallel(Strategy):
         mesh = ctx.mesh
         if mesh is None:  # one stage: micro-batched data parallelism
             self.pp, self.dp = Comm.local(self.comm.ledger), self.comm
+            self.tp = Comm.local(self.comm.ledger)
             self.d, self.dps = self.comm.rank, self.comm.world_size
             self.loss_rank = 0
         else:
-            self.pp, self.dp = mesh.pp, mesh.dp
+            self.pp, self.dp, self.tp = mesh.pp, mesh.dp, mesh.tp
             self.d, self.dps = mesh.coords.dp, mesh.dp.world_size
             self.loss_rank = mesh.rank_of(0, mesh.pp.world_size - 1, 0)
         self.S, self.s = self.pp.world_size, self.pp.rank
+        # tensor parallelism: the stage's slices (after the first batch); replica 0's first
+        # tensor rank of each stage keeps a whole model to gather them into for evaluation
+        self.sharded: Sharded | None = None
+        self.full: nn.Module | None = None
+        if self.tp.world_size > 1 and self.d == 0 and self.tp.rank == 0:
+            self.full = copy.deepcopy(self.model)
+        codec = None
+        if self.o.tp_codec != "none":
+            from thinwire.compression import build
+
+            codec = build(self.o.tp_codec, seed=self.cfg.train.seed, rank=self.comm.rank)
+        self.exchange = Exchange(self.tp, codec)
         self.pipe: Pipeline | None = None
         self.opt: torch.optim.Optimizer | None = None
         self._pending: dict[str, Any] | None = None
@@ -194,6 +253,9 @@ class PipelineParallel(Strategy):
                         loss=self.loss_fn, example=x.chunk(self.o.micro_batches)[0],
                         schedule=self.o.schedule, boundaries=self.o.boundaries(),
                         seed=self.cfg.train.seed)
+        if self.tp.world_size > 1:  # the stage's regions split over the tensor group
+            plan = within(plan_of(self.cfg, self.model, TP_USER), self.model, pipe.stage)
+            self.sharded = shard(self.model, plan, self.exchange)
         self.pipe, self.opt = pipe, make_optimizer(pipe.parameters(), self.cfg.train)
         if self._pending is not None:
             self._apply(self._pending)
@@ -204,6 +266,7 @@ class PipelineParallel(Strategy):
         x, y = batch
         pipe = self.pipe or self._setup(x)
         assert self.opt is not None
+        self.exchange.step = step
         set_lr(self.opt, lr_at(self.cfg.train, step))
         for m in pipe.modules():
             m.train()
@@ -229,10 +292,10 @@ class PipelineParallel(Strategy):
         return float(out)
 
     # --- evaluation ----------------------------------------------------------------------------
-    def _stage_modules(self, s: int) -> list[nn.Module]:
+    def _stage_modules(self, s: int, chain: Sequence[nn.Module]) -> list[nn.Module]:
         """Stage s's trained modules in :meth:`Pipeline.modules` order (links, decoder, encoder)."""
-        a, b = cut(len(self.chain), self.S)[s]
-        out: list[nn.Module] = [nn.Sequential(*self.chain[a:b])]
+        a, b = cut(len(chain), self.S)[s]
+        out: list[nn.Module] = [nn.Sequential(*chain[a:b])]
         necks = self.pipe.bottlenecks if self.pipe is not None else {}
         if s - 1 in necks:
             out.append(necks[s - 1][1])
@@ -242,15 +305,26 @@ class PipelineParallel(Strategy):
 
     def eval_model(self) -> nn.Module | None:
         """Stages of replica 0 send their parameters to its last stage, which returns the whole
-        model (every rank calls this)."""
+        model (every rank calls this). With tensor parallelism each stage first gathers its
+        slices on its first tensor rank (:func:`~thinwire.strategies.tensor.gather_full`, control),
+        and those ranks carry the pipeline's exchange."""
+        whole: nn.Module | None = self.model
+        if self.sharded is not None:
+            if self.d == 0:
+                gather_full(self.model, self.sharded, self.tp, self.full)
+            whole = self.full
+        if whole is None:  # a tensor rank t > 0: its slices are gathered
+            return None
+        chain = self.chain if whole is self.model else chain_of(self.cfg, whole)
         if self.d == 0 and self.S > 1:
             if self.s < self.S - 1:
-                flat = torch.cat([p.detach().reshape(-1) for m in self._stage_modules(self.s)
+                flat = torch.cat([p.detach().reshape(-1)
+                                  for m in self._stage_modules(self.s, chain)
                                   for p in m.parameters()])
                 self.pp.send(flat, self.S - 1, tag=CONTROL)
             else:
                 for s in range(self.S - 1):
-                    params = [p for m in self._stage_modules(s) for p in m.parameters()]
+                    params = [p for m in self._stage_modules(s, chain) for p in m.parameters()]
                     flat = torch.empty(sum(p.numel() for p in params), device=self.ctx.device)
                     self.pp.recv(flat, s, tag=CONTROL)
                     with torch.no_grad():
@@ -259,22 +333,24 @@ class PipelineParallel(Strategy):
             return None
         necks = self.pipe.bottlenecks if self.pipe is not None else {}
         if not necks:
-            return self.model
-        chain: list[nn.Module] = []
-        for s, (a, b) in enumerate(cut(len(self.chain), self.S)):
+            return whole
+        out: list[nn.Module] = []
+        for s, (a, b) in enumerate(cut(len(chain), self.S)):
             if s - 1 in necks:
-                chain.append(necks[s - 1][1])
-            chain += self.chain[a:b]
+                out.append(necks[s - 1][1])
+            out += chain[a:b]
             if s in necks:
-                chain.append(necks[s][0])
-        return nn.Sequential(*chain)
+                out.append(necks[s][0])
+        return nn.Sequential(*out)
 
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         if self.pipe is None or self.opt is None:
             return {"model": self.model.state_dict()}
+        codec = self.exchange.codec
         return {"params": [p.detach().clone() for p in self.pipe.parameters()],
-                "opt": self.opt.state_dict(), "codecs": self.pipe.codec_state()}
+                "opt": self.opt.state_dict(), "codecs": self.pipe.codec_state(),
+                "tp_codec": codec.state_dict() if codec is not None else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "model" in state:
@@ -291,6 +367,8 @@ class PipelineParallel(Strategy):
                 p.copy_(v)
         self.opt.load_state_dict(state["opt"])
         self.pipe.load_codec_state(state["codecs"])
+        if self.exchange.codec is not None:
+            self.exchange.codec.load_state_dict(state["tp_codec"])
 
     def memory(self) -> MemoryReport:
         if self.pipe is None:
@@ -312,7 +390,10 @@ def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None
 class PipelinePlan:
     """What the traffic formula knows of a pipeline run: stages S, replicas dp, the per-replica
     batch, the per-sample shape leaving each stage but the last, each stage's parameter count
-    (without bottlenecks) and whether gradients are clipped."""
+    on one rank (without bottlenecks; its tensor slices with tp > 1) and whether gradients are
+    clipped; with tensor parallelism the degree ``tp`` and, per stage, the per-sample elements
+    of each of its group sums (a region's input in backward, each row layer's output in
+    forward)."""
 
     stages: int
     dp: int
@@ -320,28 +401,47 @@ class PipelinePlan:
     widths: tuple[tuple[int, ...], ...]
     stage_params: tuple[int, ...]
     clip: bool = False
+    tp: int = 1
+    tp_sums: tuple[tuple[int, ...], ...] = ()
 
 
 def pipeline_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
     """The model's :class:`Layout` with the run's :class:`PipelinePlan` (``example``: inputs of
-    the dataset; shapes found on the meta device)."""
-    import copy
-
+    the dataset; shapes found on a copy of the model on the meta device)."""
+    S, tp = cfg.parallel.pp, cfg.parallel.tp
     links = chain_of(cfg, model)
-    S = cfg.parallel.pp
     cuts = cut(len(links), S)
+    split: dict[str, int] = {}
+    meta = copy.deepcopy(model).to("meta")
+    sums: list[list[int]] = [[] for _ in range(S)]
+    at = [0]  # the stage being probed
+    if tp > 1:
+        plan = plan_of(cfg, model, TP_USER)
+        split = split_dims(model, plan)
+        for region in plan.regions:
+            module = meta.get_submodule(region.path)
+            module.register_forward_pre_hook(
+                lambda _m, args: sums[at[0]].append(args[0][0].numel()))
+            for name in region.row:
+                module.get_submodule(name).register_forward_hook(
+                    lambda _m, _a, out: sums[at[0]].append(out[0].numel()))
+    probe = chain_of(cfg, meta)
     h = example[:1].to("meta")
     widths: list[tuple[int, ...]] = []
     with torch.no_grad():
-        for a, b in cuts[:-1]:
-            for link in links[a:b]:
-                h = copy.deepcopy(link).to("meta")(h)
-            widths.append(tuple(h.shape[1:]))
-    sizes = tuple(sum(p.numel() for link in links[a:b] for p in link.parameters())
-                  for a, b in cuts)
-    plan = PipelinePlan(S, cfg.dp_degree, cfg.train.batch_size, tuple(widths), sizes,
-                        cfg.train.clip_norm > 0)
-    return replace(Layout.of_model(model), pipeline=plan)
+        for s, (a, b) in enumerate(cuts):
+            at[0] = s
+            for link in probe[a:b]:
+                h = link(h)
+            if s < S - 1:
+                widths.append(tuple(h.shape[1:]))
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    sizes = tuple(sum(p.numel() // (tp if name_of.get(id(p)) in split else 1)
+                      for p in nn.Sequential(*links[a:b]).parameters()) for a, b in cuts)
+    pp_plan = PipelinePlan(S, cfg.dp_degree, cfg.train.batch_size, tuple(widths), sizes,
+                           cfg.train.clip_norm > 0, tp,
+                           tuple(tuple(x) for x in sums) if tp > 1 else ())
+    return replace(Layout.of_model(model), pipeline=pp_plan)
 
 
 def _bottleneck_params(spec: str, width: int) -> tuple[int, int]:
@@ -361,10 +461,16 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     if not isinstance(plan, PipelinePlan):
         raise UsageError("the pipeline's traffic needs the run's stage plan: build the layout "
                          "with thinwire.strategies.pipeline.method.pipeline_layout")
-    S, dp, M = plan.stages, plan.dp, options.micro_batches
-    if S * dp != workers:
-        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages")
+    S, dp, T, M = plan.stages, plan.dp, plan.tp, options.micro_batches
+    if S * dp * T != workers:
+        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages x {T} "
+                         "tensor slices")
     bounds = options.boundaries()
+    comp = None
+    if options.tp_codec != "none":
+        from thinwire.compression import build
+
+        comp = build(options.tp_codec)
     rows = plan.batch // M
     plain = build_boundary("none")
     fwd_bytes, bwd_bytes = [], []  # per boundary: per micro-batch
@@ -386,21 +492,31 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     sent, recv, pay = [], [], []
     calls: dict[str, tuple[int, int]] = {}
     for r in range(workers):
-        s = r % S
+        s = (r // T) % S
         out = (sum(fwd_bytes[s]) if s < S - 1 else 0) + (sum(bwd_bytes[s - 1]) if s > 0 else 0)
         into = (sum(fwd_bytes[s - 1]) if s > 0 else 0) + (sum(bwd_bytes[s]) if s < S - 1 else 0)
         p2p_calls = (M if s < S - 1 else 0) + (M if s > 0 else 0)
         grad = 4 * (plan.stage_params[s] + extra[s])
         ar = ring_all_reduce(grad, dp) if dp > 1 else 0
         clip = ring_all_reduce(4, S) if plan.clip and S > 1 else 0
+        # tensor parallelism: per micro-batch, each of the stage's group sums (an all-reduce,
+        # or the codec's collectives)
+        tp_calls = [c for n in (plan.tp_sums[s] if T > 1 else ())
+                    for c in tp_collectives(comp, "sum", rows * n, T)]
+        tp_wire = [(op, b if op == "all_to_all" else wire(op, b, T)) for op, b in tp_calls]
+        tp = M * sum(w for _, w in tp_wire)
         n_ar = (dp > 1) + (plan.clip and S > 1)
-        sent.append(steps * (out + ar + clip))
-        recv.append(steps * (into + ar + clip))
-        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)))
+        sent.append(steps * (out + ar + clip + tp))
+        recv.append(steps * (into + ar + clip + tp))
+        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)
+                            + M * sum(b for _, b in tp_calls)))
         if r == 0:
             calls = {"send": (steps * p2p_calls, steps * out)}
             if n_ar:
                 calls["all_reduce"] = (steps * n_ar, steps * (ar + clip))
+            for op, w in tp_wire:
+                c, b = calls.get(op, (0, 0))
+                calls[op] = (c + steps * M, b + steps * M * w)
     return Traffic(tuple(sent), tuple(recv), tuple(pay), calls)
 
 
@@ -409,6 +525,6 @@ METHOD = MethodEntry(
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
-    planned=False)
+    run_layout=pipeline_layout, planned=False)
 
 __all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "pipeline_layout", "traffic"]
