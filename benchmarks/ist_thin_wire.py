@@ -203,7 +203,7 @@ def run_family(name: str, fam: Family, out: Path, link: str, deadline: float,
         print(f"no network namespaces ({reason}): modelled mode, wall times are modelled")
     groups = ["modelled"] if reason else [lk.label for lk in links]
     base = {**fam.base, "runtime.workers": 4, "runtime.threads": 1, "train.log_every": 10,
-            "run.progress": False}
+            "run.progress": False, "run.overwrite": True}  # a re-run replaces its directories
     plan = {spec: ((every, every) if quick else (steps, every))
             for spec, (steps, every) in fam.methods.items()}
     cfgs = {g: [config_mod.load(None, {**base, **method_overrides(spec), "train.steps": steps,
