@@ -90,7 +90,8 @@ FAMILIES: dict[str, Family] = {
         "ResNet (ResIST) on digits (widths 32/64/128, 5 blocks a stage, SGD 0.05, batch 128)",
         {"model.name": "resnet", "data.name": "digits", "model.widths": "32,64,128",
          "model.blocks": "5,5,5", "train.batch_size": 128},
-        {"dp": (60, 10), "localsgd": (100, 10), "ist": (200, 50)},
+        {"dp": (60, 10), "localsgd": (100, 10), "ist": (400, 50),
+         "ist:deployment=sharded": (400, 50)},
         (0.01, 0.02, 0.05)),
     # hidden 512, 3 layers: 1.0M parameters (the 1433-wide input layer and 512x512 hidden one).
     "gcn": Family(
