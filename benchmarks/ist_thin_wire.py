@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire import config as config_mod
+from thinwire.errors import UsageError
 from thinwire.report.tables import fmt_bytes
 from thinwire.run import method_overrides, preflight, run_name
 from thinwire.testbed import bench
@@ -268,8 +269,11 @@ def main() -> int:
         p.error(f"--link {args.link}: give one link rate, e.g. 100mbit")
     deadline = time.monotonic() + args.timeout
     for fam in args.families:
-        print(run_family(fam, FAMILIES[fam], Path(args.out), args.link, deadline, args.quick),
-              flush=True)
+        try:
+            text = run_family(fam, FAMILIES[fam], Path(args.out), args.link, deadline, args.quick)
+        except UsageError as exc:  # one line, no traceback
+            raise SystemExit(f"ist_thin_wire: {fam}: {exc}") from None
+        print(text, flush=True)
     return 0
 
 
