@@ -8,7 +8,7 @@ runs dp, localsgd (H = 10) and ist (K = 10, central deployment, batch-statistics
 the same data, model, batch (128 per worker), learning rate and number of steps, and prints one
 markdown table: test accuracy and NLL, bytes sent per worker (mean and max, from the ledger),
 parameters trained per worker, wall time (rank 0's summed step time). Then, at n = 4, the
-targets of the IST issue are checked against DP: accuracy within 1 point, at most 1/10 of the
+targets set for IST are checked against DP: accuracy within 1 point, at most 1/10 of the
 bytes, at most 1/3 of the parameters per worker.
 
 Grid defaults keep the run near 30 minutes on 2 cores: h = 1024 at n in {2, 4, 8} on iid shards,
