@@ -8,9 +8,9 @@ method; each method runs its own number of steps (enough to pass the targets; IS
 its steps are cheaper), evaluated every ``eval`` steps (a multiple of every method's steps per
 round). Wall times (rank 0's training time, evaluation excluded) and wire bytes are *measured*;
 without namespaces (not root) the script falls back to the *modelled* mode and says so. Run as
-root from the repository root, serialised with other testbed users::
+root from the repository root::
 
-    flock /work/notes/testbed.lock timeout 2400 \\
+    timeout 2400 \\
         .venv/bin/python benchmarks/ist_thin_wire.py --out runs/ist_thin_wire gpt resnet gcn
 
 Targets: the best value every method reached (the bench's common target) and a few easier ones;

@@ -1,7 +1,7 @@
 """The pipeline's boundary codecs on the thin-wire testbed, and the planner's pipeline step time
 held to the measured one.
 
-    flock /work/notes/testbed.lock python benchmarks/pipeline_thin_wire.py --link 100mbit \\
+    python benchmarks/pipeline_thin_wire.py --link 100mbit \\
         --data-dir ../shared/data/tinyshakespeare --out runs/pipe_tb --timeout 700
 
 A character-level GPT (4 blocks, d_model 64, 4 heads, context 64) on tiny-shakespeare, 4 workers
