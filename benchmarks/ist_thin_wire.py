@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ist_models import DATA  # the shared data folder, found as the model benchmark finds it
+
 from thinwire import config as config_mod
 from thinwire.errors import UsageError
 from thinwire.report.tables import fmt_bytes
@@ -46,19 +48,6 @@ from thinwire.testbed import bench
 from thinwire.testbed.netns import unavailable_reason
 from thinwire.testbed.rates import parse_links
 from thinwire.testbed.report import BenchResult, bench_table, common_target, plot_bench
-
-
-def _shared_data() -> Path:
-    """``$THINWIRE_DATA``, else ``shared/data`` beside the checkout or any folder above it."""
-    if os.environ.get("THINWIRE_DATA"):
-        return Path(os.environ["THINWIRE_DATA"])
-    for base in Path(__file__).resolve().parents[1].parents:
-        if (base / "shared" / "data").is_dir():
-            return base / "shared" / "data"
-    return Path("shared/data")
-
-
-DATA = _shared_data()
 
 
 @dataclass(frozen=True)
