@@ -29,6 +29,24 @@ def test_split_methods_keeps_each_methods_options_together() -> None:
     assert split_methods("topk:ratio=0.1,ef=false,ist") == ["topk:ratio=0.1,ef=false", "ist"]
 
 
+def test_a_parenthesised_value_keeps_its_commas() -> None:
+    """Guards a codec spec with two options given to a method inside ``--methods``: the commas
+    in parentheses neither start a method nor an option, the parentheses are removed, and an
+    unbalanced one is a one-line usage error."""
+    specs = split_methods("dp,pipeline:codec_fwd=(topk:ratio=0.1,ef=true),train.lr=0.1,ist")
+    assert specs == ["dp", "pipeline:codec_fwd=(topk:ratio=0.1,ef=true),train.lr=0.1", "ist"]
+    assert method_overrides(specs[1]) == {"method.name": "pipeline", "train.lr": "0.1",
+                                          "method.codec_fwd": "topk:ratio=0.1,ef=true"}
+    cfg = method_configs([specs[1]], None, {"model.name": "gpt", "parallel.pp": "2"})[0]
+    assert cfg.method.options.codec_fwd == "topk:ratio=0.1,ef=true"
+    # only a pair enclosing the whole value is removed
+    assert method_overrides("ist:train.lr=(0.1)")["train.lr"] == "0.1"
+    assert method_overrides("ist:run.name=(a)(b)")["run.name"] == "(a)(b)"
+    for bad, why in (("dp:compressor=(topk", "never closed"), ("dp,ist)", "closes nothing")):
+        with pytest.raises(UsageError, match=why):
+            method_configs(split_methods(bad), None, {})
+
+
 def test_method_overrides_route_options_to_their_sections() -> None:
     assert method_overrides("ist:local_steps=20,train.lr=0.1") == {
         "method.name": "ist", "method.local_steps": "20", "train.lr": "0.1"}

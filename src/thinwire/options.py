@@ -153,20 +153,56 @@ def as_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj) if obj is not None else {}
 
 
+def split_top(text: str, what: str = "spec") -> list[str]:
+    """Split ``text`` on the commas outside parentheses (``a=1,b=(x:y=1,z=2)`` -> ``a=1`` and
+    ``b=(x:y=1,z=2)``); unbalanced parentheses are an :class:`OptionError`."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise OptionError(f"{what} {text!r}: a ')' closes nothing")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise OptionError(f"{what} {text!r}: a '(' is never closed")
+    parts.append(text[start:])
+    return parts
+
+
 def parse_spec(text: str, what: str = "spec") -> tuple[str, dict[str, str]]:
     """``"name:key=value,key=value"`` -> ``("name", {"key": "value", ...})``.
 
-    The syntax of codec and method specs on the command line (``topk:ratio=0.01``)."""
+    The syntax of codec and method specs on the command line (``topk:ratio=0.01``). A value
+    that has commas of its own, such as a codec spec with two options given to a method, goes in
+    parentheses, which are removed: ``pipeline:codec_fwd=(topk:ratio=0.1,ef=true)``."""
     name, _, rest = text.strip().partition(":")
     if not name:
         raise OptionError(f"{what} {text!r}: give a name, e.g. topk or topk:ratio=0.01")
     values: dict[str, str] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
+    for item in filter(None, (p.strip() for p in split_top(rest, what))):
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise OptionError(f"{what} {text!r}: {item!r} is not KEY=VALUE")
-        values[key.strip()] = value.strip()
+        value = value.strip()
+        if value.startswith("(") and _encloses(value):
+            value = value[1:-1].strip()
+        values[key.strip()] = value
     return name.strip(), values
+
+
+def _encloses(value: str) -> bool:
+    """Whether the '(' opening ``value`` is closed by its last character."""
+    depth = 0
+    for i, ch in enumerate(value):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            return i == len(value) - 1
+    return False
 
 
 @dataclass(frozen=True)

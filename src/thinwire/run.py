@@ -31,7 +31,7 @@ from thinwire.data import DATASETS, BatchStream, Dataset, DataSource, shard_indi
 from thinwire.data.task import Task
 from thinwire.errors import RunFailed, UsageError
 from thinwire.models import MODELS
-from thinwire.options import parse_spec
+from thinwire.options import parse_spec, split_top
 from thinwire.runtime.comm import Comm
 from thinwire.strategies import METHODS
 from thinwire.strategies.base import Context, Strategy
@@ -178,9 +178,10 @@ def split_methods(text: str) -> list[str]:
     """Split ``--methods`` on the commas that start a new method (a method's own options are
     comma-separated too: ``dp,ist:local_steps=20,train.lr=0.1,topk``). A part is an option of
     the method before it when it is ``key=value`` with no colon before its ``=`` (the value may
-    be a codec spec: ``pipeline:codec_fwd=int4,codec_bwd=lowrank:rank=8``)."""
+    be a codec spec: ``pipeline:codec_fwd=int4,codec_bwd=lowrank:rank=8``); commas inside
+    parentheses never split (``pipeline:codec_fwd=(topk:ratio=0.1,ef=true),dp``)."""
     out: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
+    for part in (p.strip() for p in split_top(text, "--methods")):
         if not part:
             continue
         if "=" in part and ":" not in part.split("=", 1)[0] and out:
