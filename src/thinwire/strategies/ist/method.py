@@ -285,7 +285,8 @@ class ISTStrategy(Strategy):
         if self.rule is None or self.local is not None or self.switch_step:
             return
         flat = value is not None and self.rule.flat(value, higher_is_better)
-        decision = torch.tensor([1.0 if flat else 0.0])
+        device = next(self.model.parameters()).device  # nccl broadcasts device tensors only
+        decision = torch.tensor([1.0 if flat else 0.0], device=device)
         if self.comm.world_size > 1:
             self.comm.broadcast(decision, 0, tag="control")
         if decision.item():
