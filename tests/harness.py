@@ -51,3 +51,22 @@ def flat_state(state: object, prefix: str = "") -> dict[str, object]:
             out.update(flat_state(v, f"{prefix}{i}/"))
         return out
     return {prefix: state}
+
+
+def assert_same_state(a: dict[str, object], b: dict[str, object], rank: int
+                      ) -> tuple[int, int]:
+    """Two flat states (:func:`flat_state`) equal leaf by leaf, tensors bit for bit; returns
+    (tensors, non-empty tensors) compared, so a test checks there was something to compare (a
+    rank of central IST holds empty stores between rounds)."""
+    import torch
+
+    assert a.keys() == b.keys(), rank
+    tensors = filled = 0
+    for k, v in a.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, b[k]), (rank, k)  # type: ignore[arg-type]
+            tensors += 1
+            filled += v.numel() > 0
+        else:
+            assert v == b[k], (rank, k)
+    return tensors, filled

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import flat_state, run_workers
+from harness import assert_same_state, flat_state, run_workers
 
 from thinwire.config import load
 from thinwire.reference import reference_run
@@ -114,14 +114,7 @@ def test_resume_equals_uninterrupted(name: str, tmp_path: Path) -> None:
     res = run_workers(_train_state, n, resumed, str(tmp_path / "cut"))
     for r in range(n):
         a, b = full[r]["state"], res[r]["state"]
-        assert a.keys() == b.keys()
-        tensors = 0
-        for k, v in a.items():
-            if isinstance(v, torch.Tensor):
-                assert torch.equal(v, b[k]), (r, k)
-                tensors += 1
-            else:
-                assert v == b[k], (r, k)
+        tensors, _ = assert_same_state(a, b, r)
         assert tensors > 0
     a, b = full[0]["summary"], res[0]["summary"]
     assert a["final"] == b["final"]
