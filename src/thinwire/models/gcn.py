@@ -104,16 +104,12 @@ class GCN(nn.Module):
             nn.init.xavier_uniform_(lin.weight)  # Glorot, as Kipf & Welling
             nn.init.zeros_(lin.bias)
 
-    def propagate(self, h: torch.Tensor) -> torch.Tensor:
-        """A_hat @ h for dense node states h [nodes, k]."""
-        return torch.sparse.mm(self.adjacency, h)
-
     def forward(self, node_ids: torch.Tensor) -> torch.Tensor:
         """Logits [B, classes] of nodes ``node_ids`` [B] (steps of the module docstring)."""
         h = self.features
         last = len(self.layers) - 1
         for i, lin in enumerate(self.layers):
-            assert isinstance(lin, nn.Linear)
+            assert isinstance(lin, GraphConv)
             h = F.dropout(h, self.dropout, self.training)
             h = lin(h, self.adjacency)
             if i < last:
