@@ -11,16 +11,22 @@ replicas of 8 windows (the same 32 a step). AdamW lr 3e-3, the same seed and ste
 perplexity on the first 1024 validation windows every ``--eval-every`` steps.
 
 For every run it prints the validation curve, ledger bytes, the kernel's wire bytes, the median
-measured step time (rank 0's ``step_s``, steps after the third) and the planner's prediction
-(:func:`thinwire.planner.pipeline.step_time`) from inputs measured here, in this process, with
-one thread (as each worker has):
+measured step time (rank 0's ``step_s``, steps after the third) and the planner's prediction,
+from inputs measured here just before the run, one thread a process (as each worker has):
 
-1. the forward and backward seconds of each stage's links for one micro-batch (the last stage
-   with the loss), the median of ``--reps`` repetitions;
-2. each codec's encoding and decoding seconds of one boundary message, the same way;
-3. the optimizer step of the largest stage;
-4. the link's rate as the bandwidth, no latency; the workers share ``os.cpu_count()`` cores
-   (the planner's ``cores`` floor).
+1. each stage's forward and backward pass of one micro-batch and its optimizer step, the real
+   :class:`~thinwire.strategies.pipeline.schedule.Pipeline` of the run's codecs on a
+   communicator that moves nothing (its pass timings), the median of ``--reps`` steps; the
+   codecs' encoding and decoding, and any bottleneck's layers, are inside those passes;
+2. each stage's CPU seconds a step when the S stages run the method together over loopback
+   (30 steps): the passes are scaled up to it, what they cost beside the isolated ones
+   (gloo's copies and threads, a wake-up for every message, caches shared with the others);
+3. :func:`thinwire.planner.pipeline.simulate` with those passes, the link's rate times the
+   TCP payload per frame (:data:`thinwire.testbed.modelled.FRAME_EFFICIENCY`) as each stage's
+   upload and download, behind tc's token bucket (:func:`thinwire.testbed.netns.burst_bytes`),
+   no latency, and ``os.cpu_count()`` cores shared by the stages. Beside
+   it, the same simulation with the isolated passes and the closed form
+   (:func:`~thinwire.planner.pipeline.step_time`, its ``cores`` floor) with them.
 
 Writes OUT/pipeline_thin_wire.md and OUT/pipeline_thin_wire.json. Needs root (namespaces);
 bounded by ``--timeout`` seconds for all runs of one invocation.
@@ -80,22 +86,19 @@ def config(name: str, args: argparse.Namespace, out: Path) -> Config:
     return load(None, values)
 
 
-# --- calibration (steps 1-3) ---------------------------------------------------------------------
-def _median_seconds(fn: Any, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+# --- calibration (steps 1 and 2) -------------------------------------------------------------------
+def _lm_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
 def calibrate(cfg: Config, reps: int) -> dict[str, Any]:
-    """Steps 1 and 3: per-stage forward + backward seconds of one micro-batch, optimizer step."""
+    """Step 1: each stage's real passes and optimizer step, on a communicator that moves
+    nothing (:class:`thinwire.measure.local.Silent`), one thread, the median of ``reps`` steps."""
+    from thinwire.measure.local import Silent
     from thinwire.models import MODELS
     from thinwire.run import build_model, load_data
-    from thinwire.strategies.pipeline.schedule import cut
+    from thinwire.strategies.base import make_optimizer
+    from thinwire.strategies.pipeline.schedule import Pipeline
 
     torch.set_num_threads(1)
     ds = load_data(cfg)
@@ -104,92 +107,95 @@ def calibrate(cfg: Config, reps: int) -> dict[str, Any]:
     assert make_chain is not None
     chain = make_chain(model)
     o = cfg.method.options
-    mb = cfg.train.batch_size // o.micro_batches
-    x, y = ds.x_train[:mb], ds.y_train[:mb]
-    cuts = cut(len(chain), cfg.parallel.pp)
-    stage_s, h = [], x
-    boundary: tuple[int, ...] | None = None
-    sizes = []
-    for s, (a, b) in enumerate(cuts):
-        stage = torch.nn.Sequential(*chain[a:b])
-        sizes.append(sum(p.numel() for p in stage.parameters()))
-        inp = h.detach()
-
-        def fb(stage: torch.nn.Module = stage, inp: torch.Tensor = inp, last: bool = s == len(cuts) - 1
-               ) -> None:
-            i = inp.clone().requires_grad_(inp.is_floating_point())
-            out = stage(i)
-            if last:
-                torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
-                                                  y.reshape(-1)).backward()
-            else:
-                out.backward(torch.ones_like(out) * 1e-3)
-            stage.zero_grad(set_to_none=True)
-
-        stage_s.append(_median_seconds(fb, reps))
-        with torch.no_grad():
-            h = stage(inp)
-        if s == 0:
-            boundary = (mb, *h.shape[1:])
-    big = torch.nn.Sequential(*chain[cuts[sizes.index(max(sizes))][0]:
-                                     cuts[sizes.index(max(sizes))][1]])
-    opt = torch.optim.AdamW(big.parameters(), lr=1e-3)
-    for p in big.parameters():
-        p.grad = torch.zeros_like(p)
-    opt_s = _median_seconds(opt.step, reps)
-    return {"stage_s": stage_s, "optimizer_s": opt_s, "stage_params": sizes,
-            "boundary": boundary,
-            "seq": int(x.shape[1])}
-
-
-def codec_seconds(cfg: Config, shape: tuple[int, ...], reps: int) -> list[float]:
-    """Step 2: per stage, encoding and decoding seconds of its messages for one micro-batch."""
-    from thinwire.compression.base import from_bytes, to_bytes
-    from thinwire.strategies.pipeline.codecs import Key, build_boundary, is_bottleneck
-
-    o = cfg.method.options
-    S = cfg.parallel.pp
-    bounds = o.boundaries()
-    x = torch.randn(shape)
-    ids = torch.arange(shape[0], dtype=torch.int64)
-
-    def cost(spec: str) -> tuple[float, float]:
-        if spec == "none" or is_bottleneck(spec):
-            return 0.0, 0.0
-        codec = build_boundary(spec)
-        key = Key(0, 0, ids)
-        enc = _median_seconds(lambda: to_bytes(codec.encode(x, key)), reps)
-        payload = from_bytes(to_bytes(codec.encode(x, key)), codec.spec(shape))
-        other = build_boundary(spec)
-        dec = _median_seconds(lambda: other.decode(payload, shape, key), reps)
-        return enc, dec
-
-    per_b = []
-    for b in range(S - 1):
-        f, g = bounds.specs(b)
-        per_b.append((cost(f), cost(g)))
-    out = []
+    S, M = cfg.parallel.pp, o.micro_batches
+    x, y = ds.x_train[:cfg.train.batch_size], ds.y_train[:cfg.train.batch_size]
+    fwd, bwd, opt_s, sizes = [], [], [], []
+    pipe = None
     for s in range(S):
-        t = 0.0
-        if s < S - 1:  # encode the activation, decode its gradient
-            t += per_b[s][0][0] + per_b[s][1][1]
-        if s > 0:  # decode the activation, encode its gradient
-            t += per_b[s - 1][0][1] + per_b[s - 1][1][0]
-        out.append(t)
-    return out
+        pipe = Pipeline(chain, Silent(s, S), micro_batches=M, loss=_lm_loss,
+                        example=x.chunk(M)[0], schedule=o.schedule, boundaries=o.boundaries(),
+                        seed=cfg.train.seed)
+        opt = make_optimizer(pipe.parameters(), cfg.train)
+        sizes.append(sum(p.numel() for p in pipe.parameters()))
+        f, g, t = [], [], []
+        for step in range(reps + 2):
+            opt.zero_grad(set_to_none=True)
+            pipe.run(x, y, step)
+            t0 = time.perf_counter()
+            opt.step()
+            if step >= 2:  # two warm-up steps
+                t.append(time.perf_counter() - t0)
+                f.append(statistics.mean(sec for k, _, sec in pipe.passes if k == "F"))
+                g.append(statistics.mean(sec for k, _, sec in pipe.passes if k == "B"))
+        fwd.append(statistics.median(f))
+        bwd.append(statistics.median(g))
+        opt_s.append(statistics.median(t))
+    assert pipe is not None
+    return {"forward_s": fwd, "backward_s": bwd, "optimizer_s": opt_s, "stage_params": sizes,
+            "boundary": (x.shape[0] // M, *pipe.widths[0]), "loopback_cpu": loopback_cpu(cfg)}
 
 
-def predict(cfg: Config, cal: dict[str, Any], link_bps: float, reps: int) -> dict[str, float]:
-    """The planner's step time of the run (module docstring, step 4)."""
-    from thinwire.planner.pipeline import PipelineShape, step_time
+def _loopback_worker(comm: Any, cfg: Config, steps: int) -> float:
+    """This stage's CPU seconds (all its threads, user and system) a step of the real method."""
+    from thinwire.models import MODELS  # noqa: F401 - the registry the strategy reads
+    from thinwire.run import build_model, load_data
+    from thinwire.runtime.mesh import Mesh
+    from thinwire.strategies.base import Context
+    from thinwire.strategies.pipeline.method import PipelineParallel
+
+    ds = load_data(cfg)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, ds)
+    ctx = Context(cfg=cfg, comm=comm, device=torch.device("cpu"), loss=_lm_loss,
+                  mesh=Mesh(comm, dp=1, pp=cfg.parallel.pp))
+    strategy = PipelineParallel(ctx, model)
+    x, y = ds.x_train[:cfg.train.batch_size], ds.y_train[:cfg.train.batch_size]
+    cpu = []
+    for step in range(steps + 3):
+        c0 = time.process_time()
+        strategy.train_step((x, y), step)
+        if step >= 3:  # three warm-up steps
+            cpu.append(time.process_time() - c0)
+    return statistics.median(cpu)
+
+
+def loopback_cpu(cfg: Config, steps: int = 30) -> list[float]:
+    """Step 2: each stage's CPU seconds a step when the S stages really run together, over
+    loopback on this machine: what the stage's passes cost beside the isolated ones (receiving
+    and sending through gloo, waking on every message, caches shared with the other stages)."""
+    from thinwire.runtime.spawn import run_group
+
+    return list(run_group(_loopback_worker, cfg.parallel.pp, cfg, steps, timeout=300, threads=1))
+
+
+def predict(cfg: Config, cal: dict[str, Any], link_bps: float, shaped: bool = True
+            ) -> dict[str, float]:
+    """The planner's step time of the run (module docstring, step 3): the simulation with the
+    stages' passes at their loopback CPU (the prediction), the same with the isolated passes,
+    and the closed form with the isolated passes."""
+    from thinwire.planner.pipeline import PipelineShape, simulate, step_time
+    from thinwire.testbed.modelled import FRAME_EFFICIENCY
+    from thinwire.testbed.netns import burst_bytes
 
     o = cfg.method.options
+    M = o.micro_batches
     mb, seq, width = cal["boundary"]
-    shape = PipelineShape(cfg.parallel.pp, o.micro_batches, mb, seq, width)
-    codec = codec_seconds(cfg, tuple(cal["boundary"]), reps)
-    t = step_time(shape, o, cal["stage_s"], bandwidth=link_bps / 8, codec_seconds=codec,
-                  optimizer_seconds=cal["optimizer_s"], cores=os.cpu_count() or 1)
-    return t.as_dict()
+    shape = PipelineShape(cfg.parallel.pp, M, mb, seq, width)
+    cores = os.cpu_count() or 1
+    goodput = link_bps / 8 * FRAME_EFFICIENCY  # TCP payload bytes a second
+    f, b, opt = cal["forward_s"], cal["backward_s"], cal["optimizer_s"]
+    scale = [max(1.0, (c - t) / (M * (fs + bs)))
+             for c, t, fs, bs in zip(cal["loopback_cpu"], opt, f, b)]
+    # tc's token bucket, in payload bytes (none over loopback)
+    burst = burst_bytes(link_bps / 8) * FRAME_EFFICIENCY if shaped else 0.0
+    sim = simulate(shape, o, [x * k for x, k in zip(f, scale)], [x * k for x, k in zip(b, scale)],
+                   bandwidth=goodput, optimizer_seconds=opt, cores=cores, burst=burst)
+    alone = simulate(shape, o, f, b, bandwidth=goodput, optimizer_seconds=opt, cores=cores,
+                     burst=burst)
+    closed = step_time(shape, o, [x + y for x, y in zip(f, b)], bandwidth=goodput,
+                       optimizer_seconds=max(opt), cores=cores)
+    return {"total": sim.total, "isolated": alone.total, "closed": closed.total,
+            "work": sim.work, "work_isolated": alone.work}
 
 
 # --- the runs ------------------------------------------------------------------------------------
@@ -239,16 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     first_pipe = next((c for c in cfgs[groups[0]] if c.method.name == "pipeline"), None)
     cal = calibrate(first_pipe, args.reps) if first_pipe is not None else None
     if cal is not None:
-        print(f"calibration (1 thread): stage F+B s/micro-batch "
-              f"{[round(v, 4) for v in cal['stage_s']]}, optimizer {cal['optimizer_s']:.4f} s, "
+        print(f"calibration (1 thread): stage F, B s/micro-batch "
+              f"{[round(v, 4) for v in cal['forward_s']]}, "
+              f"{[round(v, 4) for v in cal['backward_s']]}, optimizer "
+              f"{[round(v, 4) for v in cal['optimizer_s']]} s, CPU a step over loopback "
+              f"{[round(v, 4) for v in cal['loopback_cpu']]} s, "
               f"boundary {cal['boundary']}", flush=True)
     if args.check:
         for c in cfgs[groups[0]]:
             if cal is not None and c.method.name == "pipeline":
                 for lk in links:
-                    t = predict(c, cal, lk.rate_bps or 1e12, args.reps)
+                    t = predict(c, cal, lk.rate_bps or 1e12)
                     print(f"{c.run_name} {lk.label}: predicted {t['total']:.3f} s/step "
-                          f"(slot {t['slot']:.4f}, bubble {t['bubble']:.3f}, floor {t['floor']:.3f})")
+                          f"(isolated passes {t['isolated']:.3f}, closed form {t['closed']:.3f}; "
+                          f"CPU work {t['work']:.3f} s, isolated {t['work_isolated']:.3f} s)")
         return 0
     if modelled:  # one loopback run each: no link to model
         links = links[:1]
@@ -263,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             bps = args.loopback_bps if modelled else here[0].rate_bps
             if c.method.name == "pipeline" and bps:
                 cals[(g, c.run_name)] = calibrate(c, args.reps)
-                preds[(g, c.run_name)] = predict(c, cals[(g, c.run_name)], bps, args.reps)
+                preds[(g, c.run_name)] = predict(c, cals[(g, c.run_name)], bps,
+                                                 shaped=not modelled)
                 print(f"{c.run_name}: predicted {preds[(g, c.run_name)]['total']:.3f} s/step",
                       flush=True)
             done, stopped = bench.run_all({g: [c]}, here, deadline, modelled=modelled)
@@ -299,8 +310,8 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace, l0: tuple[float,
           l1: tuple[float, ...]) -> str:
     steps = sorted({s for r in rows for s, _ in r["curve"]})
     head = ["link", "run", *[f"ppl@{s}" for s in steps], "sent/worker mean", "max",
-            "wire tx (all)", "step s measured", "step s predicted", "pred/meas",
-            "slot: compute+codec+transfer s", "step vs pipeline"]
+            "wire tx (all)", "step s measured", "step s simulated", "sim/meas",
+            "closed form s", "closed/meas", "CPU work s (all stages)", "step vs pipeline"]
     lines = [f"load average at start {l0[0]:.2f} {l0[1]:.2f} {l0[2]:.2f}, at end "
              f"{l1[0]:.2f} {l1[1]:.2f} {l1[2]:.2f}; {os.cpu_count()} cores; "
              f"{args.steps} steps, M={args.micro_batches}, S={args.stages}", "",
@@ -309,15 +320,14 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace, l0: tuple[float,
     for r in rows:
         curve = dict(r["curve"])
         p = r["predicted"]
-        ratio = f"{p['total'] / r['step_s']:.2f}" if p else "-"
-        slot = (f"{p['compute']:.3f}+{p['codec']:.3f}+{p['transfer']:.3f}"
-                + (" (cores floor)" if p["floor"] > p["schedule"] else "")) if p else "-"
+        pred = [f"{p['total']:.3f}", f"{p['total'] / r['step_s']:.2f}", f"{p['closed']:.3f}",
+                f"{p['closed'] / r['step_s']:.2f}", f"{p['work']:.3f}"] if p else ["-"] * 5
         rel = (f"{r['step_s'] / base[r['link']]:.2f}x" if r["link"] in base else "-")
         lines.append("| " + " | ".join([
             r["link"], r["label"], *[f"{curve[s]:.2f}" if s in curve else "-" for s in steps],
             fmt_bytes(r["sent_mean"]), fmt_bytes(r["sent_max"]),
             fmt_bytes(r["wire_tx"]) if r["wire_tx"] is not None else "-",
-            f"{r['step_s']:.3f}", f"{p['total']:.3f}" if p else "-", ratio, slot, rel]) + " |")
+            f"{r['step_s']:.3f}", *pred, rel]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,9 @@
 """The planner's pipeline model held to runs: the bytes it predicts from a transformer's
 dimensions alone (stages, micro-batches, micro-batch size, sequence length, d_model, codecs) are
-every rank's ledger bytes, to the byte, for S = 2 and 4 stages; and its step time is M slots of
-the slowest stage plus a bubble of S - 1 mean slots."""
+every rank's ledger bytes, to the byte, for S = 2 and 4 stages; its step time is M slots of
+the slowest stage plus a bubble of S - 1 mean slots; its simulation of the schedule agrees with
+that closed form where the closed form is exact, keeps a shared core busy, and puts the codec's
+own bytes on the links; a stage's passes are timed where the simulation reads them."""
 
 from __future__ import annotations
 
@@ -15,12 +17,14 @@ from thinwire.planner.pipeline import (
     PipelineShape,
     boundary_bytes,
     options_of,
+    simulate,
     step_time,
     traffic,
 )
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies.base import Context
 from thinwire.strategies.pipeline.method import PipelineParallel
+from thinwire.strategies.pipeline.schedule import Boundaries
 
 CODECS = [("int8", "int4"), ("topk:ratio=0.25", "lowrank:rank=2")]
 STEPS = 2
@@ -91,3 +95,101 @@ def test_step_time_is_m_slowest_slots_and_a_bubble_of_s_minus_one_mean_slots() -
     assert shared.total == pytest.approx(8 * 4.5)  # one core: the stages' work in turn
     with pytest.raises(UsageError, match="stage_seconds"):
         step_time(shape, o, [1.0], bandwidth=1.0)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("S", "M"), [(2, 4), (4, 4), (4, 8), (3, 5)])
+def test_simulation_is_the_closed_form_for_equal_stages_on_their_own_cores(schedule, S, M):
+    shape = PipelineShape(stages=S, micro_batches=M, micro_batch=2, seq=4, d_model=8)
+    o = options_of(micro_batches=M, schedule=schedule)
+    sim = simulate(shape, o, [1.0] * S, [2.0] * S, bandwidth=1e18, optimizer_seconds=0.5)
+    closed = step_time(shape, o, [3.0] * S, bandwidth=1e18, optimizer_seconds=0.5)
+    # (M + S - 1)(F + B) + the optimizer: fill, M slots of the slowest stage, drain
+    assert sim.total == pytest.approx((M + S - 1) * 3.0 + 0.5)
+    assert sim.total == pytest.approx(closed.total)
+    assert sim.busy == pytest.approx((M * 3.0 + 0.5,) * S)
+    # unequal forward and backward at the same F + B: the same total (every pass waits its turn)
+    skew = simulate(shape, o, [2.5] * S, [0.5] * S, bandwidth=1e18)
+    assert skew.total == pytest.approx((M + S - 1) * 3.0)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_simulation_keeps_one_shared_core_busy_and_stretches_over_fewer_cores(schedule):
+    S, M = 4, 4
+    shape = PipelineShape(stages=S, micro_batches=M, micro_batch=2, seq=4, d_model=8)
+    o = options_of(micro_batches=M, schedule=schedule)
+    f, b, opt = [0.5, 1.0, 0.75, 0.25], [1.0, 2.0, 1.5, 0.5], [0.1, 0.2, 0.1, 0.1]
+    one = simulate(shape, o, f, b, bandwidth=1e18, optimizer_seconds=opt, cores=1)
+    work = M * (sum(f) + sum(b)) + sum(opt)
+    # with no wire time some stage always has a pass in hand: the core never idles
+    assert one.total == pytest.approx(work)
+    assert one.work == pytest.approx(work)
+    two = simulate(shape, o, f, b, bandwidth=1e18, optimizer_seconds=opt, cores=2)
+    own = simulate(shape, o, f, b, bandwidth=1e18, optimizer_seconds=opt)
+    assert work / 2 <= two.total + 1e-9  # two cores do the work at best twice as fast
+    assert own.total < two.total < one.total  # sharing costs time; the dependencies stay
+    assert simulate(shape, o, f, b, bandwidth=1e18, optimizer_seconds=opt,
+                    cores=S).total == pytest.approx(own.total)
+
+
+def test_simulation_puts_each_codecs_bytes_on_the_links_and_waits_for_them():
+    shape = PipelineShape(stages=2, micro_batches=1, micro_batch=2, seq=4, d_model=8)
+    bw, lat = 1000.0, 0.25
+    for fwd, bwd in [("none", "none"), ("int8", "none"), ("int4", "int8")]:
+        o = options_of(fwd, bwd, micro_batches=1)
+        x = traffic(shape, o).sent  # stage 0 sends the activation, stage 1 its gradient
+        sim = simulate(shape, o, [0.0, 0.0], [0.0, 0.0], bandwidth=bw, latency=lat)
+        # one micro-batch, no compute: the activation's transfer, the gradient's, a latency each
+        assert sim.total == pytest.approx(x[0] / bw + x[1] / bw + 2 * lat), (fwd, bwd)
+        # behind a token bucket, a message's first `burst` bytes pass at once
+        half = min(x) / 2
+        bucket = simulate(shape, o, [0.0, 0.0], [0.0, 0.0], bandwidth=bw, latency=lat,
+                          burst=half)
+        assert bucket.total == pytest.approx((x[0] - half + x[1] - half) / bw + 2 * lat)
+        full = simulate(shape, o, [0.0, 0.0], [0.0, 0.0], bandwidth=bw, latency=lat,
+                        burst=max(x))
+        assert full.total == pytest.approx(2 * lat)
+    # GPipe over 3 stages, 2 micro-batches, no compute, a message one unit of time: the
+    # activations reach stage 1 at 1 and 2 and stage 2 at 2 and 3; stage 2's gradients leave at
+    # 3 and, its upload one message at a time, reach stage 1 at 4 and 5; stage 1 sends them on
+    # at once: stage 0 has the last at 6
+    shape3 = PipelineShape(stages=3, micro_batches=2, micro_batch=2, seq=4, d_model=8)
+    o = options_of(micro_batches=2, schedule="gpipe")
+    msg = 2 * 4 * 8 * 4 / bw
+    sim = simulate(shape3, o, [0.0] * 3, [0.0] * 3, bandwidth=bw)
+    assert sim.total == pytest.approx(6 * msg)
+
+
+def test_simulation_rejects_what_does_not_fit_the_shape():
+    shape = PipelineShape(stages=2, micro_batches=2, micro_batch=2, seq=4, d_model=8)
+    o = options_of(micro_batches=2)
+    with pytest.raises(UsageError, match="backward"):
+        simulate(shape, o, [1.0, 1.0], [1.0], bandwidth=1.0)
+    with pytest.raises(UsageError, match="codec_seconds"):
+        simulate(shape, o, [1.0, 1.0], [1.0, 1.0], bandwidth=1.0, codec_seconds=[(0, 0)])
+    with pytest.raises(UsageError, match="cores"):
+        simulate(shape, o, [1.0, 1.0], [1.0, 1.0], bandwidth=1.0, cores=0)
+    with pytest.raises(UsageError, match="burst"):
+        simulate(shape, o, [1.0, 1.0], [1.0, 1.0], bandwidth=1.0, burst=-1)
+    with pytest.raises(UsageError, match="micro_batches"):
+        simulate(shape, options_of(micro_batches=3), [1.0, 1.0], [1.0, 1.0], bandwidth=1.0)
+
+
+def test_a_stage_times_its_passes_in_schedule_order_on_a_silent_communicator():
+    from thinwire.measure.local import Silent
+    from thinwire.models import MODELS
+    from thinwire.strategies.pipeline.schedule import Pipeline, order
+
+    model = make("gpt")
+    chain = MODELS.get("gpt").chain(model)
+    x, y = batch("gpt", 0)
+    for s in range(2):
+        pipe = Pipeline(chain, Silent(s, 2), micro_batches=M, loss=lm_loss, example=x[:B // M],
+                        schedule="1f1b", boundaries=Boundaries(fwd="int8", bwd="int4"))
+        loss = pipe.run(x, y, 0)
+        assert (loss is not None) == (s == 1)
+        kinds = [(k, m) for k, m, _ in pipe.passes]
+        assert kinds == order("1f1b", s, 2, M) + [("W", -1)]
+        assert all(sec >= 0 for _, _, sec in pipe.passes)
+        # the stage really trained: every parameter of it has a gradient
+        assert all(p.grad is not None for p in pipe.parameters())

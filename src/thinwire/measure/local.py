@@ -3,11 +3,12 @@ communicator that moves nothing.
 
 :class:`Silent` answers every call of :class:`~thinwire.runtime.comm.Comm` at once, as rank
 ``rank`` of ``world`` ranks: collectives return their input (an all-gather, ``world`` copies of
-it), an exchange fills its receive buffers with zeros, nothing is recorded. It is not
-``distributed``, so a method that would wrap the model in DDP trains it directly. On it a
-method's Strategy does everything but the wire: the worker's steps on the part of the model it
-trains, and its local work at each synchronisation (repartitioning and moving subnets into
-place, flattening parameters, an outer optimizer step). Two uses, neither naming a method:
+it), an exchange or a receive fills its buffers with zeros, a send is done when posted,
+nothing is recorded. It is not ``distributed``, so a method that would wrap the model in DDP
+trains it directly. On it a method's Strategy does everything but the wire: the worker's steps
+on the part of the model it trains, and its local work at each synchronisation (repartitioning
+and moving subnets into place, flattening parameters, an outer optimizer step). Two uses,
+neither naming a method:
 
 1. :func:`run_shape`: the widths of the model rank 0 trains in a step (the full MLP for a
    replicated method, a subnet for IST), read by a forward pre-hook, averaged over the steps of
@@ -68,6 +69,17 @@ class Silent(Comm):
                  recvs: Sequence[tuple[int, torch.Tensor]], *, tag: str = "") -> None:
         for _, buf in recvs:
             buf.zero_()
+
+    def send(self, tensor: torch.Tensor, dst: int, *, tag: str = "") -> None:
+        return None
+
+    def isend(self, tensor: torch.Tensor, dst: int, *, tag: str = "") -> Any:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def recv(self, tensor: torch.Tensor, src: int, *, tag: str = "") -> torch.Tensor:
+        return tensor.zero_()
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,23 @@ before it exists, with the very formula the tests hold equal to the ledger:
    optimizer step. When the S stages share fewer cores than S (the thin-wire testbed runs every
    worker on one machine), the schedule takes at least the stages' total compute and codec
    time over the cores: ``cores`` bounds it from below.
+4. :func:`simulate`: the same schedule played out event by event, for what the closed form
+   leaves out: stages whose forward and backward differ (a stage's backward only starts when its
+   gradient arrives, so fill and drain are not S - 1 equal slots), links that carry messages
+   one after another (the sender's upload and the receiver's download) and let a burst through
+   after idling, the CPU each message costs its sender and its receiver (the
+   collective library's copies and threads, the schedule's own work), and S stages sharing
+   fewer than S cores. Each stage runs its schedule's passes in order (the order the runtime
+   uses, :func:`thinwire.strategies.pipeline.schedule.order`); a pass starts when the message it
+   reads has arrived; the stages with a pass in hand share ``cores`` equally (processor
+   sharing, what a fair OS scheduler gives busy processes); a finished pass sends its message
+   over the stage's upload and the receiver's download (each a link of ``bandwidth`` that
+   carries one message at a time, as a full-duplex port does, optionally behind a token bucket
+   of ``burst`` bytes, as shaped links are), which deliver it ``latency`` after its last byte;
+   each stage waits for its sends, steps its optimizer (on the shared cores
+   too), and the step ends when the last stage's loss reaches every stage. With a core a stage,
+   equal stages, no message cost and an infinitely fast link it gives (M + S - 1)(F + B), the
+   closed form's value.
 """
 
 from __future__ import annotations
@@ -182,5 +199,181 @@ def step_time(shape: PipelineShape, options: Any, stage_seconds: Sequence[float]
     return StepTime(S, M, c, e, x, mean, sync, optimizer_seconds, floor)
 
 
-__all__ = ["PipelineShape", "StepTime", "boundary_bytes", "options_of", "plan_of", "step_time",
-           "traffic"]
+@dataclass(frozen=True)
+class Simulated:
+    """Step 4's result: the step's seconds and where the stages' time went."""
+
+    total: float
+    """Seconds of one step, from the first pass to the loss's arrival on every stage."""
+    schedule: float
+    """Seconds until every stage has finished its passes and its sends (before the optimizer)."""
+    busy: tuple[float, ...]
+    """CPU seconds each stage spends a step (passes, codecs, messages, optimizer)."""
+    sync: float = 0.0
+
+    @property
+    def work(self) -> float:
+        return sum(self.busy)
+
+
+class _Link:
+    """One direction of a stage's port: messages one at a time, at ``rate`` bytes a second once
+    a token bucket of ``burst`` bytes (full at the start, refilled at the rate) is spent."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at, self.free = burst, 0.0, 0.0
+
+    def take(self, nbytes: float, now: float) -> float:
+        """The time the last of ``nbytes`` posted at ``now`` has passed this link."""
+        start = max(now, self.free)
+        level = min(self.burst, self.tokens + (start - self.at) * self.rate)
+        if level >= nbytes:
+            self.tokens, end = level - nbytes, start
+        else:
+            self.tokens, end = 0.0, start + (nbytes - level) / self.rate
+        self.at = self.free = end
+        return end
+
+
+def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
+             backward: Sequence[float], *, bandwidth: float, latency: float = 0.0,
+             codec_seconds: Sequence[Sequence[float]] | None = None,
+             message_seconds: tuple[float, float] = (0.0, 0.0),
+             optimizer_seconds: float | Sequence[float] = 0.0,
+             cores: int | None = None, burst: float = 0.0) -> Simulated:
+    """Step 4 (module docstring). ``forward[s]``, ``backward[s]``: stage s's compute seconds of
+    one micro-batch (one core); ``codec_seconds[b]``: boundary b's (activation encode,
+    activation decode, gradient encode, gradient decode) seconds of one message;
+    ``message_seconds``: (a, c), the CPU seconds a message costs each of its two ends,
+    a + c x bytes; ``optimizer_seconds``: the optimizer step (one value, or one a stage);
+    ``bandwidth``: bytes a second of each stage's link; ``latency``: seconds a message;
+    ``cores``: the cores the stages share (None: one each); ``burst``: bytes a link sends at
+    once after idling (a token bucket's depth, as ``tc``'s tbf and clouds' burst credits
+    shape; 0: a plain rate)."""
+    from thinwire.strategies.pipeline.method import message_bytes
+    from thinwire.strategies.pipeline.schedule import order
+
+    S, M = shape.stages, shape.micro_batches
+    for name, v in (("forward", forward), ("backward", backward)):
+        if len(v) != S:
+            raise UsageError(f"pipeline {name}: {len(v)} times for {S} stages")
+    if bandwidth <= 0:
+        raise UsageError(f"pipeline bandwidth: got {bandwidth}; use bytes a second > 0")
+    if cores is not None and cores < 1:
+        raise UsageError(f"pipeline cores: got {cores}; use 1 or more, or None")
+    if burst < 0:
+        raise UsageError(f"pipeline burst: got {burst}; use bytes >= 0")
+    codec = [tuple(c) for c in codec_seconds] if codec_seconds is not None else \
+        [(0.0, 0.0, 0.0, 0.0)] * (S - 1)
+    if len(codec) != S - 1 or any(len(c) != 4 for c in codec):
+        raise UsageError(f"pipeline codec_seconds: give {S - 1} (encode, decode, encode, "
+                         "decode) tuples, one a boundary")
+    opt = ([float(optimizer_seconds)] * S if isinstance(optimizer_seconds, (int, float))
+           else list(optimizer_seconds))
+    if len(opt) != S:
+        raise UsageError(f"pipeline optimizer_seconds: {len(opt)} times for {S} stages")
+    if options.micro_batches != M:
+        raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
+                         f"shape {M}; give the same M to both")
+    fwd, bwd, _ = message_bytes(plan_of(replace(shape, dp=1)), options)
+    bounds = options.boundaries()
+    a, c = message_seconds
+
+    def msg(n: int) -> float:
+        return a + c * n
+
+    def cpu(s: int, kind: str, m: int) -> float:
+        if kind == "O":
+            return opt[s]
+        if kind == "F":
+            t = forward[s]
+            if s > 0:  # receive and decode the activation
+                t += msg(fwd[s - 1][m]) + codec[s - 1][1]
+            if s < S - 1:  # encode and send its own
+                t += codec[s][0] + msg(fwd[s][m])
+            return t
+        t = backward[s]
+        if s < S - 1:  # receive and decode the output's gradient
+            t += msg(bwd[s][m]) + (codec[s][3] if bounds.compressed_backward(s, m, S, M) else 0)
+        if s > 0:  # encode and send the input's
+            packed = bounds.compressed_backward(s - 1, m, S, M)
+            t += (codec[s - 1][2] if packed else 0) + msg(bwd[s - 1][m])
+        return t
+
+    passes = [order(options.schedule, s, S, M) + [("O", -1)] for s in range(S)]
+    pos, left = [0] * S, [-1.0] * S  # left < 0: no pass in hand
+    busy = [0.0] * S
+    arrive: dict[tuple[str, int, int], float] = {}
+    up = [_Link(bandwidth, burst) for _ in range(S)]
+    down = [_Link(bandwidth, burst) for _ in range(S)]
+    sent_by = [0.0] * S
+    done: list[float | None] = [None] * S
+    opt_start = [0.0] * S
+    now = 0.0
+
+    def needs(s: int) -> float | None:
+        """When stage s's next pass can start (None: a message not yet sent)."""
+        kind, m = passes[s][pos[s]]
+        if kind == "F" and s > 0:
+            return arrive.get(("F", s - 1, m))
+        if kind == "B" and s < S - 1:
+            return arrive.get(("B", s, m))
+        if kind == "O":
+            return sent_by[s]
+        return now
+
+    def post(s: int, to: int, key: tuple[str, int, int], nbytes: int) -> None:
+        end = max(up[s].take(nbytes, now), down[to].take(nbytes, now))
+        arrive[key] = end + latency
+        sent_by[s] = end
+
+    while any(d is None for d in done):
+        wakes = []
+        for s in range(S):
+            if done[s] is None and left[s] < 0:
+                t = needs(s)
+                if t is not None and t <= now:
+                    left[s] = cpu(*((s,) + passes[s][pos[s]]))
+                    if passes[s][pos[s]][0] == "O":
+                        opt_start[s] = now
+                elif t is not None:
+                    wakes.append(t)
+        running = [s for s in range(S) if left[s] >= 0]
+        if not running:
+            if not wakes:  # cannot happen for a valid schedule; a guard against a silent hang
+                raise RuntimeError("pipeline simulation: every stage waits for a message")
+            now = min(wakes)
+            continue
+        rate = min(1.0, cores / len(running)) if cores else 1.0
+        dt = min(left[s] for s in running) / rate
+        if wakes and min(wakes) - now < dt:
+            dt = min(wakes) - now
+        now += dt
+        for s in running:
+            left[s] -= dt * rate
+            busy[s] += dt * rate
+        for s in running:
+            if left[s] > 1e-12:
+                continue
+            kind, m = passes[s][pos[s]]
+            left[s] = -1.0
+            pos[s] += 1
+            if kind == "F" and s < S - 1:
+                post(s, s + 1, ("F", s, m), fwd[s][m])
+            elif kind == "B" and s > 0:
+                post(s, s - 1, ("B", s - 1, m), bwd[s - 1][m])
+            elif kind == "O":
+                done[s] = now
+    schedule = max(opt_start)
+    sync = 0.0
+    if shape.dp > 1 and shape.stage_params:
+        grad = 4 * max(shape.stage_params)
+        sync = 2 * (shape.dp - 1) / shape.dp * grad / bandwidth + 2 * (shape.dp - 1) * latency
+    finished = [d for d in done if d is not None]
+    total = max(max(finished), finished[-1] + latency) + sync  # the loss's broadcast
+    return Simulated(total, schedule, tuple(busy), sync)
+
+
+__all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "plan_of",
+           "simulate", "step_time", "traffic"]

@@ -127,6 +127,11 @@ def signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def burst_bytes(bytes_per_s: float) -> int:
+    """The token bucket's depth of a link shaped at ``bytes_per_s``: max(32 KiB, 4 ms of it)."""
+    return max(32 * 1024, int(bytes_per_s * 0.004))
+
+
 def shaping_commands(dev: str, link: Link) -> list[list[str]]:
     """The ``tc`` commands shaping the egress of ``dev`` (run inside its namespace)."""
     cmds: list[list[str]] = []
@@ -137,7 +142,7 @@ def shaping_commands(dev: str, link: Link) -> list[list[str]]:
             cmds.append(["tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", delay,
                          "limit", "10000"])
         return cmds
-    burst = max(32 * 1024, int(bps * 0.004))
+    burst = burst_bytes(bps)
     limit = burst + int(bps * 0.05)
     rate = f"{int(link.rate_bps or 0)}bit"
     if not link.delay_s:

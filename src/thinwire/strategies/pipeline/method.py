@@ -453,27 +453,16 @@ def _bottleneck_params(spec: str, width: int) -> tuple[int, int]:
     return ((width * k + k, k * width + width) if name == "ae" else (0, 0))
 
 
-def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
-            optimizer_states: int = 0) -> Traffic:
-    """The ledger's totals per rank after ``steps`` steps (module docstring)."""
-    del seed, optimizer_states
-    plan = layout.pipeline
-    if not isinstance(plan, PipelinePlan):
-        raise UsageError("the pipeline's traffic needs the run's stage plan: build the layout "
-                         "with thinwire.strategies.pipeline.method.pipeline_layout")
-    S, dp, T, M = plan.stages, plan.dp, plan.tp, options.micro_batches
-    if S * dp * T != workers:
-        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages x {T} "
-                         "tensor slices")
+def message_bytes(plan: PipelinePlan, options: Options
+                  ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """Per boundary b, the encoded bytes of micro-batch m's activation (``fwd[b][m]``) and of
+    its gradient (``bwd[b][m]``), each the boundary codec's ``payload_bytes`` of the message's
+    shape; and the parameters each stage's bottleneck halves add (for the all-reduce)."""
+    S, M = plan.stages, options.micro_batches
     bounds = options.boundaries()
-    comp = None
-    if options.tp_codec != "none":
-        from thinwire.compression import build
-
-        comp = build(options.tp_codec)
     rows = plan.batch // M
     plain = build_boundary("none")
-    fwd_bytes, bwd_bytes = [], []  # per boundary: per micro-batch
+    fwd_bytes, bwd_bytes = [], []
     extra = [0] * S
     for b in range(S - 1):
         f, g = bounds.specs(b)
@@ -489,6 +478,28 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
         bwd_bytes.append([codec.payload_bytes(shape)
                           if bounds.compressed_backward(b, m, S, M) else plain.payload_bytes(shape)
                           for m in range(M)])
+    return fwd_bytes, bwd_bytes, extra
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    """The ledger's totals per rank after ``steps`` steps (module docstring)."""
+    del seed, optimizer_states
+    plan = layout.pipeline
+    if not isinstance(plan, PipelinePlan):
+        raise UsageError("the pipeline's traffic needs the run's stage plan: build the layout "
+                         "with thinwire.strategies.pipeline.method.pipeline_layout")
+    S, dp, T, M = plan.stages, plan.dp, plan.tp, options.micro_batches
+    if S * dp * T != workers:
+        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages x {T} "
+                         "tensor slices")
+    comp = None
+    if options.tp_codec != "none":
+        from thinwire.compression import build
+
+        comp = build(options.tp_codec)
+    rows = plan.batch // M
+    fwd_bytes, bwd_bytes, extra = message_bytes(plan, options)
     sent, recv, pay = [], [], []
     calls: dict[str, tuple[int, int]] = {}
     for r in range(workers):
@@ -527,4 +538,5 @@ METHOD = MethodEntry(
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
     run_layout=pipeline_layout, planned=False)
 
-__all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "pipeline_layout", "traffic"]
+__all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "message_bytes",
+           "pipeline_layout", "traffic"]

@@ -44,6 +44,7 @@ additions inside fused kernels).
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -186,6 +187,11 @@ class Pipeline:
                 self.codecs[(bd, "B")] = build_boundary(g, seed=seed, rank=self.s)
                 self.plain[(bd, "B")] = build_boundary("none")
         self._pending: list[tuple[Any, torch.Tensor]] = []
+        self.passes: list[tuple[str, int, float]] = []
+        """The last :meth:`run`'s passes in order: (kind, micro-batch, seconds), from the pass's
+        start (its receive included) to its end (its send posted); step 5's wait is
+        ("W", -1, seconds). On :class:`thinwire.measure.local.Silent` they are the passes' own
+        work (the planner's simulation reads them)."""
 
     # --- shapes ------------------------------------------------------------------------------
     def _probe(self, example: torch.Tensor) -> list[tuple[int, ...]]:
@@ -254,6 +260,8 @@ class Pipeline:
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         total = 0.0
+        self.passes = []
+        clock = time.perf_counter()
         for kind, m in order(self.schedule, s, S, M):  # 2.
             key = Key(step, m, ids[m])
             rows = xs[m].shape[0]
@@ -285,9 +293,13 @@ class Pipeline:
                     inp = inputs.pop(m)
                     grad = inp.grad if inp.grad is not None else torch.zeros_like(inp)
                     self._send(s - 1, "B", grad, key)
+            now = time.perf_counter()
+            self.passes.append((kind, m, now - clock))
+            clock = now
         for work, _buf in self._pending:  # 5.
             work.wait()
         self._pending.clear()
+        self.passes.append(("W", -1, time.perf_counter() - clock))
         return total if s == S - 1 else None
 
     # --- state -------------------------------------------------------------------------------
