@@ -24,7 +24,10 @@ from inputs measured here just before the run, one thread a process (as each wor
 3. :func:`thinwire.planner.pipeline.simulate` with those passes, the link's rate times the
    TCP payload per frame (:data:`thinwire.testbed.modelled.FRAME_EFFICIENCY`) as each stage's
    upload and download, behind tc's token bucket (:func:`thinwire.testbed.netns.burst_bytes`),
-   no latency, and ``os.cpu_count()`` cores shared by the stages. Beside
+   no latency, and ``os.cpu_count()`` cores shared by the stages; a transfer starts when its
+   receiver waits for it (gloo's rendezvous) and the receiver's upload is idle (its TCP
+   acknowledgements queue behind its outgoing data in tbf's FIFO). Over loopback: no bucket,
+   no queued acknowledgements. Beside
    it, the same simulation with the isolated passes and the closed form
    (:func:`~thinwire.planner.pipeline.step_time`, its ``cores`` floor) with them.
 
@@ -188,10 +191,12 @@ def predict(cfg: Config, cal: dict[str, Any], link_bps: float, shaped: bool = Tr
              for c, t, fs, bs in zip(cal["loopback_cpu"], opt, f, b)]
     # tc's token bucket, in payload bytes (none over loopback)
     burst = burst_bytes(link_bps / 8) * FRAME_EFFICIENCY if shaped else 0.0
+    # gloo's sends wait for their receive; tbf's FIFO queues a stage's ACKs behind its data
+    link: dict[str, Any] = {"bandwidth": goodput, "burst": burst, "rendezvous": True,
+                            "acks_queue": shaped}
     sim = simulate(shape, o, [x * k for x, k in zip(f, scale)], [x * k for x, k in zip(b, scale)],
-                   bandwidth=goodput, optimizer_seconds=opt, cores=cores, burst=burst)
-    alone = simulate(shape, o, f, b, bandwidth=goodput, optimizer_seconds=opt, cores=cores,
-                     burst=burst)
+                   optimizer_seconds=opt, cores=cores, **link)
+    alone = simulate(shape, o, f, b, optimizer_seconds=opt, cores=cores, **link)
     closed = step_time(shape, o, [x + y for x, y in zip(f, b)], bandwidth=goodput,
                        optimizer_seconds=max(opt), cores=cores)
     return {"total": sim.total, "isolated": alone.total, "closed": closed.total,

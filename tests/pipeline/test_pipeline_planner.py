@@ -160,6 +160,37 @@ def test_simulation_puts_each_codecs_bytes_on_the_links_and_waits_for_them():
     assert sim.total == pytest.approx(6 * msg)
 
 
+def test_simulation_starts_a_rendezvous_transfer_only_when_the_receiver_waits():
+    # GPipe, 2 stages, 2 micro-batches; a message takes 1 s; stage 1's forward takes 1 s, all
+    # else nothing. Eager: micro-batch 1's activation crosses while stage 1 computes
+    # micro-batch 0 (arrives at 2), the gradients leave at 3 and 3: the last lands at 5.
+    # Rendezvous (gloo, NCCL): it crosses only once stage 1 asks for it, at 2: one second later.
+    shape = PipelineShape(stages=2, micro_batches=2, micro_batch=2, seq=4, d_model=8)
+    o = options_of(micro_batches=2, schedule="gpipe")
+    bw = 2 * 4 * 8 * 4  # bytes of one plain message: 1 s each
+    eager = simulate(shape, o, [0.0, 1.0], [0.0, 0.0], bandwidth=bw, rendezvous=False)
+    meet = simulate(shape, o, [0.0, 1.0], [0.0, 0.0], bandwidth=bw)
+    assert eager.total == pytest.approx(5.0)
+    assert meet.total == pytest.approx(6.0)
+
+
+def test_simulation_holds_a_transfer_while_its_receivers_upload_sends():
+    # GPipe, 3 stages, 2 micro-batches, no compute, 1 s a message. Without queued ACKs the last
+    # gradient lands at 6 (the test above). With them, a message into stage r waits for r's
+    # upload: micro-batch 1's activation waits for stage 1's send of micro-batch 0 (2 s, not
+    # 1), micro-batch 0's gradient for stage 1's send of activation 1, and so on down the
+    # schedule: each of stage 1's sends defers one of its receives, 2 s in all.
+    shape = PipelineShape(stages=3, micro_batches=2, micro_batch=2, seq=4, d_model=8)
+    o = options_of(micro_batches=2, schedule="gpipe")
+    bw = 2 * 4 * 8 * 4
+    free = simulate(shape, o, [0.0] * 3, [0.0] * 3, bandwidth=bw)
+    held = simulate(shape, o, [0.0] * 3, [0.0] * 3, bandwidth=bw, acks_queue=True)
+    assert free.total == pytest.approx(6.0)
+    assert held.total == pytest.approx(8.0)
+    ends = {(s, k, m): e for s, k, m, _, e in held.passes}
+    assert ends[(1, "F", 1)] == pytest.approx(3.0)  # its activation crossed in [2, 3]
+
+
 def test_simulation_rejects_what_does_not_fit_the_shape():
     shape = PipelineShape(stages=2, micro_batches=2, micro_batch=2, seq=4, d_model=8)
     o = options_of(micro_batches=2)

@@ -39,7 +39,11 @@ before it exists, with the very formula the tests hold equal to the ledger:
    over the stage's upload and the receiver's download (each a link of ``bandwidth`` that
    carries one message at a time, as a full-duplex port does, optionally behind a token bucket
    of ``burst`` bytes, as shaped links are), which deliver it ``latency`` after its last byte;
-   each stage waits for its sends, steps its optimizer (on the shared cores
+   with ``rendezvous`` (gloo and NCCL) the transfer starts only when the receiver has reached
+   the pass that waits for the message, so a receiver busy with another pass delays it; with
+   ``acks_queue`` it waits for the receiver's upload to fall idle too (over a FIFO-shaped link
+   the receiver's acknowledgements queue behind its outgoing data); each
+   stage waits for its sends, steps its optimizer (on the shared cores
    too), and the step ends when the last stage's loss reaches every stage. With a core a stage,
    equal stages, no message cost and an infinitely fast link it gives (M + S - 1)(F + B), the
    closed form's value.
@@ -210,6 +214,9 @@ class Simulated:
     busy: tuple[float, ...]
     """CPU seconds each stage spends a step (passes, codecs, messages, optimizer)."""
     sync: float = 0.0
+    passes: tuple[tuple[int, str, int, float, float], ...] = ()
+    """(stage, kind, micro-batch, start, end) of every pass ("O": the optimizer step), in the
+    order they ended: where the step's time went."""
 
     @property
     def work(self) -> float:
@@ -241,7 +248,8 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
              codec_seconds: Sequence[Sequence[float]] | None = None,
              message_seconds: tuple[float, float] = (0.0, 0.0),
              optimizer_seconds: float | Sequence[float] = 0.0,
-             cores: int | None = None, burst: float = 0.0) -> Simulated:
+             cores: int | None = None, burst: float = 0.0,
+             rendezvous: bool = True, acks_queue: bool = False) -> Simulated:
     """Step 4 (module docstring). ``forward[s]``, ``backward[s]``: stage s's compute seconds of
     one micro-batch (one core); ``codec_seconds[b]``: boundary b's (activation encode,
     activation decode, gradient encode, gradient decode) seconds of one message;
@@ -250,7 +258,12 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     ``bandwidth``: bytes a second of each stage's link; ``latency``: seconds a message;
     ``cores``: the cores the stages share (None: one each); ``burst``: bytes a link sends at
     once after idling (a token bucket's depth, as ``tc``'s tbf and clouds' burst credits
-    shape; 0: a plain rate)."""
+    shape; 0: a plain rate); ``rendezvous``: a message leaves only once its receiver waits for
+    it (gloo's and NCCL's point-to-point: the receiver's posted buffer is the go-ahead), else as
+    soon as it is sent; ``acks_queue``: a transfer into a stage waits until that stage's upload
+    is idle (TCP's acknowledgements queue behind its outgoing data on a FIFO-shaped link, so
+    the incoming, ACK-clocked transfer stalls: the thin-wire testbed's tbf links, home
+    uplinks), else the two directions are independent."""
     from thinwire.strategies.pipeline.method import message_bytes
     from thinwire.strategies.pipeline.schedule import order
 
@@ -308,25 +321,47 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     up = [_Link(bandwidth, burst) for _ in range(S)]
     down = [_Link(bandwidth, burst) for _ in range(S)]
     sent_by = [0.0] * S
+    offered: dict[tuple[str, int, int], int] = {}  # posted sends not yet on the wire
+    asked: dict[tuple[str, int, int], float] = {}  # receives a stage waits in
+    unsent = [0] * S
+    began = [0.0] * S
+    timeline: list[tuple[int, str, int, float, float]] = []
     done: list[float | None] = [None] * S
     opt_start = [0.0] * S
     now = 0.0
 
     def needs(s: int) -> float | None:
-        """When stage s's next pass can start (None: a message not yet sent)."""
+        """When stage s's next pass can start (None: its message is not on the way yet); with
+        ``rendezvous``, a receive asked for is a transfer started if its send is posted."""
         kind, m = passes[s][pos[s]]
+        key = None
         if kind == "F" and s > 0:
-            return arrive.get(("F", s - 1, m))
-        if kind == "B" and s < S - 1:
-            return arrive.get(("B", s, m))
+            key, frm = ("F", s - 1, m), s - 1
+        elif kind == "B" and s < S - 1:
+            key, frm = ("B", s, m), s + 1
+        if key is not None:
+            if key not in asked:
+                asked[key] = now
+                if key in offered:
+                    transfer(frm, s, key)
+            return arrive.get(key)
         if kind == "O":
-            return sent_by[s]
+            return sent_by[s] if unsent[s] == 0 else None
         return now
 
-    def post(s: int, to: int, key: tuple[str, int, int], nbytes: int) -> None:
-        end = max(up[s].take(nbytes, now), down[to].take(nbytes, now))
+    def transfer(s: int, to: int, key: tuple[str, int, int]) -> None:
+        nbytes = offered.pop(key)
+        start = max(now, up[to].free) if acks_queue else now
+        end = max(up[s].take(nbytes, start), down[to].take(nbytes, start))
         arrive[key] = end + latency
-        sent_by[s] = end
+        sent_by[s] = max(sent_by[s], end)
+        unsent[s] -= 1
+
+    def post(s: int, to: int, key: tuple[str, int, int], nbytes: int) -> None:
+        offered[key] = nbytes
+        unsent[s] += 1
+        if key in asked or not rendezvous:
+            transfer(s, to, key)
 
     while any(d is None for d in done):
         wakes = []
@@ -335,6 +370,7 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
                 t = needs(s)
                 if t is not None and t <= now:
                     left[s] = cpu(*((s,) + passes[s][pos[s]]))
+                    began[s] = now
                     if passes[s][pos[s]][0] == "O":
                         opt_start[s] = now
                 elif t is not None:
@@ -357,6 +393,7 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
             if left[s] > 1e-12:
                 continue
             kind, m = passes[s][pos[s]]
+            timeline.append((s, kind, m, began[s], now))
             left[s] = -1.0
             pos[s] += 1
             if kind == "F" and s < S - 1:
@@ -372,7 +409,7 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
         sync = 2 * (shape.dp - 1) / shape.dp * grad / bandwidth + 2 * (shape.dp - 1) * latency
     finished = [d for d in done if d is not None]
     total = max(max(finished), finished[-1] + latency) + sync  # the loss's broadcast
-    return Simulated(total, schedule, tuple(busy), sync)
+    return Simulated(total, schedule, tuple(busy), sync, tuple(timeline))
 
 
 __all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "plan_of",
