@@ -11,7 +11,8 @@ replicas of 8 windows (the same 32 a step). AdamW lr 3e-3, the same seed and ste
 perplexity on the first 1024 validation windows every ``--eval-every`` steps.
 
 For every run it prints the validation curve, ledger bytes, the kernel's wire bytes, the median
-measured step time (rank 0's ``step_s``, steps after the third) and the planner's prediction,
+measured step time (rank 0's ``step_s``, steps after the third; with ``--repeats R`` the median of
+R runs' medians, their range beside it) and the planner's prediction,
 from inputs measured here just before the run, one thread a process (as each worker has):
 
 1. each stage's forward and backward pass of one micro-batch and its optimizer step, the real
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--reps", type=int, default=20, help="repetitions of each calibration timing")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each configuration; the measured step is their median")
     p.add_argument("--data-dir", default="")
     p.add_argument("--out", default="runs/pipeline_thin_wire")
     p.add_argument("--timeout", type=float, default=700.0, help="seconds for all runs")
@@ -233,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     from thinwire.testbed.netns import unavailable_reason
     from thinwire.testbed.rates import parse_links
 
+    if args.repeats < 1:
+        print(f"--repeats: got {args.repeats}; use 1 or more", file=sys.stderr)
+        return 2
     names = [n for n in args.runs.split(",") if n]
     unknown = [n for n in names if n not in RUNS]
     if unknown:
@@ -270,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     # each pipeline run predicted from a calibration just before it (the machine's load drifts)
     deadline = time.monotonic() + args.timeout
     results, stopped, preds, cals = [], "", {}, {}
+    steps_of: dict[tuple[str, str], list[float]] = {}  # the repeats' measured steps
     for g in groups:
         here = links if modelled else [lk for lk in links if lk.label == g]
         for c in cfgs[g]:
@@ -283,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{c.run_name}: predicted {preds[(g, c.run_name)]['total']:.3f} s/step",
                       flush=True)
             done, stopped = bench.run_all({g: [c]}, here, deadline, modelled=modelled)
+            for k in range(1, args.repeats):  # the same run again, in its own directory
+                if stopped or not done:
+                    break
+                again = config(c.run_name, args, out / g / f"repeat{k}")
+                more, stopped = bench.run_all({g: [again]}, here, deadline, modelled=modelled)
+                steps_of[(g, c.run_name)] = [*steps_of.get((g, c.run_name), []),
+                                             *(measured_step(r.run) for r in more)]
             results += [(g, r) for r in done]
     load_end = os.getloadavg()
     rows = []
@@ -290,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         name = res.run.path.name
         pred = preds.get((g, name))
         b = res.run.summary["bytes"]
+        runs = [measured_step(res.run), *steps_of.get((g, name), [])]
         rows.append({
             "link": "loopback" if modelled else res.link.label, "run": name, "label": LABELS[name],
             "curve": [(int(e["step"]), float(e["perplexity"])) for e in res.run.evals],
@@ -297,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             "final_nll": float(res.run.summary["final"]["nll"]),
             "sent_mean": b["sent_per_worker_mean"], "sent_max": b["sent_per_worker_max"],
             "wire_tx": res.wire.measured_total if res.wire is not None else None,
-            "train_wall_s": res.wall_s, "step_s": measured_step(res.run), "predicted": pred})
+            "train_wall_s": res.wall_s, "step_s": statistics.median(runs), "step_runs": runs,
+            "predicted": pred})
     text = table(rows, args, load_start, load_end)
     if stopped:
         text += f"\nstopped early: {stopped}\n"
@@ -319,7 +335,9 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace, l0: tuple[float,
             "closed form s", "closed/meas", "CPU work s (all stages)", "step vs pipeline"]
     lines = [f"load average at start {l0[0]:.2f} {l0[1]:.2f} {l0[2]:.2f}, at end "
              f"{l1[0]:.2f} {l1[1]:.2f} {l1[2]:.2f}; {os.cpu_count()} cores; "
-             f"{args.steps} steps, M={args.micro_batches}, S={args.stages}", "",
+             f"{args.steps} steps, M={args.micro_batches}, S={args.stages}"
+             + (f"; {args.repeats} runs of each, the median step" if args.repeats > 1 else ""),
+             "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = {r["link"]: r["step_s"] for r in rows if r["run"] == "none"}
     for r in rows:
@@ -332,7 +350,8 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace, l0: tuple[float,
             r["link"], r["label"], *[f"{curve[s]:.2f}" if s in curve else "-" for s in steps],
             fmt_bytes(r["sent_mean"]), fmt_bytes(r["sent_max"]),
             fmt_bytes(r["wire_tx"]) if r["wire_tx"] is not None else "-",
-            f"{r['step_s']:.3f}", *pred, rel]) + " |")
+            f"{r['step_s']:.3f}" + (f" ({min(r['step_runs']):.3f}-{max(r['step_runs']):.3f})"
+                                    if len(r["step_runs"]) > 1 else ""), *pred, rel]) + " |")
     return "\n".join(lines) + "\n"
 
 
