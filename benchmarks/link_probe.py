@@ -10,14 +10,17 @@ median of 30 messages after 5 untimed ones:
 
 1. **token bucket**: plain TCP, worker 0 sends worker 1 a message, worker 1 answers one byte
    when it has all of it; after 20 ms of idling (tbf's bucket full) and back to back;
-2. **rendezvous**: gloo, worker 0 posts ``isend`` at once, worker 1 is busy 0, 5 or 20 ms
-   before it calls ``recv``; how long ``recv`` then waits (an eager transport would have the
-   message in by 20 ms and return at once);
+2. **rendezvous**: gloo through thinwire's ``Comm`` (the pipeline's own calls), worker 0 posts
+   ``isend`` at once, worker 1 is busy 0, 5 or 20 ms before it calls ``recv``; how long
+   ``recv`` then waits (an eager transport would have the message in by 20 ms and return at
+   once);
 3. **acknowledgements behind data**: plain TCP, worker 0 sends worker 1 a message, alone and
    while worker 1 is itself sending worker 2 a message of the same size; the time until worker
    1 has all of worker 0's.
 
-Needs root; tears the namespaces down on every exit. Bounded by ``--timeout`` seconds.
+Probes 1 and 3 use plain TCP sockets on purpose: they measure the link and the kernel's queue,
+not a training method, so no ledger is involved. Needs root; tears the namespaces down on every
+exit. Bounded by ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -72,22 +75,24 @@ print(statistics.median(ts[5:]))
 
 _GLOO = r'''
 import os, statistics, sys, time, torch, torch.distributed as dist
+from thinwire.runtime.comm import Comm
 rank, addr, ifname, reps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 os.environ["GLOO_SOCKET_IFNAME"] = ifname
 dist.init_process_group("gloo", init_method=f"tcp://{addr}:29611", rank=rank, world_size=2)
+comm = Comm()
 buf = torch.zeros(int(sys.argv[5]), dtype=torch.uint8)
 for busy in (0.0, 0.005, 0.02):
     waits = []
     for i in range(reps + 5):
-        dist.barrier(); time.sleep(0.03)
+        comm.barrier(); time.sleep(0.03)
         if rank == 0:
-            dist.isend(buf, 1).wait()
+            comm.isend(buf, 1, tag="probe").wait()
         else:
-            time.sleep(busy); t0 = time.perf_counter(); dist.recv(buf, 0)
+            time.sleep(busy); t0 = time.perf_counter(); comm.recv(buf, 0, tag="probe")
             waits.append(time.perf_counter() - t0)
     if rank == 1:
         print(busy, statistics.median(waits[5:]), flush=True)
-dist.barrier(); dist.destroy_process_group()
+comm.barrier(); dist.destroy_process_group()
 '''
 
 

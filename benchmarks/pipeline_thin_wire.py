@@ -91,13 +91,10 @@ def config(name: str, args: argparse.Namespace, out: Path) -> Config:
 
 
 # --- calibration (steps 1 and 2) -------------------------------------------------------------------
-def _lm_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-
 def calibrate(cfg: Config, reps: int) -> dict[str, Any]:
     """Step 1: each stage's real passes and optimizer step, on a communicator that moves
     nothing (:class:`thinwire.measure.local.Silent`), one thread, the median of ``reps`` steps."""
+    from thinwire.data.task import task_for
     from thinwire.measure.local import Silent
     from thinwire.models import MODELS
     from thinwire.run import build_model, load_data
@@ -116,7 +113,7 @@ def calibrate(cfg: Config, reps: int) -> dict[str, Any]:
     fwd, bwd, opt_s, sizes = [], [], [], []
     pipe = None
     for s in range(S):
-        pipe = Pipeline(chain, Silent(s, S), micro_batches=M, loss=_lm_loss,
+        pipe = Pipeline(chain, Silent(s, S), micro_batches=M, loss=task_for(ds).loss,
                         example=x.chunk(M)[0], schedule=o.schedule, boundaries=o.boundaries(),
                         seed=cfg.train.seed)
         opt = make_optimizer(pipe.parameters(), cfg.train)
@@ -141,18 +138,15 @@ def calibrate(cfg: Config, reps: int) -> dict[str, Any]:
 
 def _loopback_worker(comm: Any, cfg: Config, steps: int) -> float:
     """This stage's CPU seconds (all its threads, user and system) a step of the real method."""
-    from thinwire.models import MODELS  # noqa: F401 - the registry the strategy reads
-    from thinwire.run import build_model, load_data
-    from thinwire.runtime.mesh import Mesh
-    from thinwire.strategies.base import Context
-    from thinwire.strategies.pipeline.method import PipelineParallel
+    from thinwire.data.task import task_for
+    from thinwire.run import build_mesh, build_model, build_strategy, load_data
 
     ds = load_data(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, ds)
-    ctx = Context(cfg=cfg, comm=comm, device=torch.device("cpu"), loss=_lm_loss,
-                  mesh=Mesh(comm, dp=1, pp=cfg.parallel.pp))
-    strategy = PipelineParallel(ctx, model)
+    cpu_dev = torch.device("cpu")
+    strategy = build_strategy(cfg, comm, cpu_dev, task_for(ds), model,
+                              build_mesh(cfg, comm, cpu_dev))
     x, y = ds.x_train[:cfg.train.batch_size], ds.y_train[:cfg.train.batch_size]
     cpu = []
     for step in range(steps + 3):
@@ -160,6 +154,7 @@ def _loopback_worker(comm: Any, cfg: Config, steps: int) -> float:
         strategy.train_step((x, y), step)
         if step >= 3:  # three warm-up steps
             cpu.append(time.process_time() - c0)
+    strategy.close()
     return statistics.median(cpu)
 
 

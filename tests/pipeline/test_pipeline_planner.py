@@ -191,6 +191,20 @@ def test_simulation_holds_a_transfer_while_its_receivers_upload_sends():
     assert ends[(1, "F", 1)] == pytest.approx(3.0)  # its activation crossed in [2, 3]
 
 
+def test_simulation_charges_each_codec_to_the_pass_that_runs_it():
+    # 2 stages, 1 micro-batch, no compute, free link; boundary 0 encodes the activation in 1 s,
+    # decodes it in 2, encodes the gradient in 3, decodes it in 4: stage 0's forward (encode),
+    # stage 1's forward (decode) and backward (encode), stage 0's backward (decode), in turn
+    shape = PipelineShape(stages=2, micro_batches=1, micro_batch=2, seq=4, d_model=8)
+    o = options_of("int8", "int8", micro_batches=1)
+    sim = simulate(shape, o, [0.0, 0.0], [0.0, 0.0], bandwidth=1e18,
+                   codec_seconds=[(1.0, 2.0, 3.0, 4.0)])
+    assert sim.total == pytest.approx(10.0)
+    assert sim.busy == pytest.approx((5.0, 5.0))
+    ends = {(s, k): e for s, k, _, _, e in sim.passes}
+    assert ends[(0, "F")] == pytest.approx(1.0) and ends[(1, "B")] == pytest.approx(6.0)
+
+
 def test_simulation_rejects_what_does_not_fit_the_shape():
     shape = PipelineShape(stages=2, micro_batches=2, micro_batch=2, seq=4, d_model=8)
     o = options_of(micro_batches=2)

@@ -30,9 +30,8 @@ before it exists, with the very formula the tests hold equal to the ledger:
    leaves out: stages whose forward and backward differ (a stage's backward only starts when its
    gradient arrives, so fill and drain are not S - 1 equal slots), links that carry messages
    one after another (the sender's upload and the receiver's download) and let a burst through
-   after idling, the CPU each message costs its sender and its receiver (the
-   collective library's copies and threads, the schedule's own work), and S stages sharing
-   fewer than S cores. Each stage runs its schedule's passes in order (the order the runtime
+   after idling, a receiver that must be waiting before a message leaves, and S stages
+   sharing fewer than S cores. Each stage runs its schedule's passes in order (the order the runtime
    uses, :func:`thinwire.strategies.pipeline.schedule.order`); a pass starts when the message it
    reads has arrived; the stages with a pass in hand share ``cores`` equally (processor
    sharing, what a fair OS scheduler gives busy processes); a finished pass sends its message
@@ -173,6 +172,15 @@ class StepTime:
                 "optimizer": self.optimizer, "total": self.total}
 
 
+def _sync_seconds(shape: PipelineShape, bandwidth: float, latency: float) -> float:
+    """The data-parallel ring all-reduce of the largest stage's fp32 gradients (0: one replica,
+    or no stage sizes given)."""
+    if shape.dp < 2 or not shape.stage_params:
+        return 0.0
+    grad = 4 * max(shape.stage_params)
+    return 2 * (shape.dp - 1) / shape.dp * grad / bandwidth + 2 * (shape.dp - 1) * latency
+
+
 def step_time(shape: PipelineShape, options: Any, stage_seconds: Sequence[float], *,
               bandwidth: float, latency: float = 0.0,
               codec_seconds: Sequence[float] | None = None, optimizer_seconds: float = 0.0,
@@ -195,10 +203,7 @@ def step_time(shape: PipelineShape, options: Any, stage_seconds: Sequence[float]
              for s in range(S)]
     c, e, x = max(parts, key=sum)
     mean = sum(sum(p) for p in parts) / S
-    sync = 0.0
-    if shape.dp > 1 and shape.stage_params:
-        grad = 4 * max(shape.stage_params)
-        sync = 2 * (shape.dp - 1) / shape.dp * grad / bandwidth + 2 * (shape.dp - 1) * latency
+    sync = _sync_seconds(shape, bandwidth, latency)
     floor = M * (sum(stage_seconds) + sum(codec)) / cores if cores else 0.0
     return StepTime(S, M, c, e, x, mean, sync, optimizer_seconds, floor)
 
@@ -209,8 +214,6 @@ class Simulated:
 
     total: float
     """Seconds of one step, from the first pass to the loss's arrival on every stage."""
-    schedule: float
-    """Seconds until every stage has finished its passes and its sends (before the optimizer)."""
     busy: tuple[float, ...]
     """CPU seconds each stage spends a step (passes, codecs, messages, optimizer)."""
     sync: float = 0.0
@@ -246,15 +249,14 @@ class _Link:
 def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
              backward: Sequence[float], *, bandwidth: float, latency: float = 0.0,
              codec_seconds: Sequence[Sequence[float]] | None = None,
-             message_seconds: tuple[float, float] = (0.0, 0.0),
              optimizer_seconds: float | Sequence[float] = 0.0,
              cores: int | None = None, burst: float = 0.0,
              rendezvous: bool = True, acks_queue: bool = False) -> Simulated:
     """Step 4 (module docstring). ``forward[s]``, ``backward[s]``: stage s's compute seconds of
     one micro-batch (one core); ``codec_seconds[b]``: boundary b's (activation encode,
-    activation decode, gradient encode, gradient decode) seconds of one message;
-    ``message_seconds``: (a, c), the CPU seconds a message costs each of its two ends,
-    a + c x bytes; ``optimizer_seconds``: the optimizer step (one value, or one a stage);
+    activation decode, gradient encode, gradient decode) seconds of one message (the CPU its
+    sending and receiving cost, gloo's copies included, belongs in the passes' seconds);
+    ``optimizer_seconds``: the optimizer step (one value, or one a stage);
     ``bandwidth``: bytes a second of each stage's link; ``latency``: seconds a message;
     ``cores``: the cores the stages share (None: one each); ``burst``: bytes a link sends at
     once after idling (a token bucket's depth, as ``tc``'s tbf and clouds' burst credits
@@ -291,27 +293,22 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
                          f"shape {M}; give the same M to both")
     fwd, bwd, _ = message_bytes(plan_of(replace(shape, dp=1)), options)
     bounds = options.boundaries()
-    a, c = message_seconds
-
-    def msg(n: int) -> float:
-        return a + c * n
 
     def cpu(s: int, kind: str, m: int) -> float:
         if kind == "O":
             return opt[s]
         if kind == "F":
             t = forward[s]
-            if s > 0:  # receive and decode the activation
-                t += msg(fwd[s - 1][m]) + codec[s - 1][1]
-            if s < S - 1:  # encode and send its own
-                t += codec[s][0] + msg(fwd[s][m])
+            if s > 0:  # decode the activation
+                t += codec[s - 1][1]
+            if s < S - 1:  # encode its own
+                t += codec[s][0]
             return t
         t = backward[s]
-        if s < S - 1:  # receive and decode the output's gradient
-            t += msg(bwd[s][m]) + (codec[s][3] if bounds.compressed_backward(s, m, S, M) else 0)
-        if s > 0:  # encode and send the input's
-            packed = bounds.compressed_backward(s - 1, m, S, M)
-            t += (codec[s - 1][2] if packed else 0) + msg(bwd[s - 1][m])
+        if s < S - 1 and bounds.compressed_backward(s, m, S, M):  # decode the output's gradient
+            t += codec[s][3]
+        if s > 0 and bounds.compressed_backward(s - 1, m, S, M):  # encode the input's
+            t += codec[s - 1][2]
         return t
 
     passes = [order(options.schedule, s, S, M) + [("O", -1)] for s in range(S)]
@@ -327,7 +324,6 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     began = [0.0] * S
     timeline: list[tuple[int, str, int, float, float]] = []
     done: list[float | None] = [None] * S
-    opt_start = [0.0] * S
     now = 0.0
 
     def needs(s: int) -> float | None:
@@ -371,8 +367,6 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
                 if t is not None and t <= now:
                     left[s] = cpu(*((s,) + passes[s][pos[s]]))
                     began[s] = now
-                    if passes[s][pos[s]][0] == "O":
-                        opt_start[s] = now
                 elif t is not None:
                     wakes.append(t)
         running = [s for s in range(S) if left[s] >= 0]
@@ -402,14 +396,10 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
                 post(s, s - 1, ("B", s - 1, m), bwd[s - 1][m])
             elif kind == "O":
                 done[s] = now
-    schedule = max(opt_start)
-    sync = 0.0
-    if shape.dp > 1 and shape.stage_params:
-        grad = 4 * max(shape.stage_params)
-        sync = 2 * (shape.dp - 1) / shape.dp * grad / bandwidth + 2 * (shape.dp - 1) * latency
+    sync = _sync_seconds(shape, bandwidth, latency)
     finished = [d for d in done if d is not None]
     total = max(max(finished), finished[-1] + latency) + sync  # the loss's broadcast
-    return Simulated(total, schedule, tuple(busy), sync, tuple(timeline))
+    return Simulated(total, tuple(busy), sync, tuple(timeline))
 
 
 __all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "plan_of",
