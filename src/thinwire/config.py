@@ -343,6 +343,12 @@ def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
             raise ConfigError(f"unknown section [{section}]; known: {', '.join(SECTIONS)}")
         if not isinstance(content, Mapping):
             raise ConfigError(f"{section}: expected a table of options")
+    method_name = values.get("method", {}).get("name", MethodConfig().name)
+    if method_name in methods():  # the method's own defaults for options left unset
+        values = {s: dict(v) for s, v in values.items()}
+        for dotted, value in methods().get(method_name).defaults.items():
+            section, _, key = dotted.partition(".")
+            values.setdefault(section, {}).setdefault(key, value)
     sections = {s: _build_section(s, values.get(s, {})) for s in SECTIONS}
     if not sections["data"].name:  # the model's default dataset
         content = dict(values.get("data", {}))
