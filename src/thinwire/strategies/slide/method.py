@@ -103,8 +103,11 @@ def budget_of(o: Options, width: int) -> int:
 def check_wide_model(model: nn.Module) -> nn.Linear:
     wide = getattr(model, "wide", None)
     if not isinstance(wide, nn.Linear) or not callable(getattr(model, "features", None)):
+        from thinwire.models import MODELS
+
+        fit = [n for n, e in MODELS.entries() if "extreme" in e.data_kinds]
         raise UsageError("method slide needs a model with features(x) and a wide nn.Linear "
-                         "output layer 'wide'; use --model.name xmlp")
+                         f"output layer 'wide'; use --model.name {' or '.join(fit)}")
     return wide
 
 
@@ -359,6 +362,6 @@ METHOD = MethodEntry(
     "selected active neurons (sparse), lower layers data parallel (Yan et al. 2022)",
     strategy="thinwire.strategies.slide.method:Slide", options=Options, label=_label,
     check=_check, check_model=_check_model, alias=_alias, planned=False,
-    defaults={"model.name": "xmlp", "train.optimizer": "adamw", "train.lr": "0.001"})
+    defaults={"train.optimizer": "adamw", "train.lr": "0.001"}, model_kinds=("extreme",))
 
 __all__ = ["METHOD", "Options", "Slide", "shard_range", "traffic_of"]
