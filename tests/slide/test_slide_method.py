@@ -45,7 +45,8 @@ def _exact(comm: Comm, over: dict[str, Any]) -> dict[str, Any]:
     losses = [strat.train_step(stream.batch(s), s) for s in range(STEPS)]
     entries = comm.ledger.entries[mark:]
     lower = sum(p.numel() for p in strat.lower)
-    want = traffic_of(16, 16, ds.y_train.shape[1], lower, n, STEPS)
+    want = traffic_of(16, 16, ds.y_train.shape[1], lower, n, STEPS,
+                      lower=cfg.method.options.lower, input_cols=ds.x_train.shape[2])
     part = strat.parts[0]
     return {"losses": losses, "want": (want.sent[comm.rank], want.recv[comm.rank],
                                        want.payload[comm.rank]),
@@ -71,7 +72,7 @@ def _reference(n: int, over: dict[str, Any]) -> tuple[list[float], Slide]:
     return losses, strat
 
 
-def _check(n: int, over: dict[str, Any]) -> None:
+def _check(n: int, over: dict[str, Any]) -> list[dict[str, Any]]:
     out = run_workers(_exact, n, over, timeout=120)
     losses, ref = _reference(n, over)
     for r in range(n):
@@ -85,6 +86,7 @@ def _check(n: int, over: dict[str, Any]) -> None:
         if not over.get("method.full"):
             assert out[r]["builds"] == ref.parts[r].tables.builds == 3  # built, rebuilt at 3 and 7
             assert torch.equal(out[r]["sorted"], ref.parts[r].tables.sorted), r
+    return out
 
 
 def test_two_ranks_equal_one_process_and_ledger_equals_formula() -> None:
@@ -97,6 +99,12 @@ def test_four_ranks_dwta_equal_one_process() -> None:
 
 def test_dense_model_parallel_equals_one_process() -> None:
     _check(2, {"method.full": True})
+
+
+def test_replicated_lower_layers_equal_one_process() -> None:
+    out = _check(2, {"method.lower": "replicate"})
+    for a, b in zip(out[0]["lower"], out[1]["lower"]):
+        assert torch.equal(a, b)  # the replicas compute the same gradients: no drift
 
 
 def _train(comm: Comm, over: dict[str, Any], run_dir: str) -> dict[str, Any]:

@@ -27,6 +27,13 @@ with ``features(x)`` (the hidden activations) and ``wide`` (an ``nn.Linear``), e
      :class:`torch.optim.SparseAdam`); each shard counts the update and rebuilds its tables
      from its current weights on SLIDE's schedule.
 
+``method.lower=replicate`` trades step 6's all-reduce, whose size grows with the lower layers
+(the input matrix of a sparse network: features x hidden), for work: the inputs are all-gathered
+in step 2 (4 b 2 P bytes for P non-zeros a row), every rank runs the lower layers on all G rows,
+and the hidden gradient is all-reduced (4 G H) instead of reduce-scattered, so every rank
+computes the same lower gradients and no parameter crosses the wire: the traffic of a step is of
+the order of batch x hidden width, as Distributed SLIDE's.
+
 ``method.full=true`` makes every neuron of a shard active (dense logits, dense updates): the
 same network trained by dense model parallelism, the Horovod-style baseline of the paper
 (shorthand ``dense-mp``); ``dp`` on the same model is the dense data-parallel one.
@@ -64,6 +71,9 @@ from thinwire.strategies.slide.lsh import FAMILIES
 from thinwire.strategies.traffic import Traffic, wire
 
 
+LOWER = ("average", "replicate")
+
+
 @dataclass(frozen=True)
 class Options:
     family: str = opt("simhash", "LSH family: simhash (dense inputs) or dwta (sparse inputs)",
@@ -78,6 +88,10 @@ class Options:
     bin_size: int = opt(8, "DWTA: coordinates each hash looks at")
     range_bits: int = opt(12, "DWTA: bits of a table's code")
     full: bool = opt(False, "every neuron active: dense model parallelism (the baseline)")
+    lower: str = opt("average", "the layers below the wide one: average (data parallel, their "
+                     "gradients all-reduced) or replicate (every rank runs them on all G rows "
+                     "from all-gathered inputs; the hidden gradient is all-reduced instead)",
+                     choices=LOWER)
 
     def __post_init__(self) -> None:
         check(1 <= self.K <= 30, "method.K", "must be in [1, 30]")
@@ -209,16 +223,27 @@ class Slide(Strategy):
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         self.wide_opt.zero_grad(set_to_none=True)
-        h = self.model.features(x)  # 1
-        h_all, y_all = self._gather(h, y)  # 2
+        n = self.comm.world_size
+        if self.o.lower == "replicate":  # 1-2 on all G rows: inputs gathered, h computed here
+            if n > 1:
+                x = torch.cat(self.comm.all_gather(x.contiguous(), tag="mp"))
+                y = torch.cat(self.comm.all_gather(y.to(torch.int32).contiguous(),
+                                                   tag="mp")).long()
+            h = self.model.features(x)
+            h_all = h.detach()
+        else:
+            h = self.model.features(x)  # 1
+            h_all, y = self._gather(h, y)  # 2
         h_all = h_all.requires_grad_(True)
-        loss = self.sharded_loss(h_all, y_all)  # 3-5
+        loss = self.sharded_loss(h_all, y)  # 3-5
         g = h_all.grad
         assert g is not None
-        if self.comm.world_size > 1:
-            g = self.comm.reduce_scatter(g, tag="mp")
+        if n > 1:
+            g = (self.comm.all_reduce(g, op="sum", tag="mp") if self.o.lower == "replicate"
+                 else self.comm.reduce_scatter(g, tag="mp"))
         h.backward(g)  # 6
-        self._sum_lower()
+        if self.o.lower == "average":
+            self._sum_lower()
         self.opt.step()  # 7
         self.wide_opt.step()
         for part in self.parts:
@@ -304,31 +329,38 @@ class Slide(Strategy):
 
 # --- traffic ------------------------------------------------------------------------------------
 def traffic_of(batch: int, hidden: int, label_cols: int, lower_params: int, workers: int,
-               steps: int) -> Traffic:
-    """Ledger totals per rank of ``steps`` steps (module docstring): all-gathers of h (4 b H) and
-    the labels (4 b Y), all-reduces of the maxima (4 G) and the sums (8 G), a reduce-scatter of
-    the hidden gradient (4 G H) and an all-reduce of the lower gradients (4 D); G = n b."""
+               steps: int, *, lower: str = "average", input_cols: int = 0) -> Traffic:
+    """Ledger totals per rank of ``steps`` steps (module docstring). ``average``: all-gathers
+    of h (4 b H) and the labels (4 b Y), all-reduces of the maxima (4 G) and the sums (8 G), a
+    reduce-scatter of the hidden gradient (4 G H) and an all-reduce of the lower gradients
+    (4 D); G = n b. ``replicate``: all-gathers of the inputs (4 b 2 P, P = ``input_cols``)
+    and labels, the same two all-reduces, an all-reduce of the hidden gradient (4 G H)."""
     n = workers
     if n <= 1:
         return Traffic.none(n)
     G = n * batch
-    gathers = [4 * batch * hidden, 4 * batch * label_cols]
-    reduces = [4 * G, 8 * G, 4 * lower_params]
-    scatter = 4 * G * hidden
+    if lower == "replicate":
+        gathers = [4 * batch * 2 * input_cols, 4 * batch * label_cols]
+        reduces = [4 * G, 8 * G, 4 * G * hidden]
+        scatter = 0
+    else:
+        gathers = [4 * batch * hidden, 4 * batch * label_cols]
+        reduces = [4 * G, 8 * G, 4 * lower_params]
+        scatter = 4 * G * hidden
     g_b = sum(wire("all_gather", p, n) for p in gathers)
     r_b = sum(wire("all_reduce", p, n) for p in reduces)
-    s_b = wire("reduce_scatter", scatter, n)
+    s_b = wire("reduce_scatter", scatter, n) if scatter else 0
     per = g_b + r_b + s_b
     pay = sum(gathers) + sum(reduces) + scatter
-    return Traffic((per * steps,) * n, (per * steps,) * n, (pay * steps,) * n,
-                   {"all_gather": (2 * steps, g_b * steps), "all_reduce": (3 * steps, r_b * steps),
-                    "reduce_scatter": (steps, s_b * steps)})
+    calls = {"all_gather": (2 * steps, g_b * steps), "all_reduce": (3 * steps, r_b * steps)}
+    if scatter:
+        calls["reduce_scatter"] = (steps, s_b * steps)
+    return Traffic((per * steps,) * n, (per * steps,) * n, (pay * steps,) * n, calls)
 
 
 def _label(o: Options) -> str:
-    if o.full:
-        return "dense-mp"
-    return f"slide({o.family},K={o.K},L={o.L},active={o.active:g})"
+    name = "dense-mp" if o.full else f"slide({o.family},K={o.K},L={o.L},active={o.active:g})"
+    return name + ("[replicate]" if o.lower == "replicate" else "")
 
 
 def _check(cfg: Any) -> None:
