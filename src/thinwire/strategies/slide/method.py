@@ -70,7 +70,6 @@ from thinwire.strategies.slide.layer import SLIDELayer
 from thinwire.strategies.slide.lsh import FAMILIES
 from thinwire.strategies.traffic import Traffic, wire
 
-
 LOWER = ("average", "replicate")
 
 
