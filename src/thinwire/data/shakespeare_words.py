@@ -42,7 +42,7 @@ class Options:
     stride: int = opt(1, "keep every stride-th position (1: all)")
 
     def __post_init__(self) -> None:
-        check(self.context >= 1, "data.context", "must be >= 1")
+        check(1 <= self.context <= 1000, "data.context", "must be in [1, 1000]")
         check(0 < self.test_fraction < 1, "data.test_fraction", "must be in (0, 1)")
         check(self.stride >= 1, "data.stride", "must be >= 1")
 

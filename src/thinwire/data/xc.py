@@ -71,13 +71,17 @@ class SynthOptions:
     test: int = opt(2000, "test examples")
 
     def __post_init__(self) -> None:
-        check(10 <= self.labels <= 10**7, "data.labels", "must be in [10, 10**7]")
+        check(10 <= self.labels <= 2 * 10**6, "data.labels", "must be in [10, 2e6]")
         check(self.features >= self.proto >= 1, "data.features", "must be >= data.proto >= 1")
+        check(self.features <= 10**7 and self.proto <= 1000 and self.nnz <= 1000,
+              "data.features", "features <= 1e7, proto and nnz <= 1000")
         check(self.nnz >= 1, "data.nnz", "must be >= 1")
         check(0 < self.noise < 1, "data.noise", "must be in (0, 1)")
-        check(0 <= self.extra < self.labels, "data.extra", "must be in [0, data.labels)")
+        check(0 <= self.extra < min(self.labels, 101), "data.extra",
+              "must be in [0, min(data.labels, 101))")
         check(self.zipf >= 0, "data.zipf", "must be >= 0")
-        check(self.train >= 1 and self.test >= 1, "data.train", "train and test must be >= 1")
+        check(1 <= self.train <= 10**7 and 1 <= self.test <= 10**6, "data.train",
+              "train must be in [1, 1e7] and test in [1, 1e6]")
 
 
 def _popularity(n: int, a: float) -> np.ndarray:

@@ -51,7 +51,7 @@ class Options:
     hidden: int = opt(128, "hidden width (SLIDE: 128)")
 
     def __post_init__(self) -> None:
-        check(self.hidden >= 1, "model.hidden", "must be >= 1")
+        check(1 <= self.hidden <= 65536, "model.hidden", "must be in [1, 65536]")
 
 
 def build(options: Options, dataset: Dataset, seed: int) -> XMLP:

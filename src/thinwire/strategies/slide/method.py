@@ -93,14 +93,14 @@ class Options:
                      choices=LOWER)
 
     def __post_init__(self) -> None:
-        check(1 <= self.K <= 30, "method.K", "must be in [1, 30]")
+        check(1 <= self.K <= 16, "method.K", "must be in [1, 16] (2^K buckets a table)")
         check(1 <= self.L <= 1000, "method.L", "must be in [1, 1000]")
         check(0 < self.active <= 1, "method.active", "must be in (0, 1]")
-        check(self.bucket >= 1, "method.bucket", "must be >= 1")
+        check(1 <= self.bucket <= 4096, "method.bucket", "must be in [1, 4096]")
         check(self.rebuild_first >= 1, "method.rebuild_first", "must be >= 1")
-        check(self.rebuild_growth >= 1, "method.rebuild_growth", "must be >= 1")
+        check(1 <= self.rebuild_growth <= 100, "method.rebuild_growth", "must be in [1, 100]")
         check(2 <= self.bin_size <= 1024, "method.bin_size", "must be in [2, 1024]")
-        check(1 <= self.range_bits <= 24, "method.range_bits", "must be in [1, 24]")
+        check(1 <= self.range_bits <= 18, "method.range_bits", "must be in [1, 18]")
 
 
 def shard_range(C: int, n: int, r: int) -> tuple[int, int]:
