@@ -113,7 +113,9 @@ class Task:
             count += len(xb)
         model.train(was_training)
         n = max(count, 1)
-        return {"precision@1": hits[1] / n, "precision@5": hits[5] / n, "nll": nll / n}
+        # accuracy: the top label is one of the example's labels (precision@1 itself)
+        return {"precision@1": hits[1] / n, "precision@5": hits[5] / n, "nll": nll / n,
+                "accuracy": hits[1] / n}
 
     def better(self, a: float, b: float) -> bool:
         """Whether metric value ``a`` is better than ``b``."""
