@@ -348,6 +348,10 @@ def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
         content = dict(values.get("data", {}))
         content["name"] = models().get(sections["model"].name).default_data
         sections["data"] = _build_section("data", content)
+    if "batch_size" not in values.get("train", {}):  # the dataset's own default, if it has one
+        batch = datasets().get(sections["data"].name).batch_size
+        if batch:
+            sections["train"] = dataclasses.replace(sections["train"], batch_size=batch)
     return Config(**sections)
 
 

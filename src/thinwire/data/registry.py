@@ -39,3 +39,7 @@ class DataEntry:
     """``(source, options, seed) -> Dataset`` (:class:`thinwire.data.datasets.Dataset`)."""
     summary: str
     options: type = NoOptions
+    batch_size: int = 0
+    """The run's ``train.batch_size`` when the config sets none (0: ``[train]``'s default), for a
+    dataset too small for that default (Cora's 140 labelled nodes are 35 a worker over the
+    default 4 workers)."""
