@@ -230,10 +230,6 @@ class Config:
               f"--memory.recompute {'block' if model.blocks else 'none'}")
         check(mem.zero < 2 or bool(model.blocks), "memory.zero",
               f"model {self.model.name} declares no blocks to shard; use --memory.zero 1")
-        codec = getattr(self.method.options, "compressor", "none")
-        check(mem.zero < 2 or codec == "none", "memory.zero",
-              f"FSDP2 reduces gradients with its own reduce-scatter, a codec ({codec}) needs "
-              "DDP's hook; use --memory.zero 1 with a compressor, or drop the compressor")
 
     @property
     def sync_every(self) -> int:
