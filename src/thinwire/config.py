@@ -122,6 +122,8 @@ class ParallelConfig:
 
 
 RECOMPUTE = ("none", "block", "selective")
+"""``[memory] recompute`` of a run (the planner's names for them:
+:data:`thinwire.planner.specs.MEGATRON_RECOMPUTE`)."""
 OFFLOAD = ("none", "params")
 
 

@@ -20,15 +20,15 @@ from thinwire.errors import UsageError
 from thinwire.planner.specs import (
     ATTENTION,
     DTYPE_BYTES,
+    MEGATRON_RECOMPUTE,
     OPTIMIZERS,
-    RECOMPUTE,
     ClusterSpec,
     MLPSpec,
     ModelSpec,
     TransformerSpec,
 )
 
-_CHOICES = (("recompute", RECOMPUTE), ("attention", ATTENTION), ("optimizer", OPTIMIZERS),
+_CHOICES = (("recompute", MEGATRON_RECOMPUTE), ("attention", ATTENTION), ("optimizer", OPTIMIZERS),
             ("accounting", ("megatron", "zero")))
 
 
