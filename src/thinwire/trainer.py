@@ -60,6 +60,7 @@ class NonFiniteLoss(UsageError):
 class Trainer:
     def __init__(self, cfg: Config, comm: Comm, device: torch.device, run_dir: Path) -> None:
         self.cfg, self.comm, self.device, self.run_dir = cfg, comm, device, run_dir
+        comm.expect(device)  # the device rule: every tensor of every call on the run's device
         self.ds = load_data(cfg)
         self.task = task_for(self.ds)
         model = build_model(cfg, self.ds)
