@@ -196,6 +196,11 @@ def resolve(over: dict[str, Any]) -> dict[str, Any]:
     return dict(over)
 
 
+def workers(case: dict[str, Any]) -> int:
+    """Ranks a case runs on: its pipeline x tensor degrees, at least 2."""
+    return max(2, int(case.get("parallel.pp", 1)) * int(case.get("parallel.tp", 1)))
+
+
 def params(kind: str) -> list[Any]:
     """``pytest.param(method, variant, case)`` for every registered method's cases of ``kind``
     (a method without a case or exemption is reported by ``tests/test_method_cases.py``)."""

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
 from harness import run_workers
-from method_cases import params, resolve
+from method_cases import params, resolve, workers
 
 from thinwire.config import load
 from thinwire.runtime.comm import Comm, CommDeviceError
@@ -32,11 +32,6 @@ from thinwire.trainer import Trainer
 
 STEPS = {"train.steps": 4, "train.eval_every": 2, "run.checkpoint_every": 2,
          "train.batch_size": 8, "run.progress": False}
-
-
-def workers(over: dict[str, Any]) -> int:
-    """2 data-parallel replicas of one pp x tp model copy... or just its pp x tp (>= 2)."""
-    return max(2, int(over.get("parallel.pp", 1)) * int(over.get("parallel.tp", 1)))
 
 
 STRAYS = [("strategy", "train_step"), ("strategy", "eval_model"), ("strategy", "observe"),
