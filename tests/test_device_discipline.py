@@ -3,16 +3,18 @@ invariants: every tensor handed to ``Comm`` lives on the run's device).
 
 A CUDA run's process group is nccl's, and nccl refuses a CPU tensor; on CPU with gloo nothing
 tells the two apart. So each rank here runs with torch's default device set to ``meta``
-(``with torch.device("meta")``) around the training loop: a tensor made without naming a device,
+(``with torch.device("meta")``) around every step, evaluation and the summary's gathers
+(checkpoints are written outside it: see ``STRAYS``): a tensor made without naming a device,
 which a CUDA run would leave on the CPU, lands on meta instead, and ``Comm``, which knows the
 run's device (cpu: the trainer declares it), refuses it before the call with
 :class:`~thinwire.runtime.comm.CommDeviceError`. Tensors placed from the model's or the input's
 device are on the run's device in both runs. Each method's ``device`` case
-(tests/method_cases.py) runs on 2 or 4 forked gloo ranks for 4 steps with an evaluation at step
-2 and 4 and checkpoints at step 2 and 4 (a resume from step 2 follows, so loading is under the
-rule too), and every ledger entry must record the run's device. What this cannot see: a tensor
-placed on the CPU by name (``device="cpu"``, ``.cpu()``, ``torch.from_numpy``); those are
-looked for by the grep-able rule in review, and by the gpu-marked tests where a device exists.
+(tests/method_cases.py) runs on 2 or 4 forked gloo ranks for 2 steps (an evaluation and a
+checkpoint at step 2), then resumes from that checkpoint to step 4 (loading, a second
+evaluation and checkpoint under the rule too), and every ledger entry must record the run's
+device. What this cannot see: a tensor placed on the CPU by name (``device="cpu"``,
+``.cpu()``, ``torch.from_numpy``) and then handed to ``Comm``; the gpu-marked tests of
+tests/test_gpu.py run the same cases on CUDA where a device exists.
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ from method_cases import params, resolve, workers
 from thinwire.config import load
 from thinwire.runtime.comm import Comm, CommDeviceError
 from thinwire.trainer import Trainer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _imports_done_once() -> None:
+    """Import here, once, what every forked rank would otherwise import on its own (the first
+    optimizer's compiler stack, sklearn for digits): seconds per rank and run."""
+    from thinwire.data import load_dataset
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    load_dataset("digits")
+
 
 STEPS = {"train.steps": 4, "train.eval_every": 2, "run.checkpoint_every": 2,
          "train.batch_size": 8, "run.progress": False}
