@@ -44,11 +44,9 @@ class Exempt:
 
 
 def _gpt_data() -> dict[str, Any]:
-    from harness import SHARED_DATA
+    from harness import DATA
 
-    if SHARED_DATA is None or not (SHARED_DATA / "tinyshakespeare").is_dir():
-        pytest.skip("shared data tinyshakespeare absent")
-    return {"data.dir": str(SHARED_DATA / "tinyshakespeare")}
+    return {"data.dir": str(DATA / "tinyshakespeare")}
 
 
 MLP = {"model.name": "mlp", "data.name": "digits", "model.hidden": "32,32"}
@@ -56,7 +54,8 @@ MLP = {"model.name": "mlp", "data.name": "digits", "model.hidden": "32,32"}
 GPT = {"model.name": "gpt", "data.name": "tinyshakespeare", "data.seq_len": 8,
        "data.limit_train": 128, "data.limit_test": 16, "model.n_layer": 1, "model.d_model": 16,
        "model.n_head": 2}
-"""A one-block GPT on tiny-shakespeare (``data.dir`` added by :func:`resolve`)."""
+"""A one-block GPT on tiny-shakespeare (``data.dir``, the package's copy, added by
+:func:`resolve`)."""
 DLRM = {"model.name": "dlrm", "data.name": "clicks", "data.tables": 3, "data.rows": 20,
         "data.train": 512, "data.test": 128, "model.dim": 4, "model.bottom": "8",
         "model.top": "8"}

@@ -215,7 +215,7 @@ def _run(path: Path) -> int:
     device = rt.init_from_env(cfg.runtime)
     comm = Comm() if rt.initialised() else Comm.local()
     if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
-        from thinwire.run import rescalable
+        from thinwire.builders import rescalable
 
         checkpoint.require_resumable(run_dir, comm.world_size, check_ranks=False,
                                      rescalable=rescalable(cfg))
