@@ -171,8 +171,14 @@ class RunConfig:
     resume: bool = opt(False, "continue from the newest complete checkpoint in the run directory")
     overwrite: bool = opt(False, "replace an existing run directory of the same name")
     progress: bool = opt(True, "show a progress bar on rank 0")
+    loggers: str = opt("jsonl", "metrics loggers, a comma list: jsonl (metrics.jsonl, always), "
+                       "tensorboard (event files in RUN_DIR/tensorboard; needs "
+                       "thinwire[tensorboard])")
 
     def __post_init__(self) -> None:
+        from thinwire.loggers import parse_loggers
+
+        parse_loggers(self.loggers)
         check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
         check(not (self.resume and self.overwrite), "run.overwrite",
               "cannot be combined with --resume; choose one")

@@ -135,6 +135,10 @@ def _from_comm(exc: BaseException) -> bool:
     or torch.distributed): a symptom of a dead or stuck peer, not a cause."""
     import torch.distributed as dist
 
+    from thinwire.runtime.comm import CommDeviceError
+
+    if isinstance(exc, CommDeviceError):  # a program error found before the call, not a peer
+        return False
     if isinstance(exc, getattr(dist, "DistError", ())):
         return True
     text = str(exc)

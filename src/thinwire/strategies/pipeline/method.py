@@ -259,7 +259,8 @@ class PipelineParallel(Strategy):
         for p, g in zip(params, grads):
             p.grad = g
         self.opt.step()  # 4.
-        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64)
+        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
+                           device=self.ctx.device)
         self.pp.broadcast(out, src=self.S - 1, tag=CONTROL)
         return float(out)
 
