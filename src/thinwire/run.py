@@ -129,7 +129,9 @@ def run_directory(cfg: Config) -> Iterator[Any]:
     with rundir.open_run(cfg.run.out, cfg.run_name, resume=cfg.run.resume,
                          overwrite=cfg.run.overwrite) as rd:
         if cfg.run.resume:
-            checkpoint.require_resumable(rd.path, cfg.runtime.workers, rescalable=rescalable(cfg))
+            rundir.check_no_links(rd.path)
+            checkpoint.require_resumable(rd.path, cfg.runtime.workers, rescalable=rescalable(cfg),
+                                         steps=cfg.train.steps)
         rundir.write_text(rd.path / "config.toml", config_mod.dumps(cfg))
         yield rd
         rd.commit()

@@ -195,16 +195,44 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(path: Path) -> int:
+    from thinwire import config as config_mod
+
+    cfg = config_mod.load(path)
+    run_dir = path.parent
+    lock = claim_run_dir(run_dir)
+    try:
+        return _train(cfg, run_dir, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def claim_run_dir(run_dir: Path) -> Any:
+    """One job per run directory, under any launcher: rank 0 takes the run's lock
+    (:func:`thinwire.rundir.take_lock`) unless thinwire's own launcher of this worker holds it
+    (its pid is the lock's); a job already running there is a one-line error. Returns the
+    :class:`~thinwire.rundir.Lock` taken (None when not taken here)."""
+    from thinwire import rundir
+
+    if _rank() != 0:
+        return None
+    where = run_dir.resolve()
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    held = rundir.lock_holder(rundir.lock_path(where.parent, where.name))
+    if launcher.isdigit() and held == int(launcher):
+        return None
+    return rundir.take_lock(where.parent, where.name)
+
+
+def _train(cfg: Any, run_dir: Path, lock: Any) -> int:
     import dataclasses
 
-    from thinwire import checkpoint
-    from thinwire import config as config_mod
+    from thinwire import checkpoint, rundir
     from thinwire.runtime import dist as rt
     from thinwire.runtime.comm import Comm
     from thinwire.trainer import Trainer
 
-    cfg = config_mod.load(path)
-    run_dir = path.parent
+    del lock
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     if resume_wanted(cfg.run.resume) and not cfg.run.resume:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
@@ -213,8 +241,10 @@ def _run(path: Path) -> int:
     if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
         from thinwire.run import rescalable
 
+        if comm.rank == 0:
+            rundir.check_no_links(run_dir)
         checkpoint.require_resumable(run_dir, comm.world_size, check_ranks=False,
-                                     rescalable=rescalable(cfg))
+                                     rescalable=rescalable(cfg), steps=cfg.train.steps)
     trainer = _build_trainer(Trainer, cfg, comm, device, run_dir)
     trainer.run()
     del trainer
@@ -238,8 +268,8 @@ def _build_trainer(trainer_cls: Any, cfg: Any, comm: Any, device: Any, run_dir: 
         d = checkpoint.step_dir(run_dir, step)
         raise checkpoint.CheckpointError(
             f"checkpoint {d} does not fit this config ({type(exc).__name__}: "
-            f"{_one_line(str(exc))[:160]}); resume with the run's own config.toml, or start "
-            "afresh with --run.overwrite true") from None
+            f"{_one_line(str(exc))[:160]}); resume with the run's own config.toml (the "
+            "checkpoints are kept), or start a new run with another --run.name") from None
 
 
 def exit_now(code: int) -> None:
