@@ -162,6 +162,15 @@ REPORT_MARKER = ".thinwire-report"
 and plots into."""
 
 
+def is_report_dir(path: Path) -> bool:
+    """True when ``path`` is a real directory (not a link) holding :data:`REPORT_MARKER`."""
+    try:
+        return (stat.S_ISDIR(os.lstat(path).st_mode)
+                and stat.S_ISREG(os.lstat(path / REPORT_MARKER).st_mode))
+    except OSError:
+        return False
+
+
 def open_output_dir(path: str | os.PathLike[str], what: str) -> Path:
     """The directory ``path`` for ``compare``'s and ``report``'s files: created (with parents)
     and marked with :data:`REPORT_MARKER` when missing, reused when it holds that marker; a
@@ -174,11 +183,7 @@ def open_output_dir(path: str | os.PathLike[str], what: str) -> Path:
             raise UsageError(f"{what}: {d} is a symbolic link; thinwire does not follow it: {fix}")
         if not d.is_dir():
             raise UsageError(f"{what}: {d} exists and is not a directory; {fix}")
-        try:
-            ours = stat.S_ISREG(os.lstat(d / REPORT_MARKER).st_mode)
-        except OSError:
-            ours = False
-        if not ours:
+        if not is_report_dir(d):
             raise UsageError(f"{what}: {d} exists and was not created by thinwire (no "
                              f"{REPORT_MARKER} marker); thinwire never writes into it: {fix}")
         return d

@@ -37,8 +37,8 @@ from thinwire.run import (
     make_stream,
     rescalable,
 )
-from thinwire.runtime.comm import Comm
 from thinwire.rundir import write_bytes, write_text
+from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at
 
 RECALIBRATION_BATCHES = 20
