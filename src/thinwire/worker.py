@@ -40,6 +40,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -149,6 +150,38 @@ def _from_comm(exc: BaseException) -> bool:
     return False
 
 
+_PEER_RE = re.compile(r"(?:closed|reset) by peer \[([^\]]+)\]:(\d+)")
+_TIMEOUT_RE = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+_OP_RE = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|barrier|send|recv|"
+                    r"isend|irecv|all_to_all)\w*")
+
+
+def comm_failure(exc: BaseException) -> str:
+    """One line for a communication error: the operation, the peer's address when the
+    transport names it (gloo: "closed by peer [ADDR]:PORT"), or the timeout, and what to do."""
+    texts, seen = [], set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    text = "\n".join(texts)
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    ops = [f.name for f in frames if f.filename.replace("\\", "/").endswith("runtime/comm.py")]
+    op = ops[-1] if ops else (m.group(1) if (m := _OP_RE.search(text)) else "")
+    where = f" in {op}" if op else ""
+    if (m := _PEER_RE.search(text)) is not None:
+        return (f"communication failed{where}: the connection to peer {m.group(1)}:"
+                f"{m.group(2)} was closed (the worker there failed or was stopped first; see "
+                "that worker's own error on its node)")
+    if (m := _TIMEOUT_RE.search(text)) is not None:
+        return (f"communication failed{where}: no peer answered within {int(m.group(1)) / 1000:g} "
+                "s (a worker stalled or died first; see the other workers' errors, or raise "
+                "--runtime.timeout_s)")
+    return (f"communication failed{where}: {_one_line(str(exc))[:240]} (a peer worker failed "
+            "first; see the other workers' errors)")
+
+
 def _fail(message: str, kind: str, code: int, detail: str = "") -> int:
     record_failure(message, kind, detail)
     if not os.environ.get(LAUNCHER_PID_ENV):
@@ -186,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - recorded for the launcher, then reported
         detail = traceback.format_exc()
         if _from_comm(exc):
-            return _fail(f"communication failed: {_one_line(str(exc))[:300]}", "peer",
-                         EXIT_ERROR, detail)
+            return _fail(comm_failure(exc), "peer", EXIT_ERROR, detail)
         record_failure(f"{type(exc).__name__}: {_one_line(str(exc))[:300]}", "error", detail)
         print(f"thinwire worker rank {_rank()}: unexpected error:\n{detail}", file=sys.stderr,
               end="")

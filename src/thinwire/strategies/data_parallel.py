@@ -262,10 +262,24 @@ def _alias(name: str, values: Mapping[str, str]) -> dict[str, str] | None:
     return {"name": "dp", "compressor": spec}
 
 
+def _check_model(cfg: Any, model: nn.Module) -> None:
+    """A codec that cannot compress this model's gradients is refused (one line)."""
+    spec = cfg.method.options.compressor
+    if spec == "none":
+        return
+    from thinwire.compression import build
+
+    why = build(spec).cannot_compress([tuple(p.shape) for p in model.parameters()
+                                       if p.requires_grad])
+    if why:
+        raise OptionError(f"method.compressor: {why}")
+
+
 METHOD = MethodEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
     label=_label, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
+    check_model=_check_model,
     rescalable=lambda o: o.compressor == "none")
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]
