@@ -1,16 +1,19 @@
 """Run directories: where a run writes, and the only places thinwire ever deletes.
 
-Guarantees (each tested in ``tests/reliability/test_rundir.py``):
+Guarantees (tested in ``tests/reliability/test_rundir.py``, ``test_data_loss.py`` and the
+property test ``test_rundir_properties.py``):
 
 - **Names.** A run name is one plain path component: not empty, not ``.`` or ``..``, no ``/`` or
   ``\\``, no NUL or other control character, no leading ``.`` (hidden names are thinwire's own:
   lock and staging entries), at most :data:`MAX_NAME` characters. Anything else is a one-line
   :class:`~thinwire.errors.UsageError` naming the fix (:func:`check_name`), so a run directory is
   always a direct child of the output root.
-- **Ownership.** Every run directory thinwire creates holds the marker file :data:`MARKER`.
-  thinwire deletes or replaces only marked directories that are direct children of the output
-  root (or hidden entries it made there), never anything else. A directory without the marker is
-  never written into, replaced or removed: the error names it (:func:`open_run`).
+- **Ownership.** Every run directory thinwire creates holds the marker file :data:`MARKER`,
+  written only when thinwire creates the directory, never into an existing one. thinwire
+  writes into, resumes, replaces or deletes only marked directories that are direct children
+  of the output root (or hidden entries it made there), never anything else. A directory
+  without the marker, even one laid out like a run, is refused with one line naming it
+  (:func:`open_run`).
 - **Modes.** With nothing at ``OUT/NAME`` a new run is created in place (a failed first run
   stays there, resumable, destroying nothing). An existing run is reused only with ``resume``
   (in place, under the lock: checkpoints are only ever added atomically and pruned after a newer
@@ -20,14 +23,26 @@ Guarantees (each tested in ``tests/reliability/test_rundir.py``):
   ``renameat2(RENAME_EXCHANGE)`` where the file system has it, else two renames that
   :func:`open_run` completes after a crash). A failed or interrupted replacement removes its
   staging directory and leaves the previous run exactly as it was.
-- **One job per run directory.** :func:`open_run` takes an exclusive ``flock`` on
-  ``OUT/.NAME.lock`` and keeps it until :meth:`RunDir.close`; the kernel drops it when the
-  launching process exits in any way (the descriptor is not inherited by workers). A second job
-  on the same directory fails at once with one line naming the directory and the holder's pid.
+- **No links.** A run directory holding a symbolic link anywhere inside it is not resumed
+  (:func:`check_no_links`, one line naming the link): thinwire never follows a link for
+  writing or deletion. Atomic writes replace a link at their target instead of following it.
+- **One job per run directory.** :func:`take_lock` takes an exclusive ``flock`` on
+  ``OUT/.NAME.thinwire-lock``, a file thinwire creates complete with its tag
+  (:data:`LOCK_TAG`, then the holder's pid) and removes when it releases the lock; a file of
+  that name without the tag is not thinwire's and is refused, never truncated. :func:`open_run`
+  holds it until :meth:`RunDir.close`, and the worker entry's rank 0 takes it too unless its
+  launcher holds it (:func:`thinwire.worker.claim_run_dir`), so a ``torchrun`` beside a live
+  ``thinwire train`` is refused. The kernel drops the lock when its holder exits in any way (a
+  stale file left by a killed job carries the tag and is reused); the descriptor is not
+  inherited by workers. A second job fails at once with one line naming the directory and the
+  holder's pid.
 - **Writes.** :func:`write_text` writes a temporary file beside the target, fsyncs and renames
   it: a target is either the old or the new content, never empty or partial; on any
   ``OSError`` (ENOSPC, EDQUOT, EROFS, EACCES...) the temporary file is removed and the error is
   one line naming the errno and the path (:func:`describe_os_error`).
+- **Report folders.** ``compare`` and ``report`` write their tables and plots only into a
+  directory they create and mark (:data:`REPORT_MARKER`, :func:`open_output_dir`) or one
+  they marked before; a link, a file or a folder of the user's there is refused in one line.
 - **Output root.** It is created when missing; one that is a file, cannot be created or is not
   writable is a one-line error (:func:`check_out`).
 
