@@ -120,7 +120,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--codecs", default="none,fp16,int8,qsgd,topk:ratio=0.1")
-    ap.add_argument("--data-dir", default="../shared/data/tinyshakespeare")
+    ap.add_argument("--data-dir", default="",
+                    help="directory holding input.txt (default: the package's copy)")
     args = ap.parse_args()
     over = base(args)
     codecs = split_methods(args.codecs)

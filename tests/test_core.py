@@ -152,11 +152,9 @@ def _methods_on(comm: Comm, overrides: dict) -> dict:
 
 
 def _data_dir(sub: str) -> str:
-    from harness import SHARED_DATA
+    from harness import DATA
 
-    if SHARED_DATA is None or not (SHARED_DATA / sub).is_dir():
-        pytest.skip(f"shared data {sub} absent")
-    return str(SHARED_DATA / sub)
+    return str(DATA / sub)
 
 
 MODEL_CONFIGS = {

@@ -29,14 +29,12 @@ GPU_MODELS = {
 
 
 def _shared_dir(model: str) -> dict[str, str]:
-    from harness import SHARED_DATA
+    from harness import DATA
 
     sub = {"gpt": "tinyshakespeare", "gcn": "cora"}.get(model)
     if sub is None:
         return {}
-    if SHARED_DATA is None:
-        pytest.skip("shared data absent")
-    return {"data.dir": str(SHARED_DATA / sub)}
+    return {"data.dir": str(DATA / sub)}
 
 
 @pytest.mark.parametrize("model", sorted(GPU_MODELS))

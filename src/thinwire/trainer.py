@@ -24,12 +24,7 @@ from typing import Any
 import torch
 
 from thinwire import checkpoint
-from thinwire.config import Config, label, to_dict
-from thinwire.data.task import task_for
-from thinwire.errors import UsageError
-from thinwire.metrics import JsonlWriter
-from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
-from thinwire.run import (
+from thinwire.builders import (
     build_mesh,
     build_model,
     build_strategy,
@@ -37,6 +32,11 @@ from thinwire.run import (
     make_stream,
     rescalable,
 )
+from thinwire.config import Config, label, to_dict
+from thinwire.data.task import task_for
+from thinwire.errors import UsageError
+from thinwire.metrics import JsonlWriter
+from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
 from thinwire.rundir import write_bytes, write_text
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at

@@ -271,7 +271,7 @@ def _train(cfg: Any, run_dir: Path, lock: Any) -> int:
     device = rt.init_from_env(cfg.runtime)
     comm = Comm() if rt.initialised() else Comm.local()
     if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
-        from thinwire.run import rescalable
+        from thinwire.builders import rescalable
 
         if comm.rank == 0:
             rundir.check_no_links(run_dir)

@@ -161,3 +161,9 @@ class Traffic:
         return Traffic(tuple(a + b for a, b in zip(self.sent, other.sent)),
                        tuple(a + b for a, b in zip(self.recv, other.recv)),
                        tuple(a + b for a, b in zip(self.payload, other.payload)), calls)
+
+
+def averaging_traffic(layout: Layout, period: int, workers: int, steps: int) -> Traffic:
+    """One all-reduce of every parameter (4 bytes each) per ``period`` steps: the traffic of
+    any method that averages whole models periodically (local SGD; DiLoCo's outer step)."""
+    return Traffic.uniform(workers, "all_reduce", [4 * layout.numel] * (steps // period))

@@ -6,7 +6,7 @@ workers / (S T)): the model's chain (its registry entry's ``chain``) is cut into
 (d, s, t) trains stage s of replica d, with T > 1 its tensor slice t. With T > 1, at the first
 batch (after the pipeline has probed its boundary shapes on the whole chain) the regions of the
 model's :class:`~thinwire.models.tensor_plan.TensorPlan` inside the stage are sharded in place
-over the mesh's tensor communicator by :func:`thinwire.strategies.tensor.shard` (Megatron,
+over the mesh's tensor communicator by :func:`thinwire.strategies.tp.sharding.shard` (Megatron,
 Shoeybi et al. 2019: column- and row-parallel layers, the f and g operators, tag ``tp``); the
 stage's links are the same modules, so the schedule runs the sharded blocks unchanged, the T
 ranks of a stage running the same schedule on the same micro-batches, each exchanging the
@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from thinwire.compression.registry import check_codec
 from thinwire.errors import UsageError
 from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import CONTROL, Comm
@@ -66,8 +67,8 @@ from thinwire.strategies.base import (
     memory_of,
     set_lr,
 )
-from thinwire.strategies.data_parallel import check_codec
 from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.grads import flatten, grads_of, unflatten_into
 from thinwire.strategies.pipeline.codecs import (
     bottleneck_options,
     build_boundary,
@@ -75,17 +76,17 @@ from thinwire.strategies.pipeline.codecs import (
     is_bottleneck,
 )
 from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
-from thinwire.strategies.tensor import (
+from thinwire.strategies.tp import (
     Exchange,
     Sharded,
     check_split,
     gather_full,
-    plan_of,
     shard,
     split_dims,
+    tensor_plan,
     within,
 )
-from thinwire.strategies.tensor import (
+from thinwire.strategies.tp import (
     collectives as tp_collectives,
 )
 from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce, wire
@@ -254,7 +255,7 @@ class PipelineParallel(Strategy):
                         schedule=self.o.schedule, boundaries=self.o.boundaries(),
                         seed=self.cfg.train.seed)
         if self.tp.world_size > 1:  # the stage's regions split over the tensor group
-            plan = within(plan_of(self.cfg, self.model, TP_USER), self.model, pipe.stage)
+            plan = within(tensor_plan(self.cfg, self.model, TP_USER), self.model, pipe.stage)
             self.sharded = shard(self.model, plan, self.exchange)
         self.pipe, self.opt = pipe, make_optimizer(pipe.parameters(), self.cfg.train)
         if self._pending is not None:
@@ -273,11 +274,11 @@ class PipelineParallel(Strategy):
         self.opt.zero_grad(set_to_none=True)
         loss = pipe.run(x, y, step)  # 1.
         params = pipe.parameters()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = grads_of(params)
         if self.dp.world_size > 1:  # 2.
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = flatten(grads)
             self.dp.all_reduce(flat, op="avg", tag="grad")
-            _unflatten_into(flat, grads)
+            unflatten_into(flat, grads)
         if self.cfg.train.clip_norm > 0:  # 3.
             sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum().reshape(1)
             self.pp.all_reduce(sq, tag="grad")
@@ -306,7 +307,7 @@ class PipelineParallel(Strategy):
     def eval_model(self) -> nn.Module | None:
         """Stages of replica 0 send their parameters to its last stage, which returns the whole
         model (every rank calls this). With tensor parallelism each stage first gathers its
-        slices on its first tensor rank (:func:`~thinwire.strategies.tensor.gather_full`, control),
+        slices on its first tensor rank (:func:`~thinwire.strategies.tp.sharding.gather_full`, control),
         and those ranks carry the pipeline's exchange."""
         whole: nn.Module | None = self.model
         if self.sharded is not None:
@@ -328,7 +329,7 @@ class PipelineParallel(Strategy):
                     flat = torch.empty(sum(p.numel() for p in params), device=self.ctx.device)
                     self.pp.recv(flat, s, tag=CONTROL)
                     with torch.no_grad():
-                        _unflatten_into(flat, params)
+                        unflatten_into(flat, params)
         if self.comm.rank != self.loss_rank:
             return None
         necks = self.pipe.bottlenecks if self.pipe is not None else {}
@@ -377,14 +378,6 @@ class PipelineParallel(Strategy):
         return memory_of(self.pipe.parameters(), self.opt)
 
 
-def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    i = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[i:i + n].view_as(t))
-        i += n
-
-
 # --- traffic ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PipelinePlan:
@@ -416,7 +409,7 @@ def pipeline_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout
     sums: list[list[int]] = [[] for _ in range(S)]
     at = [0]  # the stage being probed
     if tp > 1:
-        plan = plan_of(cfg, model, TP_USER)
+        plan = tensor_plan(cfg, model, TP_USER)
         split = split_dims(model, plan)
         for region in plan.regions:
             module = meta.get_submodule(region.path)
