@@ -112,7 +112,7 @@ MUTANTS = (
     Mutant("rundir-hidden", "rundir", "hidden run names ('.x', thinwire's own) accepted",
            "rundir.py", 'if name.startswith("."):', 'if name.startswith(".."):',
            ("tests/reliability/test_rundir.py",)),
-    # --- behaviours a review found unguarded ----------------------------------------------------
+    # --- behaviours no test held before -----------------------------------------------------------
     Mutant("aqsgd-frozen", "pipeline", "AQ-SGD's per-sample history frozen after the first "
            "visit (both sides)", "strategies/pipeline/codecs.py",
            "self.history[k] = v.clone()", "self.history.setdefault(k, v.clone())",

@@ -1,4 +1,4 @@
-"""The data-loss paths of a hostile review, each closed: thinwire never claims a user's folder,
+"""Paths that used to lose data, each closed: thinwire never claims a user's folder,
 never rewrites a finished run on --resume, writes every file of a run atomically, follows no
 link inside a run directory, writes compare/report output only into folders it marked, and
 holds one lock per run directory (worker entry included) in a file it names as its own.

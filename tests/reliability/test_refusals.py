@@ -1,4 +1,4 @@
-"""Wrong successes refused and misleading messages fixed (a hostile review's cases 7-9): each is
+"""Wrong successes refused and misleading messages fixed: each is
 one line naming what is wrong and a safe fix, before any worker starts where it can be."""
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ def test_resume_is_in_place_and_needs_a_run(tmp_path: Path) -> None:
 
 
 def test_a_users_folder_that_looks_like_a_run_is_never_claimed(tmp_path: Path) -> None:
-    """Issue case 1: a folder of the user's with thinwire's layout is not adopted on resume
+    """A folder of the user's with thinwire's layout is not adopted on resume
     (the marker used to be written into it, and --overwrite then deleted thesis.txt)."""
     old = tmp_path / "results"
     (old / "checkpoints").mkdir(parents=True)
