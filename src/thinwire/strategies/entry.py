@@ -58,6 +58,9 @@ class MethodEntry:
       checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
       state that is partitioned or private per rank (IST's subnets and store, codec residuals,
       model-parallel shards);
+    - ``parallel``: the model-parallel degrees of ``[parallel]`` the method runs (``pp``,
+      ``tp``); a degree above 1 that the method does not take is a one-line error, never
+      silently ignored;
     - ``for_model(options, ist)``: the options with the model's own defaults filled in, given
       the model's IST adapter class or plan (anything with ``default_local_steps``; None when
       the model has none), e.g. IST's automatic K -> the model family's K. The config's
@@ -78,6 +81,7 @@ class MethodEntry:
     planned: bool = True
     rescalable: Callable[[Any], bool] = lambda options: False
     memory: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
     for_model: Callable[[Any, Any], Any] | None = None
 
     def options_for(self, options: Any, ist: Any) -> Any:
