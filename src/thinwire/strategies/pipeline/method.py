@@ -259,7 +259,8 @@ class PipelineParallel(Strategy):
         for p, g in zip(params, grads):
             p.grad = g
         self.opt.step()  # 4.
-        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64)
+        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
+                           device=self.ctx.device)
         self.pp.broadcast(out, src=self.S - 1, tag=CONTROL)
         return float(out)
 
@@ -354,6 +355,6 @@ METHOD = MethodEntry(
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
-    run_layout=pipeline_layout, planned=False)
+    run_layout=pipeline_layout, planned=False, parallel=("pp", "tp"))
 
 __all__ = ["METHOD", "Options", "PipelineParallel", "check_config", "check_model"]
