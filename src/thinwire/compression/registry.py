@@ -53,6 +53,12 @@ CODECS: Registry[CodecEntry] = Registry("codec", {
 """Every codec by name."""
 
 
+def codec_names() -> str:
+    """The registered codecs for an option's help: ``"none, fp16, ..."`` (read from
+    :data:`CODECS`, so a new codec appears in every such help)."""
+    return ", ".join(CODECS.names())
+
+
 def codec_options(spec: str, **options: Any) -> tuple[CodecEntry, Any]:
     """Steps 1-2: the entry of ``spec`` and its validated options instance."""
     name, values = parse_spec(spec, "codec")
