@@ -172,8 +172,14 @@ class RunConfig:
     resume: bool = opt(False, "continue from the newest complete checkpoint in the run directory")
     overwrite: bool = opt(False, "replace an existing run directory of the same name")
     progress: bool = opt(True, "show a progress bar on rank 0")
+    loggers: str = opt("jsonl", "metrics loggers, a comma list: jsonl (metrics.jsonl, always), "
+                       "tensorboard (event files in RUN_DIR/tensorboard; needs "
+                       "thinwire[tensorboard])")
 
     def __post_init__(self) -> None:
+        from thinwire.loggers import parse_loggers
+
+        parse_loggers(self.loggers)
         check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
         check(not (self.resume and self.overwrite), "run.overwrite",
               "cannot be combined with --resume; choose one")
@@ -349,6 +355,17 @@ def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
             raise ConfigError(f"unknown section [{section}]; known: {', '.join(SECTIONS)}")
         if not isinstance(content, Mapping):
             raise ConfigError(f"{section}: expected a table of options")
+    method_name = values.get("method", {}).get("name", MethodConfig().name)
+    if method_name in methods():  # the method's own defaults for options left unset
+        values = {s: dict(v) for s, v in values.items()}
+        entry = methods().get(method_name)
+        for dotted, value in entry.defaults.items():
+            section, _, key = dotted.partition(".")
+            values.setdefault(section, {}).setdefault(key, value)
+        if entry.model_kinds and "name" not in values.get("model", {}):
+            fit = [n for n, m in models().entries() if set(m.data_kinds) & set(entry.model_kinds)]
+            if fit:
+                values.setdefault("model", {})["name"] = fit[0]
     sections = {s: _build_section(s, values.get(s, {})) for s in SECTIONS}
     if not sections["data"].name:  # the model's default dataset
         content = dict(values.get("data", {}))

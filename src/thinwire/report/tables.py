@@ -172,6 +172,8 @@ def common_target(runs: list[Run]) -> float:
 
 
 METRIC_HEADS = {"accuracy": "test acc", "perplexity": "val ppl"}
+BESIDE = {"precision@1": ("precision@5",)}
+"""Metrics printed beside a task's metric in the summary table."""
 
 
 def fmt_bytes(b: float) -> str:
@@ -189,14 +191,17 @@ def fmt_count(n: float) -> str:
 def summary_table(summaries: list[dict[str, Any]]) -> str:
     """A short table straight from summary.json files (no target column)."""
     metric = summaries[0].get("metric", "accuracy") if summaries else "accuracy"
-    head = (f"| method | {METRIC_HEADS.get(metric, metric)} | test NLL | sent/worker (max) "
-            "| params trained/worker | wall s |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    beside = BESIDE.get(metric, ())
+    head = (f"| method | {METRIC_HEADS.get(metric, metric)} | "
+            + "".join(f"{b} | " for b in beside)
+            + "test NLL | sent/worker (max) | params trained/worker | wall s |")
+    lines = [head, "|---|---:|" + "---:|" * len(beside) + "---:|---:|---:|---:|"]
     for s in summaries:
         f = s.get("final", {})
         m = s["memory"]
         lines.append(f"| {s['label']} | {f.get(metric, float('nan')):.4f} | "
-                     f"{f.get('nll', float('nan')):.4f} | {fmt_bytes(s['bytes']['sent_per_worker_max'])} | "
+                     + "".join(f"{f.get(b, float('nan')):.4f} | " for b in beside)
+                     + f"{f.get('nll', float('nan')):.4f} | {fmt_bytes(s['bytes']['sent_per_worker_max'])} | "
                      f"{fmt_count(m['params_held_max'])} ({m['params_held_max'] / m['params_full']:.1%}) | "
                      f"{s['wall_s']:.1f} |")
     return "\n".join(lines)
