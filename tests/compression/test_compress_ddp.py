@@ -18,7 +18,7 @@ from thinwire.runtime.comm import Comm, CommError, wire_estimate
 IN, HIDDEN, OUT, STEPS = 8, (16, 16), 4, 3
 SHAPES = [(16, 8), (16,), (16, 16), (16,), (4, 16), (4,)]
 D = sum(math.prod(s) for s in SHAPES)  # 484 parameters: one DDP bucket
-SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1", "qsgd", "int8", "sign",
+SPECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1", "qsgd", "int8", "fp4", "sign",
          "powersgd:rank=2"]
 
 
