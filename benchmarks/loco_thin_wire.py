@@ -104,7 +104,9 @@ def main() -> int:
     for link in dict.fromkeys(r.link for r in results):
         dp = next((r for r in results if r.link == link and r.is_dp), None)
         if dp is not None and dp.curve:
-            targets.append((f"DP's converged on {link.label}", max(a for _, a, _ in dp.curve)))
+            best = max(a for _, a, _ in dp.curve)
+            if all(t != best for _, t in targets):  # the same data give the same curve
+                targets.append((f"DP's converged on {link.label}", best))
     for name, target in targets:
         lines += ["", f"Target {target:.4f} ({name}):", "", bench_table(results, target), ""]
         lines += winners(results, target)
