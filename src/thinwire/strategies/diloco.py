@@ -57,6 +57,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from thinwire.compression.registry import check_codec
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
@@ -67,7 +68,6 @@ from thinwire.strategies.base import (
     ReplicatedStrategy,
     optimizer_bytes,
 )
-from thinwire.strategies.data_parallel import check_codec
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.traffic import Layout, Traffic
 
@@ -389,4 +389,5 @@ METHOD = MethodEntry(
     name="diloco", summary="DiLoCo: H inner steps, outer Nesterov step on the mean pseudo-gradient",
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
     sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",),
-    rescalable=lambda o: o.fragments == 1 and o.alpha == 0)
+    # a codec's residuals are per rank, as in dp; fragments and the merge leave ranks apart
+    rescalable=lambda o: o.compressor == "none" and o.fragments == 1 and o.alpha == 0)
