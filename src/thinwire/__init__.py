@@ -9,6 +9,9 @@ lab for IST on quadratics. Use it from the ``thinwire`` command or in your own t
     ist = thinwire.IST(model, optimizer, local_steps=10)          # any stack of nn.Linear
     ist = thinwire.IST(gpt, optimizer, adapter=thinwire.GPTAdapter(gpt))  # heads, FFN neurons
     with thinwire.LocalSGD(model, optimizer, sync_every=10): ...   # torchft's shape
+    with thinwire.DiLoCo(model, inner, outer, sync_every=100, fragments=4): ...  # Streaming
+    with thinwire.SparseLoCo(model, inner, sync_every=50): ...     # top-k 2-bit, local EF
+    opt = thinwire.DeMo(model.parameters(), lr=1e-3)               # DCT top-k of momenta
     thinwire.register_codec(ddp_model, "powersgd", rank=2)         # a DDP comm hook
     comm = thinwire.Comm(); comm.ledger.totals()                   # every byte, counted
 
@@ -34,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     # local methods
     "LocalSGD": "thinwire.strategies.local_sgd:LocalSGD",
     "DiLoCo": "thinwire.strategies.diloco:DiLoCo",
+    "SparseLoCo": "thinwire.strategies.sparseloco:SparseLoCo",
+    "DeMo": "thinwire.strategies.demo:DeMo",
     # pipeline model parallelism with compressed boundaries
     "Pipeline": "thinwire.strategies.pipeline.schedule:Pipeline",
     "Boundaries": "thinwire.strategies.pipeline.schedule:Boundaries",
