@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "ResISTAdapter": "thinwire.models.resnet:ResISTAdapter",
     "GISTAdapter": "thinwire.models.gcn:GISTAdapter",
     # local methods
-    "LocalSGD": "thinwire.strategies.local_sgd:LocalSGD",
+    "LocalSGD": "thinwire.strategies.averaging:LocalSGD",
     "DiLoCo": "thinwire.strategies.diloco:DiLoCo",
     # pipeline model parallelism with compressed boundaries
     "Pipeline": "thinwire.strategies.pipeline.schedule:Pipeline",
