@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 from thinwire.errors import UsageError
-from thinwire.models.adapter import ISTAdapter, ISTPlan, linear_stack
+from thinwire.models.adapter import ISTAdapter, ISTPlan
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
@@ -88,10 +88,17 @@ class IST:
         deployment: ``central`` (rank 0 stores the model) or ``sharded``.
         scale: activation scaling, one of the adapter's ``scales`` (default: its first).
         optimizer_state: ``reset`` (fresh state each round) or ``reindex`` (state travels).
-        adapter: the model's :class:`~thinwire.models.adapter.ISTAdapter`; default: found
-            automatically for a chain of Linear layers (:func:`linear_stack`).
+        adapter: the model's :class:`~thinwire.models.adapter.ISTAdapter`; default: derived
+            from the model's graph (:func:`~thinwire.models.graph_adapter.derive_adapter`)
+            with ``example_input``, or, without one, at the first training forward from the
+            real input (the model is whole until then).
         drop_last_step: the original code's round: the K-th step's update is discarded (the
             pieces go back as they were after K - 1 steps); needs K >= 2.
+        example_input: a batch of the model's input (a tensor, or a tuple of the forward's
+            positional arguments) to derive the adapter from; never needed with ``adapter``.
+        residual, embeddings, shared: how the derived adapter cuts residual connections
+            (``channels`` or ResIST's ``blocks``) and embeddings (``shared`` or ``cut``), and
+            the submodules it keeps whole (:func:`~thinwire.models.graph_adapter.derive_adapter`).
     """
 
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
@@ -99,7 +106,9 @@ class IST:
                  local_steps: int = 10, seed: int = 0, deployment: str = "central",
                  scale: str | None = None, optimizer_state: str = "reset",
                  adapter: ISTAdapter | None = None, tag: str = "subnet",
-                 drop_last_step: bool = False) -> None:
+                 drop_last_step: bool = False, example_input: Any = None,
+                 residual: str = "channels", embeddings: str = "shared",
+                 shared: Sequence[str] = ()) -> None:
         if local_steps < 1:
             raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
         if drop_last_step and local_steps < 2:
@@ -116,35 +125,58 @@ class IST:
         self.n, self.rank = self.comm.world_size, self.comm.rank
         self.K = local_steps
         self.seed = seed
-        self.adapter = adapter if adapter is not None else linear_stack(model)
-        self.plan: ISTPlan = self.adapter.plan
-        self.scale = scale if scale is not None else self.adapter.scales[0]
-        if self.scale not in self.adapter.scales:
-            raise UsageError(f"IST scale {self.scale!r} is not available for "
-                             f"{type(model).__name__}; use one of "
-                             f"{', '.join(self.adapter.scales)}")
+        self.deployment = deployment
         self.reindex = optimizer_state == "reindex"
         self.drop_last_step = drop_last_step
-        self.wire = getattr(torch, self.plan.wire_dtype)
         self.tag = tag
-        self.own = pc.Ownership(self.plan, self.n, deployment)
-        self._check_model()
-        self.device = next(model.parameters()).device
+        self._scale_arg = scale
+        self._derive = {"residual": residual, "embeddings": embeddings, "shared": tuple(shared)}
         self.round = 0
         self.in_round = 0
         self.active = False
         self.finished = False
         self.held: dict[str, tuple[np.ndarray, ...]] = {}
-        self.view = View(self.plan, self.own, self.rank, self.device, self.wire)
         self.opt_state = OptimizerState(self.optimizers, self.reindex)
-        self._tensors = self._model_tensors(model)
-        self._store = Store(self.view, self._tensors)
-        self._release()
         self._scale_handles: list[Any] = []
         self._hooks: list[Any] = []
         self._kept: dict[str, list[torch.Tensor]] | None = None
+        self.adapter: ISTAdapter | None = None
+        if adapter is None and example_input is not None:
+            adapter = self._derived(example_input)
+        if adapter is not None:
+            self._setup(adapter)
         self._attach()
 
+    def _derived(self, example_input: Any) -> ISTAdapter:
+        from thinwire.models.graph_adapter import derive_adapter
+
+        return derive_adapter(self.model, example_input, min_units=self.n, **self._derive)
+
+    def _setup(self, adapter: ISTAdapter) -> None:
+        """The plan known: check it against the model, slice this rank's store out of the
+        model, and release the model's tensors."""
+        model = self.model
+        self.adapter = adapter
+        self.plan: ISTPlan = adapter.plan
+        self.scale = self._scale_arg if self._scale_arg is not None else adapter.scales[0]
+        if self.scale not in adapter.scales:
+            raise UsageError(f"IST scale {self.scale!r} is not available for "
+                             f"{type(model).__name__}; use one of "
+                             f"{', '.join(adapter.scales)}")
+        self.wire = getattr(torch, self.plan.wire_dtype)
+        self.own = pc.Ownership(self.plan, self.n, self.deployment)
+        self._check_model()
+        self.device = next(model.parameters()).device
+        self.view = View(self.plan, self.own, self.rank, self.device, self.wire)
+        self._tensors = self._model_tensors(model)
+        self._store = Store(self.view, self._tensors)
+        self._release()
+
+    def _ready(self, what: str) -> None:
+        if self.adapter is None:
+            raise UsageError(f"IST {what} before the model's plan is known: pass "
+                             "example_input= (or an adapter) to IST, or run a training forward "
+                             "first")
 
     # --- set-up --------------------------------------------------------------------------------
     def _check_model(self) -> None:
@@ -185,7 +217,8 @@ class IST:
         return self.opt_state.keys
 
     def _attach(self) -> None:
-        self._hooks = [self.model.register_forward_pre_hook(self._pre_forward)]
+        self._hooks = [self.model.register_forward_pre_hook(self._pre_forward,
+                                                            with_kwargs=True)]
         self._hooks += [o.register_step_post_hook(self._post_step) for o in self.optimizers]
         if self.drop_last_step:
             self._hooks.append(self.optimizers[0].register_step_pre_hook(self._pre_step))
@@ -204,8 +237,15 @@ class IST:
                 x.grad = None
 
     # --- hooks ---------------------------------------------------------------------------------
-    def _pre_forward(self, module: nn.Module, args: Any) -> None:
-        del args
+    def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if self.adapter is None and module.training:
+            if kwargs:
+                raise UsageError("IST derives the model's plan from its first forward's "
+                                 "positional arguments; this forward passes keywords "
+                                 f"{sorted(kwargs)}: pass example_input= to IST")
+            self._setup(self._derived(args))
+        if self.adapter is None:  # evaluated before training: the model is still whole
+            return
         if not module.training:
             where = (f"mid-round (step {self.in_round} of {self.K} of round {self.round})"
                      if self.active else "between rounds")
@@ -250,6 +290,7 @@ class IST:
             raise UsageError("IST has finished (the model is whole again); build a new IST")
         if self.active:
             return
+        self._ready("began a round")
         self.held = self._partition(self.round)
         v, held, keys = self.view, self.held, self.opt_state.travelling()
         sends = [(w, self._store.extract(held, w, keys)) for w in range(self.n)
@@ -334,6 +375,7 @@ class IST:
     # --- the full model ------------------------------------------------------------------------
     def _gather_full(self, to: Sequence[int], tag: str) -> dict[str, torch.Tensor] | None:
         """Every tensor whole on the ranks in ``to`` (:mod:`.assembly`)."""
+        self._ready("was asked for the full model")
         if self.active:
             raise UsageError(f"IST: the full model was asked for mid-round (step {self.in_round}"
                              f" of {self.K} of round {self.round}); ask at a round boundary, "
@@ -395,6 +437,7 @@ class IST:
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """This rank's stored slices, optimizer-state slices and the round (at a boundary)."""
+        self._ready("was asked for its state")
         if self.active:
             raise UsageError("IST.state_dict() mid-round; checkpoint at a round boundary")
         return {"round": self.round, "store": dict(self.store),
@@ -405,6 +448,7 @@ class IST:
                                  if isinstance(v, (torch.Tensor, int, float))}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._ready("was given a state")
         self.round = int(state["round"])
         with torch.no_grad():
             for name, x in state["store"].items():
@@ -419,6 +463,7 @@ class IST:
     # --- what a worker holds -------------------------------------------------------------------
     def subnet_numel(self, round_: int | None = None, *, params_only: bool = True) -> int:
         """Elements of this rank's subnet in ``round_`` (default: the current one)."""
+        self._ready("was asked for a subnet's size")
         held = self._partition(self.round if round_ is None else round_)
         return sum(pc.subnet_numel(t, held, self.rank) for t in self.plan.tensors
                    if not (params_only and t.buffer))
