@@ -1002,6 +1002,25 @@ def _dtype(x: torch.Tensor) -> str:
     return str(x.dtype).replace("torch.", "")
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+               "_backward_pre_hooks", "_forward_hooks_with_kwargs",
+               "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called",
+               "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+               "_load_state_dict_post_hooks")
+
+
+def _copy_without_hooks(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` without its hooks (they may hold anything: IST's own hold a
+    process group)."""
+    memo: dict[int, Any] = {}
+    for m in model.modules():
+        for attr in _HOOK_DICTS:
+            d = m.__dict__.get(attr)
+            if d is not None:
+                memo[id(d)] = type(d)()
+    return copy.deepcopy(model, memo)
+
+
 def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "channels",
                    embeddings: str = "shared", shared: Sequence[str] = (),
                    min_units: int = 2) -> GraphAdapter:
@@ -1032,7 +1051,7 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "cha
     args = _example_args(example_input)
     # traced and run on copies: the trace runs the modules on the example (BatchNorm statistics
     # move), the model itself stays untouched
-    work = copy.deepcopy(model)
+    work = _copy_without_hooks(model)
     wgm = _trace(work, args, shared)
     graph = _Graph()
     prop = _Propagate(wgm, graph, embeddings, shared)
@@ -1062,7 +1081,41 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "cha
             root = graph.find(i)
             if graph.groups[i].embedding:
                 graph.groups[root].poisoned = True
-    return _channels_adapter(model, graph, named, params, min_units)
+    adapter = _channels_adapter(model, graph, named, params, min_units)
+    _check_subnet(work, adapter, args)
+    return adapter
+
+
+def _check_subnet(work: nn.Module, adapter: GraphAdapter, args: tuple[Any, ...]) -> None:
+    """One forward of a subnet holding the first half of every group's units, on the copy: a
+    forward that fixes a cut width in code (``x.view(b, n, 4, 16)`` where 4 is a head count)
+    fails here, in one line, and not in the first round."""
+    plan = adapter.plan
+    held = {g.name: np.arange(max(1, g.size // 2)) for g in plan.groups}
+    tensors = {**dict(work.named_parameters()), **dict(work.named_buffers())}
+    with torch.no_grad():
+        for t in plan.tensors:
+            x = tensors[t.name].data
+            for c in t.cuts:
+                size = plan.group(c.group).size
+                units = torch.arange(len(held[c.group]), device=x.device)
+                idx = (torch.arange(c.segments, device=x.device)[:, None] * size * c.per_unit
+                       + (units[:, None] * c.per_unit
+                          + torch.arange(c.per_unit, device=x.device)).reshape(1, -1))
+                x = x.index_select(c.dim, idx.reshape(-1))
+            tensors[t.name].data = x.clone()
+        adapter.configure(work, held)
+        try:
+            work.train()
+            work(*args)
+        except Exception as e:  # noqa: BLE001 - reported in one line
+            text = str(e).strip().splitlines()[0][:160] if str(e).strip() else repr(e)
+            raise UsageError(f"IST derived a plan for {type(work).__name__}, but its forward "
+                             f"fails on a subnet ({text}): the forward fixes a width the plan "
+                             "cuts; derive the width from the weights' shapes, or pass "
+                             "shared=(that module,)") from None
+        finally:
+            adapter.configure(work, None)
 
 
 def _channels_adapter(model: nn.Module, graph: _Graph, named: Sequence[tuple[str, torch.Tensor]],
