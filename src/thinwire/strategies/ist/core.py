@@ -150,7 +150,8 @@ class IST:
     def _derived(self, example_input: Any) -> ISTAdapter:
         from thinwire.models.graph_adapter import derive_adapter
 
-        return derive_adapter(self.model, example_input, min_units=self.n, **self._derive)
+        return derive_adapter(self.model, example_input, min_units=max(2, self.n),
+                              **self._derive)
 
     def _setup(self, adapter: ISTAdapter) -> None:
         """The plan known: check it against the model, slice this rank's store out of the
