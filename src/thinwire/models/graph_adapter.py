@@ -5,9 +5,9 @@ which tensor elements each unit indexes. For a model built from stock torch modu
 plan follows from the model's dataflow, and :func:`derive_adapter` finds it from one example
 input (the user's real batch; no shape is ever guessed):
 
-1. **Trace.** ``torch.fx``'s meta tracer records the forward as a graph; the example input (on
-   the meta device) resolves shape-dependent Python control flow such as ``if x.dim() != 4``.
-   torch.fx and not ``torch.export``: fx keeps a call of a torch module as one node naming the
+1. **Trace.** ``torch.fx`` records the forward as a graph (symbolic tracing; where the forward
+   branches on a shape, such as ``if x.dim() != 4``, fx's meta tracer, whose proxies carry the
+   example's shapes). torch.fx and not ``torch.export``: fx keeps a call of a torch module as one node naming the
    module (``nn.MultiheadAttention``, a whole ``nn.TransformerEncoderLayer``), where export
    decomposes them into aten operators and the plan would have to be recovered from those; fx
    traces in milliseconds and needs no compilation stack. A forward whose control flow depends

@@ -14,6 +14,10 @@ trains, what travels and when::
         if ist.at_boundary and want_eval:
             full = ist.full_model()      # the full model on rank 0 (None elsewhere)
 
+The model's units come from its adapter: given (``adapter=``), or derived from the model's graph
+(:func:`~thinwire.models.graph_adapter.derive_adapter`) with ``example_input=`` or, with neither,
+from the real input of the first training forward.
+
 The model object is the subnet: IST swaps the *data* of the model's own parameters for the
 subnet's slices, so the optimizer (which holds the same parameter objects), schedulers and
 clipping work unchanged, and a worker only ever holds its subnet plus the slices it stores.
