@@ -17,7 +17,8 @@ in ``--worker`` mode:
   3. trains ``--steps`` steps on its own shard (the CNN: disjoint slices of the training set;
      the LM: random windows from its own stream); every ``--eval`` steps (a multiple of K and
      H) rank 0 evaluates the full model (IST's assembled model, ``control`` traffic kept out
-     of the method's bytes): test accuracy on 2000 test images / mean NLL on 32 fixed
+     of the method's bytes): test accuracy on 2000 test images (BatchNorm statistics
+     recalibrated on 10 training batches first, for every method) / mean NLL on 32 fixed
      validation windows;
   4. writes its ledger's bytes and rank 0's curve (step, training wall time without
      evaluation, bytes sent by rank 0, metric) to RUN/rank0.json.
@@ -30,6 +31,7 @@ compare ratios within one table.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import socket
@@ -44,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 TASKS = ("cnn", "lm")
-METHODS = ("dp", "localsgd", "ist")
+METHODS = ("dp", "localsgd", "ist", "ist-none")  # ist-none: IST with scale="none"
 
 
 # --- the users' models ------------------------------------------------------------------------
@@ -156,11 +158,22 @@ class Task:
 
     @torch.no_grad()
     def metric(self, model: nn.Module) -> float:
-        model.eval()
         if self.name == "cnn":
-            acc = float((model(self.x_te).argmax(1) == self.y_te).float().mean())
+            # BatchNorm statistics recalibrated on 10 training batches (on a copy), for every
+            # method alike: IST's subnets ran with a share of the channels and scaled inputs,
+            # so the running statistics they kept are not the full model's
+            model = copy.deepcopy(model)
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.reset_running_stats()
+                    m.momentum = None
             model.train()
-            return acc
+            gen = torch.Generator().manual_seed(3)
+            for _ in range(10):
+                model(self.x[torch.randint(0, len(self.x), (64,), generator=gen)])
+            model.eval()
+            return float((model(self.x_te).argmax(1) == self.y_te).float().mean())
+        model.eval()
         nll = float(self.loss(model(self.val[:, :-1]), self.val[:, 1:]))
         model.train()
         return nll
@@ -182,8 +195,9 @@ def worker(a: argparse.Namespace) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     x0, _ = task.next_batch()
     ist = local = None
-    if a.method == "ist":
-        ist = thinwire.IST(model, opt, comm=comm, local_steps=a.local_steps, example_input=x0)
+    if a.method.startswith("ist"):
+        ist = thinwire.IST(model, opt, comm=comm, local_steps=a.local_steps, example_input=x0,
+                           scale="none" if a.method == "ist-none" else None)
     elif a.method == "localsgd":
         local = thinwire.LocalSGD(model, opt, a.period, comm=comm)
     curve: list[dict[str, Any]] = []
@@ -266,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/ist_user")
     p.add_argument("--link", default="loopback", help="loopback, or a rate for the testbed")
     p.add_argument("--tasks", default="cnn,lm")
+    p.add_argument("--methods", default="dp,localsgd,ist")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval", type=int, default=100)
@@ -280,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         worker(a)
         return 0
     tasks = [t for t in a.tasks.split(",") if t]
-    if any(t not in TASKS for t in tasks) or a.eval % a.local_steps or a.eval % a.period:
-        print(f"error: --tasks from {','.join(TASKS)}; --eval a multiple of --local-steps and "
-              "--period", file=sys.stderr)
+    methods = [m for m in a.methods.split(",") if m]
+    if (any(t not in TASKS for t in tasks) or any(m not in METHODS for m in methods)
+            or a.eval % a.local_steps or a.eval % a.period):
+        print(f"error: --tasks from {','.join(TASKS)}, --methods from {','.join(METHODS)}; "
+              "--eval a multiple of --local-steps and --period", file=sys.stderr)
         return 2
     a.batch = {"cnn": 32, "lm": 16}
     a.lr = {"cnn": 0.003, "lm": 0.003}
@@ -295,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"## {task}", "", f"| method | {metric} | sent per worker (mean) | "
                   "rank 0 sent | train s (rank 0) | wall s | curve (step: metric @ MB) |",
                   "|---|---|---|---|---|---|---|"]
-        for method in METHODS:
+        for method in methods:
             r = _run(a, task, method, Path(a.out) / task / method)
             last = r["curve"][-1]
             curve = "; ".join(f"{c['step']}: {c['metric']:.3f} @ {c['sent'] / 1e6:.1f}"

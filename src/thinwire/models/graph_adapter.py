@@ -288,8 +288,6 @@ class _Propagate(fx.Interpreter):
         self.shared = set(shared)
         self.ann: dict[fx.Node, Any] = {}
         self.shapes: dict[fx.Node, tuple[int, ...]] = {}
-        self.names = {id(p): n for n, p in gm.named_parameters()}
-        self.names.update({id(b): n for n, b in gm.named_buffers()})
         self.modules = dict(gm.named_modules())
 
     # annotations of arguments -------------------------------------------------------------
@@ -424,10 +422,7 @@ class _Propagate(fx.Interpreter):
             return self._attention(n, name, m)
         if isinstance(m, _TRANSFORMER):
             return self._transformer(n, name, m)
-        if any(True for _ in m.parameters()) or not isinstance(out, torch.Tensor):
-            self._poison_args(n)
-            return {}
-        self._poison_args(n)
+        self._poison_args(n)  # a module the rules do not know: what it touches is not cut
         return {}
 
     def env_shape(self, x: Any) -> tuple[int, ...]:
@@ -782,10 +777,6 @@ class _Propagate(fx.Interpreter):
 
 
 # --- residual blocks ----------------------------------------------------------------------------
-def _stack_of(n: fx.Node) -> list[str]:
-    return list((n.meta.get("nn_module_stack") or {}).keys())
-
-
 def _module_paths(n: fx.Node) -> list[str]:
     stack = n.meta.get("nn_module_stack") or {}
     out = []
