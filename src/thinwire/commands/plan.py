@@ -249,9 +249,12 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
         return _search(args, model, cluster)
     base = _strategy(args, model, cluster)
     if args.crossover:
-        return crossover_mode(args, model, cluster, base)
+        return crossover_mode(model, cluster, base, method=args.method, penalty=args.penalty,
+                              as_json=args.json)
     if args.scaling:
-        return scaling_mode(args, model, cluster, base)
+        return scaling_mode(model, cluster, base, out=args.out, max_workers=args.max_workers,
+                            global_batch=args.global_batch, weak=args.weak, method=args.method,
+                            as_json=args.json)
     pred = predict(model, cluster, base)
     if args.json:
         return prediction_json(model, cluster, pred)

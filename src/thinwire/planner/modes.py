@@ -1,14 +1,14 @@
 """The ``--crossover`` and ``--scaling`` modes of ``thinwire plan``: pure planner modes.
 
-Crossover and knee definitions are in insight.py; this module turns the command-line arguments
-into calls and their results into text or JSON-ready dicts. The methods compared are the
+Crossover and knee definitions are in insight.py; this module turns the modes' options (plain
+values, as ``thinwire plan`` parses them) into calls and their results into text or JSON-ready
+dicts. The methods compared are the
 planner's data-parallel layout and every registered method at its defaults, plus ``--method``
 when it names another (:func:`thinwire.planner.insight.method_variants`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from pathlib import Path
@@ -31,9 +31,9 @@ from thinwire.planner.specs import ClusterSpec, ModelSpec
 from thinwire.planner.strategy import StrategySpec
 
 
-def _extra(args: argparse.Namespace) -> tuple[str, ...]:
+def _extra(method: str) -> tuple[str, ...]:
     """The ``--method`` spec to compare beside the defaults (none for the planner's layout)."""
-    return (args.method,) if args.method else ()
+    return (method,) if method else ()
 
 
 def _penalties(text: str, keys: list[str]) -> dict[str, float]:
@@ -54,12 +54,14 @@ def _penalties(text: str, keys: list[str]) -> dict[str, float]:
 
 
 def crossover_mode(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec
+    model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, *, method: str = "",
+    penalty: str = "", as_json: bool = False
 ) -> str | dict[str, Any]:
-    """``--crossover``: step times per link speed and the crossover bandwidths."""
-    variants = method_variants(model, base, _extra(args))
+    """``--crossover``: step times per link speed and the crossover bandwidths (``method``: a
+    spec compared beside the defaults; ``penalty``: ``ist=2,...``; ``as_json``: a dict)."""
+    variants = method_variants(model, base, _extra(method))
     methods = [k for k in variants if k != BASELINE]
-    penalties = _penalties(args.penalty, methods)
+    penalties = _penalties(penalty, methods)
     links = sorted(set(LINKS) | {cluster.inter_bandwidth})
     rows, data = [], []
     for w in links:
@@ -75,7 +77,7 @@ def crossover_mode(
         )
         for k in methods
     }
-    if args.json:
+    if as_json:
         finite = {k: (None if math.isinf(w) else w) for k, w in cross.items()}  # None: always wins
         labels = {k: method_label(variants[k]) for k in methods}
         return {"rows": data, "crossover_bytes_per_s": finite, "penalties": penalties,
@@ -92,24 +94,27 @@ def _scaling_rows(points: list[Any]) -> list[list[object]]:
 
 
 def scaling_mode(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec
+    model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, *, out: str | None, max_workers: int,
+    global_batch: int = 0, weak: bool = False, method: str = "", as_json: bool = False
 ) -> str | dict[str, Any]:
-    """``--scaling``: step time and throughput against workers, the knee, a PNG."""
-    if not args.out:
+    """``--scaling``: step time and throughput against 1, 2, 4, ... ``max_workers`` workers,
+    the knee, a PNG in ``out`` (``global_batch`` 0: the model's; ``weak``: the batch grows with
+    the workers)."""
+    if not out:
         raise UsageError("--scaling writes a PNG: add --out DIR")
-    workers = [2**i for i in range(0, 31) if 2**i <= max(1, args.max_workers)]
-    batch = args.global_batch or model.global_batch
-    points = scaling(model, cluster, base, workers, batch, weak=args.weak, extra=_extra(args))
+    workers = [2**i for i in range(0, 31) if 2**i <= max(1, max_workers)]
+    batch = global_batch or model.global_batch
+    points = scaling(model, cluster, base, workers, batch, weak=weak, extra=_extra(method))
     if not points:
         raise UsageError(
             "no worker count fits the batch; lower --micro-batch-size or raise --global-batch"
         )
-    path = plot_scaling(points, Path(args.out), f"{model.name} on {cluster.name}")
+    path = plot_scaling(points, Path(out), f"{model.name} on {cluster.name}")
     bend = knee(points)
-    if args.json:
+    if as_json:
         return {"png": str(path), "knee_workers": bend,
                 "points": [dataclasses.asdict(q) for q in points]}
-    scaling_kind = "weak" if args.weak else f"strong, global batch {batch}"
+    scaling_kind = "weak" if weak else f"strong, global batch {batch}"
     text = table(
         ["method", "workers", "step s", "samples/s", "sync s", "compute s", "efficiency"],
         _scaling_rows(points),

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from thinwire.compression.registry import check_codec
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
@@ -40,10 +41,8 @@ from thinwire.strategies.base import (
     ReplicatedStrategy,
     optimizer_bytes,
 )
-from thinwire.strategies.data_parallel import check_codec
 from thinwire.strategies.entry import MethodEntry
-from thinwire.strategies.local_sgd import averaging_traffic
-from thinwire.strategies.traffic import Layout, Traffic
+from thinwire.strategies.traffic import Layout, Traffic, averaging_traffic
 
 
 class DiLoCo:
@@ -208,4 +207,4 @@ METHOD = MethodEntry(
     name="diloco", summary="DiLoCo: H inner steps, outer Nesterov step on the mean pseudo-gradient",
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
     sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",),
-    rescalable=lambda o: True)
+    rescalable=lambda o: o.compressor == "none")  # a codec's residuals are per rank, as in dp
