@@ -6,7 +6,7 @@ lab for IST on quadratics. Use it from the ``thinwire`` command or in your own t
 (after ``torch.distributed.init_process_group``, e.g. under ``torchrun``)::
 
     import thinwire
-    ist = thinwire.IST(model, optimizer, local_steps=10)          # any stack of nn.Linear
+    ist = thinwire.IST(model, optimizer, local_steps=10)          # cut from the model's graph
     ist = thinwire.IST(gpt, optimizer, adapter=thinwire.GPTAdapter(gpt))  # heads, FFN neurons
     with thinwire.LocalSGD(model, optimizer, sync_every=10): ...   # torchft's shape
     with thinwire.DiLoCo(model, inner, outer, sync_every=100, fragments=4): ...  # Streaming
@@ -31,11 +31,12 @@ _EXPORTS: dict[str, str] = {
     "ISTAdapter": "thinwire.models.adapter:ISTAdapter",
     "ISTPlan": "thinwire.models.adapter:ISTPlan",
     "linear_stack": "thinwire.models.adapter:linear_stack",
+    "derive_adapter": "thinwire.models.graph_adapter:derive_adapter",
     "GPTAdapter": "thinwire.models.gpt:GPTAdapter",
     "ResISTAdapter": "thinwire.models.resnet:ResISTAdapter",
     "GISTAdapter": "thinwire.models.gcn:GISTAdapter",
     # local methods
-    "LocalSGD": "thinwire.strategies.local_sgd:LocalSGD",
+    "LocalSGD": "thinwire.strategies.averaging:LocalSGD",
     "DiLoCo": "thinwire.strategies.diloco:DiLoCo",
     "SparseLoCo": "thinwire.strategies.sparseloco:SparseLoCo",
     "DeMo": "thinwire.strategies.demo:DeMo",
