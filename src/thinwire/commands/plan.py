@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
-from thinwire.planner.modes import crossover_mode, scaling_mode
+from thinwire.planner.modes import convergence_mode, crossover_mode, scaling_mode
 from thinwire.planner.presets import list_presets, load_cluster, load_model
 from thinwire.planner.report import plan_report, prediction_json, search_report
 from thinwire.planner.search import search
@@ -115,6 +115,12 @@ def _mode_flags(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--crossover", action="store_true",
                    help="when thinwire's methods beat data parallelism, per link speed")
     a.add_argument("--penalty", default="", help="extra-steps factors, e.g. ist=2,localsgd=1.5")
+    a.add_argument("--convergence", nargs="+", metavar="SRC",
+                   help="steps to target per method: run directories (or folders of them) to "
+                   "fit, a table written by --out FILE.json, or a shipped table's name; alone, "
+                   "prints the fit; with --crossover, time to target per link")
+    a.add_argument("--target", help="--convergence: target values of the runs' metric, e.g. "
+                   "0.8,0.83 (default: the table's)")
     a.add_argument("--scaling", action="store_true",
                    help="step time and throughput vs workers (PNG)")
     a.add_argument("--max-workers", type=int, default=256)
@@ -261,8 +267,13 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``thinwire plan``; returns the exit code."""
     _check_calibrate_only(args)
+    if args.convergence:  # the fit's provenance, as it can be re-run
+        args.command_line = shlex.join(["thinwire", "plan", "--convergence", *args.convergence]
+                                       + (["--target", args.target] if args.target else []))
     if args.validate:
         _print(_validate(args))
+    elif args.convergence and not args.crossover:
+        _print(convergence_mode(args))
     elif args.calibrate:
         _print(calibrate_mode(args))
     elif args.list:

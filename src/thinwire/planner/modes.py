@@ -25,6 +25,7 @@ from thinwire.planner.insight import (
     scaling,
     step_at,
 )
+from thinwire.planner.convergence import Convergence
 from thinwire.planner.render import rate, table
 from thinwire.planner.report import crossover_report, method_label
 from thinwire.planner.specs import ClusterSpec, ModelSpec
@@ -56,7 +57,29 @@ def _penalties(text: str, keys: list[str]) -> dict[str, float]:
 def crossover_mode(
     args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec
 ) -> str | dict[str, Any]:
-    """``--crossover``: step times per link speed and the crossover bandwidths."""
+    """``--crossover``: with ``--convergence``, time to each target per link speed and the
+    winner (:mod:`thinwire.planner.crossover`), then the per-step comparison; without it, the
+    per-step comparison alone, labelled as such."""
+    per_step = _per_step(args, model, cluster, base)
+    if not getattr(args, "convergence", None):
+        if getattr(args, "target", None):
+            raise UsageError("--target needs --convergence RUN_DIR...|FILE.json|NAME (the steps "
+                             "each method takes to it); shipped tables: "
+                             + ", ".join(_shipped()))
+        return per_step
+    from thinwire.planner.convergence import load
+
+    conv = load(args.convergence, _targets(args), fit_command=getattr(args, "command_line", ""))
+    to_target = target_mode(conv, model, cluster, base, args.json)
+    if args.json:
+        return {"to_target": to_target, "per_step": per_step}
+    return f"{to_target}\n{per_step}"
+
+
+def _per_step(
+    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec
+) -> str | dict[str, Any]:
+    """Step times per link speed and the per-step crossover bandwidths."""
     variants = method_variants(model, base, _extra(args))
     methods = [k for k in variants if k != BASELINE]
     penalties = _penalties(args.penalty, methods)
@@ -121,3 +144,123 @@ def scaling_mode(
         else "Data parallelism keeps >= 50% efficiency over this range"
     )
     return f"{text}\n\n{verdict}\nwrote {path}\n"
+
+
+def _shipped() -> list[str]:
+    from thinwire.planner.convergence import shipped
+
+    return shipped() or ["none"]
+
+
+def _targets(args: argparse.Namespace) -> list[float]:
+    """``--target 0.8,0.83`` -> [0.8, 0.83] (none: the table's own targets)."""
+    text = getattr(args, "target", None) or ""
+    out = []
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        try:
+            value = float(part)
+        except ValueError:
+            raise UsageError(f"--target {part!r}: write the metric's value, e.g. 0.83 (accuracy) "
+                             "or 12.5 (perplexity); several comma-separated") from None
+        if not math.isfinite(value):
+            raise UsageError(f"--target {part!r}: give a finite number")
+        out.append(value)
+    return out
+
+
+def _what(conv: Convergence, target: float) -> str:
+    return f"{conv.metric} {target:g}"
+
+
+def _steps_cell(conv: Convergence, spec: str, target: float) -> str:
+    steps = conv.steps(spec, target)
+    if steps is None:
+        return "does not reach"
+    f = conv.factor(spec, target)
+    return f"{steps:.4g}" + (f" ({f:.3g}x dp)" if f is not None and spec != conv.baseline else "")
+
+
+def _setting(conv: Convergence) -> str:
+    return (f"{conv.family} on {conv.dataset}, {conv.workers} workers, batch "
+            f"{conv.batch_size} per worker")
+
+
+def target_mode(conv: Convergence, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec,
+                as_json: bool = False) -> str | list[dict[str, Any]]:
+    """Time to each of the table's targets per link speed: planner step time x the runs' steps,
+    the winner per link and per link range, "does not reach" where no run got there."""
+    from thinwire.planner.crossover import (
+        describe_ranges,
+        priced,
+        times_at,
+        winner,
+        winner_ranges,
+    )
+
+    p = priced(model, cluster, base, conv)
+    if not p.variants:
+        raise UsageError("--convergence: the planner prices none of the table's methods on this "
+                         "model: " + "; ".join(p.unpriced.values()))
+    keys = list(p.variants)
+    links = sorted(set(LINKS) | {cluster.inter_bandwidth})
+    blocks, data = [], []
+    for target in conv.targets:
+        rows, jrows = [], []
+        for w in links:
+            times = times_at(model, cluster, p, conv, target, w)
+            best = winner(times)
+            rows.append([rate(w)] + [f"{t:.4g}" if t is not None else "does not reach"
+                                     for t in times.values()]
+                        + [p.labels[best] if best else "none reaches it"])
+            jrows.append({"bandwidth_bytes_per_s": w, "seconds": times, "winner": best})
+        ranges = winner_ranges(model, cluster, p, conv, target)
+        what = _what(conv, target)
+        data.append({"target": target, "metric": conv.metric, "rows": jrows,
+                     "steps": {k: conv.steps(k, target) for k in keys},
+                     "ranges": [{"from_bytes_per_s": a, "to_bytes_per_s": b, "winner": k}
+                                for a, b, k in ranges]})
+        text = table(["link"] + [f"{p.labels[k]} s" for k in keys] + ["winner"], rows,
+                     f"Time to {what} on {cluster.name} ({cluster.devices} devices): planner step "
+                     "time x steps to the target in the runs")
+        steps = ", ".join(f"{p.labels[k]} {_steps_cell(conv, k, target)}" for k in keys)
+        blocks.append(f"{text}\nsteps to {what}: {steps}\n"
+                      f"{describe_ranges(ranges, p.labels, what)}\n")
+    if as_json:
+        return data
+    head = [f"Steps from runs of {_setting(conv)}"
+            + (f" ({conv.provenance})" if conv.provenance else "")]
+    if model.name != conv.family or cluster.devices != conv.workers:
+        head.append(f"(the plan is {model.name} on {cluster.devices} devices: the runs' steps "
+                    "applied to it are an extrapolation)")
+    head += [f"{k}: not priced here ({why})" for k, why in p.unpriced.items()]
+    return "\n".join(head) + "\n\n" + "\n".join(blocks) + "\nPer step (not time to a target):\n"
+
+
+def convergence_mode(args: argparse.Namespace) -> str | dict[str, Any]:
+    """``--convergence`` alone: the fitted steps to each target and factors against data
+    parallelism; ``--out FILE.json`` writes the table."""
+    from thinwire.planner.convergence import load
+
+    conv = load(args.convergence, _targets(args), fit_command=getattr(args, "command_line", ""))
+    wrote = ""
+    if args.out:
+        out = Path(args.out)
+        if out.suffix != ".json":
+            raise UsageError(f"--out {out}: --convergence writes a JSON table, e.g. --out "
+                             "runs/convergence.json")
+        import json
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(conv.to_json(), indent=1) + "\n")
+        wrote = f"wrote {out}\n"
+    if args.json:
+        return conv.to_json()
+    order = "higher is better" if conv.higher_is_better else "lower is better"
+    rows = [[m.label, m.runs, m.steps_run, f"{m.best:.4g}"]
+            + [_steps_cell(conv, m.spec, t) for t in conv.targets] for m in conv.methods]
+    text = table(["method", "runs", "steps run", f"best {conv.metric}"]
+                 + [f"steps to {t:g}" for t in conv.targets], rows,
+                 f"Steps to target ({conv.metric}, {order}): {_setting(conv)}")
+    prov = f"runs made by: {conv.provenance}\n" if conv.provenance else ""
+    return (f"{text}\n\n(x dp) = steps relative to data parallelism's; does not reach = none "
+            f"of the method's runs got there (never a winner)\n{prov}{wrote}")
