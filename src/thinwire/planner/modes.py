@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
+from thinwire.planner.convergence import Convergence
 from thinwire.planner.insight import (
     BASELINE,
     LINKS,
@@ -25,7 +26,6 @@ from thinwire.planner.insight import (
     scaling,
     step_at,
 )
-from thinwire.planner.convergence import Convergence
 from thinwire.planner.render import rate, table
 from thinwire.planner.report import crossover_report, method_label
 from thinwire.planner.specs import ClusterSpec, ModelSpec
