@@ -45,4 +45,17 @@ def run(args: argparse.Namespace) -> int:
     (out / "compare.md").write_text(table + "\n")
     for p in plot_runs(runs, out / "report"):
         print(f"wrote {p}")
+    _thin_links(runs, args.target, out)
     return 0
+
+
+def _thin_links(runs: list, target: float | None, out: Path) -> None:
+    """Beside the table: time to the target at 100 Mbit/s and 1 Gbit/s, modelled from these
+    runs (:mod:`thinwire.testbed.thin_links`), and the metric against that time."""
+    from thinwire.report.tables import common_target
+    from thinwire.testbed.thin_links import report
+
+    text, plot = report(runs, common_target(runs) if target is None else target, out / "report")
+    print(f"\n{text}")
+    (out / "thin_links.md").write_text(text + "\n")
+    print(f"wrote {plot}")
