@@ -28,7 +28,7 @@ from thinwire.planner.insight import (
 )
 from thinwire.planner.render import rate, table
 from thinwire.planner.report import crossover_report, method_label
-from thinwire.planner.specs import ClusterSpec, ModelSpec
+from thinwire.planner.specs import ClusterSpec, MLPSpec, ModelSpec
 from thinwire.planner.strategy import StrategySpec
 
 
@@ -229,7 +229,8 @@ def target_mode(conv: Convergence, model: ModelSpec, cluster: ClusterSpec, base:
         return data
     head = [f"Steps from runs of {_setting(conv)}"
             + (f" ({conv.provenance})" if conv.provenance else "")]
-    if model.name != conv.family or cluster.devices != conv.workers:
+    hidden = ("mlp-" + "-".join(map(str, model.widths[1:-1]))) if isinstance(model, MLPSpec) else ""
+    if conv.family not in (model.name, hidden) or cluster.devices != conv.workers:
         head.append(f"(the plan is {model.name} on {cluster.devices} devices: the runs' steps "
                     "applied to it are an extrapolation)")
     head += [f"{k}: not priced here ({why})" for k, why in p.unpriced.items()]
