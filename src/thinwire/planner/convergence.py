@@ -172,7 +172,10 @@ def curve_of(path: Path) -> Curve:
                          "version of thinwire")
     points = tuple((int(r["step"]), float(r[run.metric])) for r in run.evals if run.metric in r)
     model, data = cfg.get("model", {}), cfg.get("data", {})
-    return Curve(spec_of(cfg["method"]), run.label.split(" [")[0], run.metric,
+    label = run.label.split(" [")[0]  # without the model's bracketed options
+    prefix = f"{model.get('name', '')}:"
+    label = label[len(prefix):] if label.startswith(prefix) else label
+    return Curve(spec_of(cfg["method"]), label, run.metric,
                  run.higher_is_better, points,
                  int(run.summary.get("workers", cfg.get("runtime", {}).get("workers", 0))),
                  int(cfg.get("train", {}).get("batch_size", 0)), _family(model),
