@@ -96,6 +96,7 @@ def holdings(folder: Path, targets: list[float], gflops: float) -> str:
     dirs = run_dirs([folder])
     conv = fit([curve_of(d) for d in dirs], targets)
     runs = {d: load_run(d) for d in dirs}
+    notes: list[str] = []
     links = sorted({d.parent.name for d in dirs}, key=lambda s: float(s.rstrip("mbitg"))
                    * (1000 if s.endswith("gbit") else 1))
     model, cfg = counted(dirs[0])
@@ -106,37 +107,40 @@ def holdings(folder: Path, targets: list[float], gflops: float) -> str:
     eff = fit_efficiency(model, testbed_cluster(1e9, workers, gflops), base, measured_compute)
     lines = [f"**{conv.family} on {conv.dataset}** ({workers} workers, batch "
              f"{cfg.train.batch_size} per worker; compute_efficiency {eff:.3f} from {spec}'s "
-             f"measured {1e3 * measured_compute:.1f} ms of compute a step)", "",
-             "| link | target | method | steps | predicted s | measured s | predicted winner "
-             "| measured winner | agree |", "|---|---:|---|---:|---:|---:|---|---|---|"]
+             f"measured {1e3 * measured_compute:.1f} ms of compute a step)", ""]
     agree = total = 0
     for link in links:
         rate = float(link.rstrip("mbitg")) * (1e9 if link.endswith("gbit") else 1e6)
         cluster = testbed_cluster(rate, workers, gflops, eff)
         p = priced(model, cluster, base, conv)
+        if total == 0:
+            lines += ["| link | target | " + " | ".join(
+                f"{p.labels[k]} steps, s predicted / measured" for k in p.variants)
+                + " | predicted winner | measured winner | agree |",
+                "|---|---:|" + "---:|" * len(p.variants) + "---|---|---|"]
         here = {curve_of(d).spec: runs[d] for d in dirs if d.parent.name == link}
         for t in conv.targets:
             pred = times_at(model, cluster, p, conv, t, cluster.inter_bandwidth)
             meas: dict[str, float | None] = {}
-            for spec, run in here.items():
+            for k, run in here.items():
                 hit = time_to_target(run, t)
-                meas[spec] = None if hit is None else float(hit["wall_s"])
+                meas[k] = None if hit is None else float(hit["wall_s"])
             pw, mw = winner(pred), winner(meas)
             total += 1
             agree += pw == mw
-            for spec in p.variants:
-                ps, ms = pred.get(spec), meas.get(spec)
-                lines.append(
-                    f"| {link} | {t:g} | {p.labels[spec]} | "
-                    f"{_fmt(conv.steps(spec, t), '.0f')} | {_fmt(ps, '.1f')} | {_fmt(ms, '.1f')} | "
-                    f"{p.labels.get(pw, '-') if pw else 'none'} | "
-                    f"{p.labels.get(mw, '-') if mw else 'none'} | {'yes' if pw == mw else 'NO'} |")
+            cells = [f"{_fmt(conv.steps(k, t), '.0f')}: {_fmt(pred.get(k), '.1f')} / "
+                     f"{_fmt(meas.get(k), '.1f')}" if conv.steps(k, t) is not None
+                     else "does not reach" for k in p.variants]
+            lines.append(f"| {link} | {t:g} | " + " | ".join(cells) + " | "
+                         f"{p.labels[pw] if pw else 'none'} | "
+                         f"{p.labels.get(mw, mw) if mw else 'none'} | "
+                         f"{'yes' if pw == mw else 'NO'} |")
         step = {p.labels[k]: step_at(model, cluster, s, cluster.inter_bandwidth)
                 for k, s in p.variants.items()}
-        lines.append(f"| {link} | | planner step s | | " + ", ".join(
-            f"{k} {v * 1e3:.1f} ms" for k, v in step.items()) + " | | | | |")
+        notes.append(f"planner step at {link}: " + ", ".join(
+            f"{k} {v * 1e3:.1f} ms" for k, v in step.items()))
     lines += ["", f"predicted winner = measured winner in {agree} of {total} (link, target) "
-              "pairs"]
+              "pairs; " + "; ".join(notes)]
     return "\n".join(lines)
 
 
