@@ -183,12 +183,13 @@ def curve_of(path: Path) -> Curve:
 
 
 def _family(model: dict[str, Any]) -> str:
-    name = str(model.get("name", "mlp"))
-    if name == "mlp" and "hidden" in model:
-        hidden = model["hidden"]
-        widths = hidden if isinstance(hidden, list) else [hidden]
-        return "mlp-" + "-".join(str(w) for w in widths)
-    return name
+    """The model's name and its hidden widths where it has them (``name-1024-1024``)."""
+    name = str(model.get("name", ""))
+    hidden = model.get("hidden")
+    if hidden is None:
+        return name
+    widths = hidden if isinstance(hidden, list) else [hidden]
+    return "-".join([name, *map(str, widths)])
 
 
 def run_dirs(paths: Iterable[str | Path]) -> list[Path]:

@@ -229,7 +229,8 @@ def target_mode(conv: Convergence, model: ModelSpec, cluster: ClusterSpec, base:
         return data
     head = [f"Steps from runs of {_setting(conv)}"
             + (f" ({conv.provenance})" if conv.provenance else "")]
-    hidden = ("mlp-" + "-".join(map(str, model.widths[1:-1]))) if isinstance(model, MLPSpec) else ""
+    hidden = "-".join([model.name.partition("-")[0], *map(str, model.widths[1:-1])]
+                      ) if isinstance(model, MLPSpec) else ""
     if conv.family not in (model.name, hidden) or cluster.devices != conv.workers:
         head.append(f"(the plan is {model.name} on {cluster.devices} devices: the runs' steps "
                     "applied to it are an extrapolation)")
