@@ -7,6 +7,8 @@ import json
 
 import pytest
 from conv_runs import ramp, write_run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from thinwire.cli import main
 from thinwire.errors import UsageError
@@ -191,3 +193,35 @@ def test_unpriced_methods_are_named_not_dropped_silently():
     conv = dataclasses.replace(_table({"dp": 50, "ist": 80}))
     p = priced(model, cluster, StrategySpec(dp=4, micro_batch_size=1), conv)
     assert "ist" in p.unpriced and "dp" in p.variants
+
+
+_json = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers()
+                     | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+_keys = st.sampled_from(["family", "dataset", "metric", "higher_is_better", "targets", "methods",
+                         "spec", "label", "steps", "runs", "best", "steps_run"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(_keys, _json, max_size=8))
+def test_a_damaged_table_is_a_usage_error_never_a_traceback(d):
+    try:
+        cv.from_json(d)
+    except UsageError as exc:
+        assert "not a convergence table" in str(exc)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=20))
+def test_target_text_parses_or_is_one_line(text):
+    import argparse
+
+    from thinwire.planner.modes import _targets
+
+    try:
+        values = _targets(argparse.Namespace(target=text))
+    except UsageError as exc:
+        assert "--target" in str(exc)
+    else:
+        assert all(isinstance(v, float) for v in values)

@@ -288,7 +288,7 @@ def from_json(d: dict[str, Any], where: str = "convergence table") -> Convergenc
                            methods, str(d.get("baseline", "")), int(d.get("workers", 0)),
                            int(d.get("batch_size", 0)), str(d.get("provenance", "")),
                            str(d.get("fit_command", "")), tuple(d.get("notes", ())))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise UsageError(f"{where} is not a convergence table ({type(exc).__name__}: {exc}); "
                          "write it with thinwire plan --convergence RUNS --out FILE") from None
 
