@@ -252,8 +252,12 @@ def convergence_mode(args: argparse.Namespace) -> str | dict[str, Any]:
                              "runs/convergence.json")
         import json
 
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(conv.to_json(), indent=1) + "\n")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(conv.to_json(), indent=1) + "\n")
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot write it ({exc.strerror}); pick a writable "
+                             "path") from None
         wrote = f"wrote {out}\n"
     if args.json:
         return conv.to_json()
