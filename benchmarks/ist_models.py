@@ -12,7 +12,7 @@ trained per worker, wall time), followed by a memory table from the runs' summar
 parameters, gradients and optimizer state of the most loaded worker. Every family compares
 dp, localsgd (H = 10), ist at the model's default K and activation scaling, and one row of IST
 with the alternative scaling (``scale=none``). ``THINWIRE_DATA`` names the folder holding
-``tinyshakespeare/`` and ``cora/`` (default: ``shared/data`` beside the checkout or above). Sizes are small enough for a
+``tinyshakespeare/`` and ``cora/`` (default: the copies that ship with the package). Sizes are small enough for a
 loaded 2-core machine (each family a few minutes); wall times are of one run on a shared machine:
 compare them within a table only.
 """
@@ -29,17 +29,16 @@ from pathlib import Path
 from thinwire.report.tables import fmt_bytes
 
 
-def _shared_data() -> Path:
-    """``$THINWIRE_DATA``, else ``shared/data`` beside the checkout or any folder above it."""
+def _data_root() -> Path:
+    """``$THINWIRE_DATA``, else the data that ships with the package."""
     if os.environ.get("THINWIRE_DATA"):
         return Path(os.environ["THINWIRE_DATA"])
-    for base in Path(__file__).resolve().parents[1].parents:
-        if (base / "shared" / "data").is_dir():
-            return base / "shared" / "data"
-    return Path("shared/data")
+    from thinwire.data.text import BUNDLED_DIR
+
+    return BUNDLED_DIR
 
 
-DATA = _shared_data()
+DATA = _data_root()
 
 FAMILIES: dict[str, list[str]] = {
     "gpt": ["--model", "gpt", "--data", "tinyshakespeare", "--data.dir",

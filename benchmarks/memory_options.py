@@ -79,8 +79,10 @@ def main() -> None:
     from thinwire.runtime.spawn import run_group
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default="../shared/data",
-                        help="directory holding tinyshakespeare/")
+    from thinwire.data.text import BUNDLED_DIR
+
+    parser.add_argument("--data-dir", default=str(BUNDLED_DIR),
+                        help="directory holding tinyshakespeare/ (default: the package's copy)")
     args = parser.parse_args()
     print("| model | memory options | states KiB pred / meas | activations KiB pred / meas "
           "| gathered KiB pred / meas | peak KiB pred / meas | error | sent/rank KiB pred / "

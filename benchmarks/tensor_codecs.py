@@ -104,7 +104,9 @@ def pp_run(over: dict[str, Any], codec_spec: str, steps: int) -> dict[str, float
     for s in range(steps):
         state["step"] = s
         x, y = batch(ds, s, cfg.train.batch_size)
-        numel = x.numel() * model.get_submodule("tok_emb").embedding_dim
+        emb = model.get_submodule("tok_emb")
+        assert isinstance(emb, nn.Embedding)
+        numel = x.numel() * emb.embedding_dim
         opt.zero_grad()
         task.loss(model(x), y).backward()
         opt.step()
@@ -120,7 +122,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--codecs", default="none,fp16,int8,qsgd,topk:ratio=0.1")
-    ap.add_argument("--data-dir", default="../shared/data/tinyshakespeare")
+    ap.add_argument("--data-dir", default="",
+                    help="directory holding input.txt (default: the package's copy)")
     args = ap.parse_args()
     over = base(args)
     codecs = split_methods(args.codecs)

@@ -1,5 +1,5 @@
-"""Test-wide set-up: the harness on the path, one torch thread, the shared test data (Cora,
-tiny-shakespeare at ../shared/data), no downloads, GPU tests skipped without a device."""
+"""Test-wide set-up: the harness on the path, one torch thread, the data that ships with the
+package (Cora, tiny-shakespeare), no downloads, GPU tests skipped without a device."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+pytest_plugins = ["ci_skips"]
 
 
 def pytest_collection_modifyitems(config, items):  # noqa: ANN001
-    import pytest
     import torch
 
     if torch.cuda.is_available():
@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):  # noqa: ANN001
             item.add_marker(skip)
 
 
-from harness import SHARED_DATA  # noqa: E402
+from harness import DATA  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -42,27 +42,30 @@ def no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No $THINWIRE_DATA_DIR and an empty user cache under ``tmp_path / "cache"``."""
+    """No $THINWIRE_DATA_DIR, an empty user cache under ``tmp_path / "cache"`` and no bundled
+    copy (``BUNDLED_DIR`` pointed at the absent ``tmp_path / "bundled"``): a machine where a
+    dataset is found nowhere."""
+    from thinwire.data import text
+
     monkeypatch.delenv("THINWIRE_DATA_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(text, "BUNDLED_DIR", tmp_path / "bundled")
     return tmp_path
 
 
-def _shared(sub: str, filename: str) -> Path:
-    if SHARED_DATA is None:
-        pytest.skip("shared test data not found (../shared/data from the repository root)")
-    if not (SHARED_DATA / sub / filename).is_file():
-        pytest.skip(f"{SHARED_DATA / sub / filename} is absent")
-    return SHARED_DATA
+def _bundled(sub: str, filename: str) -> Path:
+    path = DATA / sub / filename
+    assert path.is_file(), f"{path} is missing from the package: reinstall thinwire"
+    return DATA
 
 
 @pytest.fixture
 def shakespeare_dir() -> Path:
-    """The shared data directory holding ``tinyshakespeare/input.txt`` (skips without it)."""
-    return _shared("tinyshakespeare", "input.txt")
+    """The data directory holding ``tinyshakespeare/input.txt`` (the package's copy)."""
+    return _bundled("tinyshakespeare", "input.txt")
 
 
 @pytest.fixture
 def cora_dir() -> Path:
-    """The shared data directory holding ``cora/cora.npz`` (skips without it)."""
-    return _shared("cora", "cora.npz")
+    """The data directory holding ``cora/cora.npz`` (the package's copy)."""
+    return _bundled("cora", "cora.npz")

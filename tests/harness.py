@@ -11,24 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from thinwire.data.text import BUNDLED_DIR
 from thinwire.runtime.spawn import RankFailed, free_port, run_group
 
-__all__ = ["SHARED_DATA", "find_shared_data", "free_port", "run_workers"]
+__all__ = ["DATA", "free_port", "run_workers"]
 
 
-def find_shared_data() -> Path | None:
-    """``shared/data`` beside the repository root (``../shared/data``, as in CI), or beside any
-    folder above it (a checkout nested one level deeper); None when there is none."""
-    root = Path(__file__).resolve().parents[1]
-    for base in root.parents:
-        candidate = base / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-SHARED_DATA = find_shared_data()
-"""The shared test data (Cora, tiny-shakespeare), or None."""
+DATA: Path = BUNDLED_DIR
+"""The data that ships with the package: ``DATA / "tinyshakespeare"`` holds ``input.txt``,
+``DATA / "cora"`` holds ``cora.npz`` (tests name it as ``--data.dir`` so that no
+``$THINWIRE_DATA_DIR`` or user cache of the machine changes what they read)."""
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 90) -> list[Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import SHARED_DATA, run_workers
+from harness import DATA, run_workers
 
 from thinwire import config
 from thinwire.errors import UsageError
@@ -46,9 +46,7 @@ BASELINE = {"zero1+topk": "dp+topk"}
 
 def _overrides(model: str, extra: dict[str, str]) -> dict[str, str]:
     if model == "gpt":
-        if SHARED_DATA is None or not (SHARED_DATA / "tinyshakespeare").is_dir():
-            pytest.skip("shared tinyshakespeare data not found")
-        extra = {**extra, "data.dir": str(SHARED_DATA / "tinyshakespeare")}
+        extra = {**extra, "data.dir": str(DATA / "tinyshakespeare")}
     return {"runtime.workers": "2", "train.steps": str(STEPS), "train.batch_size": "8",
             "train.optimizer": "adamw", "train.lr": "0.01", **MODELS[model], **extra}
 

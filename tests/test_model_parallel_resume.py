@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
-from harness import SHARED_DATA, assert_same_state, flat_state, run_workers
+from harness import DATA, assert_same_state, flat_state, run_workers
 
 from thinwire.config import load
 from thinwire.runtime.comm import Comm
@@ -21,10 +21,8 @@ from thinwire.trainer import Trainer
 
 
 def _gpt() -> dict[str, Any]:
-    if SHARED_DATA is None or not (SHARED_DATA / "tinyshakespeare").is_dir():
-        pytest.skip("shared data tinyshakespeare absent")
     return {"model.name": "gpt", "data.name": "tinyshakespeare",
-            "data.dir": str(SHARED_DATA / "tinyshakespeare"), "data.seq_len": 8,
+            "data.dir": str(DATA / "tinyshakespeare"), "data.seq_len": 8,
             "data.limit_train": 128, "data.limit_test": 16, "model.n_layer": 1,
             "model.d_model": 16, "model.n_head": 2, "method.name": "tensor", "parallel.tp": 2,
             "method.sequence_parallel": True, "method.codec": "int8", "train.momentum": 0.9}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
-from harness import SHARED_DATA, run_workers
+from harness import DATA, run_workers
 
 from thinwire.config import load
 from thinwire.data.task import task_for
@@ -30,10 +30,8 @@ STEPS, BATCH, SEQ = 3, 4, 16
 
 
 def _base() -> dict[str, Any]:
-    if SHARED_DATA is None or not (SHARED_DATA / "tinyshakespeare").is_dir():
-        pytest.skip("shared data tinyshakespeare absent")
     return {"model.name": "gpt", "data.name": "tinyshakespeare",
-            "data.dir": str(SHARED_DATA / "tinyshakespeare"), "data.seq_len": SEQ,
+            "data.dir": str(DATA / "tinyshakespeare"), "data.seq_len": SEQ,
             "data.limit_train": 256, "data.limit_test": 32, "model.n_layer": 2,
             "model.d_model": 32, "model.n_head": 4, "train.lr": 0.1, "method.name": "tensor",
             "train.batch_size": BATCH, "train.steps": STEPS, "train.eval_every": STEPS}

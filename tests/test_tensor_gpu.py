@@ -19,14 +19,12 @@ pytestmark = pytest.mark.gpu
 
 
 def test_tensor_parallel_gpt_learns_on_cuda(tmp_path: Path) -> None:
-    from harness import SHARED_DATA
+    from harness import DATA
 
-    if SHARED_DATA is None:
-        pytest.skip("shared data absent")
     workers = min(2, torch.cuda.device_count())
     cfg = load(None, {"model.name": "gpt", "method.name": "tensor", "parallel.tp": workers,
                       "method.sequence_parallel": "true", "data.name": "tinyshakespeare",
-                      "data.dir": str(SHARED_DATA / "tinyshakespeare"), "data.seq_len": "32",
+                      "data.dir": str(DATA / "tinyshakespeare"), "data.seq_len": "32",
                       "data.limit_test": "64", "model.n_layer": "2", "model.d_model": "64",
                       "train.steps": "40", "train.eval_every": "40", "train.batch_size": "16",
                       "train.optimizer": "adamw", "train.lr": "0.003",

@@ -7,8 +7,8 @@ barrier rank 0 writes ``COMPLETE`` the same way. Resume takes the newest step wh
 exists, so a crash mid-write never loses the previous checkpoint; older complete checkpoints
 beyond ``keep`` are removed by rank 0 only after a newer one is sealed.
 
-Guarantees (tests: ``tests/reliability/test_checkpoint.py`` and the property-based
-``tests/reliability/test_fuzz.py``):
+Guarantees (tests: ``tests/reliability/test_checkpoint_errors.py``, ``test_resume_cli.py`` and
+the property-based ``tests/reliability/test_fuzz_inputs.py``):
 
 - Loading uses ``torch.load(weights_only=True)``: no arbitrary objects are unpickled.
 - Every unusable checkpoint is a one-line :class:`CheckpointError` (a

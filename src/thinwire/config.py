@@ -171,8 +171,14 @@ class RunConfig:
     resume: bool = opt(False, "continue from the newest complete checkpoint in the run directory")
     overwrite: bool = opt(False, "replace an existing run directory of the same name")
     progress: bool = opt(True, "show a progress bar on rank 0")
+    loggers: str = opt("jsonl", "metrics loggers, a comma list: jsonl (metrics.jsonl, always), "
+                       "tensorboard (event files in RUN_DIR/tensorboard; needs "
+                       "thinwire[tensorboard])")
 
     def __post_init__(self) -> None:
+        from thinwire.loggers import parse_loggers
+
+        parse_loggers(self.loggers)
         check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
         check(not (self.resume and self.overwrite), "run.overwrite",
               "cannot be combined with --resume; choose one")
@@ -230,10 +236,6 @@ class Config:
               f"--memory.recompute {'block' if model.blocks else 'none'}")
         check(mem.zero < 2 or bool(model.blocks), "memory.zero",
               f"model {self.model.name} declares no blocks to shard; use --memory.zero 1")
-        codec = getattr(self.method.options, "compressor", "none")
-        check(mem.zero < 2 or codec == "none", "memory.zero",
-              f"FSDP2 reduces gradients with its own reduce-scatter, a codec ({codec}) needs "
-              "DDP's hook; use --memory.zero 1 with a compressor, or drop the compressor")
 
     @property
     def sync_every(self) -> int:
@@ -348,6 +350,10 @@ def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
         content = dict(values.get("data", {}))
         content["name"] = models().get(sections["model"].name).default_data
         sections["data"] = _build_section("data", content)
+    if "batch_size" not in values.get("train", {}):  # the dataset's own default, if it has one
+        batch = datasets().get(sections["data"].name).batch_size
+        if batch:
+            sections["train"] = dataclasses.replace(sections["train"], batch_size=batch)
     return Config(**sections)
 
 

@@ -1,8 +1,10 @@
-"""The library's run layer: data, model, strategy, pre-flight, run directory, one config run.
+"""The library's run layer, launcher side: pre-flight, run directory, launch, one config run.
 
 What ``thinwire train`` / ``compare``, the planner's calibration, the testbed and the theory
 lab's bridge experiment call to turn a :class:`~thinwire.config.Config` into a trained run; the
-command modules only parse arguments. Steps of :func:`run_config`:
+command modules only parse arguments. The builders a worker calls (data, model, stream,
+strategy, mesh) live in :mod:`thinwire.builders` (the workers never import this module, which
+launches them) and are re-exported here. Steps of :func:`run_config`:
   1. :func:`preflight`: load the data once, build the model once, and check what would fail on
      the workers (shards hold a batch, the model fits the data and the method) as one-line
      errors before any worker starts;
@@ -15,83 +17,33 @@ command modules only parse arguments. Steps of :func:`run_config`:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from thinwire import config as config_mod
+from thinwire.builders import (
+    build_mesh,
+    build_model,
+    build_strategy,
+    load_data,
+    make_stream,
+    rescalable,
+    shard_of,
+)
 from thinwire.config import Config
-from thinwire.data import DATASETS, BatchStream, Dataset, DataSource, shard_indices
-from thinwire.data.task import Task
+from thinwire.data import Dataset
 from thinwire.errors import RunFailed, UsageError
-from thinwire.models import MODELS
 from thinwire.options import parse_spec, split_top
-from thinwire.runtime.comm import Comm
 from thinwire.strategies import METHODS
-from thinwire.strategies.base import Context, Strategy
 
-
-def load_data(cfg: Config) -> Dataset:
-    """The run's dataset (the same on every rank)."""
-    d = cfg.data
-    source = DataSource(dir=d.dir, download=d.download, limit_train=d.limit_train,
-                        limit_test=d.limit_test)
-    return DATASETS.get(d.name).load(source, d.options, cfg.train.seed)
-
-
-def build_model(cfg: Config, dataset: Dataset) -> nn.Module:
-    """The full model from the run's seed (identical on every rank)."""
-    return MODELS.get(cfg.model.name).build(cfg.model.options, dataset, cfg.train.seed)
-
-
-def shard_of(cfg: Config, dataset: Dataset, shard: int, shards: int) -> Any:
-    labels = dataset.labels
-    if labels is None:
-        if cfg.data.shard == "skew":
-            raise UsageError(f"data.shard: {cfg.data.name} examples have no class to skew by; "
-                             "use --data.shard iid")
-        labels = torch.zeros(len(dataset.x_train), dtype=torch.int64).numpy()
-    return shard_indices(labels, shard, shards, mode=cfg.data.shard, skew=cfg.data.skew,
-                         seed=cfg.train.seed)
-
-
-def make_stream(cfg: Config, dataset: Dataset, shard: int, shards: int) -> BatchStream:
-    """The mini-batch stream of data shard ``shard`` of ``shards``."""
-    return BatchStream(dataset.x_train, dataset.y_train, shard_of(cfg, dataset, shard, shards),
-                       cfg.train.batch_size, seed=cfg.train.seed, rank=shard)
-
-
-def build_strategy(cfg: Config, comm: Comm, device: torch.device, task: Task,
-                   model: nn.Module, mesh: Any = None) -> Strategy:
-    """The configured method's Strategy around ``model``."""
-    entry = METHODS.get(cfg.method.name)
-    module, _, cls = entry.strategy.partition(":")
-    strategy_cls = getattr(importlib.import_module(module), cls)
-    ctx = Context(cfg=cfg, comm=comm, device=device, loss=task.loss, mesh=mesh)
-    return strategy_cls(ctx, model)  # type: ignore[no-any-return]
-
-
-def rescalable(cfg: Config) -> bool:
-    """Whether the run's method resumes a checkpoint written by another worker count
-    (:attr:`~thinwire.strategies.entry.MethodEntry.rescalable`; never with ZeRO, whose
-    optimizer state or parameters are sharded per rank)."""
-    return cfg.memory.zero == 0 and METHODS.get(cfg.method.name).rescalable(cfg.method.options)
-
-
-def build_mesh(cfg: Config, comm: Comm, device: torch.device) -> Any:
-    """The dp x pp x tp mesh of the run (None when every rank is a data-parallel replica)."""
-    if cfg.parallel.pp * cfg.parallel.tp == 1:
-        return None
-    from thinwire.runtime.mesh import Mesh
-
-    return Mesh(comm, dp=cfg.dp_degree, pp=cfg.parallel.pp, tp=cfg.parallel.tp,
-                device_type=device.type)
+__all__ = [
+    "build_mesh", "build_model", "build_strategy", "load_data", "make_stream", "method_configs",
+    "method_overrides", "preflight", "rescalable", "run_config", "run_directory", "run_name",
+    "shard_of", "split_methods",
+]
 
 
 def preflight(cfg: Config) -> Dataset:

@@ -3,6 +3,7 @@
 For each step: 1. take this worker's batch of the step (a pure function of seed, shard, step);
 2. ``strategy.train_step``; a non-finite loss stops the run with a one-line error (the last
 complete checkpoint is kept); 3. every ``log_every`` steps the loss rank writes a metrics record
+to the run's loggers (``run.loggers``: metrics.jsonl, TensorBoard: :mod:`thinwire.loggers`)
 (compute time = step time - time inside communication calls, from the ledger); 4. at
 evaluation points every rank calls ``strategy.eval_model`` and the rank holding the full model
 evaluates it with the task's metric; every rank then hands the value (None where it did not
@@ -24,12 +25,7 @@ from typing import Any
 import torch
 
 from thinwire import checkpoint
-from thinwire.config import Config, label, to_dict
-from thinwire.data.task import task_for
-from thinwire.errors import UsageError
-from thinwire.metrics import JsonlWriter
-from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
-from thinwire.run import (
+from thinwire.builders import (
     build_mesh,
     build_model,
     build_strategy,
@@ -37,6 +33,11 @@ from thinwire.run import (
     make_stream,
     rescalable,
 )
+from thinwire.config import Config, label, to_dict
+from thinwire.data.task import task_for
+from thinwire.errors import UsageError
+from thinwire.loggers import Loggers, parse_loggers
+from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at
 
@@ -60,6 +61,7 @@ class NonFiniteLoss(UsageError):
 class Trainer:
     def __init__(self, cfg: Config, comm: Comm, device: torch.device, run_dir: Path) -> None:
         self.cfg, self.comm, self.device, self.run_dir = cfg, comm, device, run_dir
+        comm.expect(device)  # the device rule: every tensor of every call on the run's device
         self.ds = load_data(cfg)
         self.task = task_for(self.ds)
         model = build_model(cfg, self.ds)
@@ -72,8 +74,8 @@ class Trainer:
         if cfg.run.resume:
             self._resume()
         logs = comm.rank == self.strategy.loss_rank
-        self.writer = (JsonlWriter(run_dir / "metrics.jsonl",
-                                   resume_step=self.start if cfg.run.resume else None)
+        self.writer = (Loggers(parse_loggers(cfg.run.loggers), run_dir,
+                               resume_step=self.start if cfg.run.resume else None)
                        if logs else None)
         self.final_model: Any = None
 
@@ -252,5 +254,6 @@ class Trainer:
         ledger = self.comm.ledger
         (self.run_dir / f"ledger.rank{self.comm.rank}.json").write_text(json.dumps(
             {"by_op": ledger.by_op(), "totals": ledger.totals(),
-             "totals_with_control": ledger.totals(include_control=True)}, indent=1))
+             "totals_with_control": ledger.totals(include_control=True),
+             "devices": sorted({e.device for e in ledger.entries if e.device})}, indent=1))
         return summary

@@ -10,7 +10,7 @@ The run directory is the folder holding the config file.
 
 Guarantees (tests in ``tests/reliability/``):
 
-- **Dies with its launcher** (``test_orphans.py``). On Linux the worker asks the kernel for
+- **Dies with its launcher** (``test_job_processes.py``). On Linux the worker asks the kernel for
   ``SIGKILL`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``), then checks that its parent is
   still the launcher (``THINWIRE_LAUNCHER_PID``): a launcher killed before that call is caught by
   the check. The kernel's signal fires when the *thread* that forked the worker exits; torch's
@@ -19,7 +19,7 @@ Guarantees (tests in ``tests/reliability/``):
   kernel's signal over a polling thread: it acts at once and also reaches a worker that is
   stopped (SIGSTOP) or busy in C code without the GIL. Where ``prctl`` is missing (not Linux) a
   daemon thread polls the parent pid every second instead.
-- **Quiet signals** (``test_errors.py``). SIGINT and SIGTERM keep their default action (end the
+- **Quiet signals** (``test_job_processes.py``). SIGINT and SIGTERM keep their default action (end the
   process): a worker stopped by Ctrl-C or by its agent prints no KeyboardInterrupt traceback.
   Checkpoints are written atomically, so ending a worker at any instant loses no checkpoint.
 - **One-line failures.** A bad input (config, checkpoint, disk full) ends the worker with one
@@ -29,7 +29,7 @@ Guarantees (tests in ``tests/reliability/``):
   failed first. Under thinwire's own launcher the worker prints nothing for these (the launcher
   prints the one line); under an external torchrun it prints ``thinwire worker rank R: error:
   ...``. Unexpected exceptions (bugs) print their traceback.
-- **Resume on restart** (``test_elastic.py``). A worker restarted by the elastic agent
+- **Resume on restart** (``test_elastic_restart.py``). A worker restarted by the elastic agent
   (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest complete checkpoint, as with
   ``--run.resume``; a first start with ``run.resume`` and no checkpoint is a one-line error.
 """
@@ -135,6 +135,10 @@ def _from_comm(exc: BaseException) -> bool:
     or torch.distributed): a symptom of a dead or stuck peer, not a cause."""
     import torch.distributed as dist
 
+    from thinwire.runtime.comm import CommDeviceError
+
+    if isinstance(exc, CommDeviceError):  # a program error found before the call, not a peer
+        return False
     if isinstance(exc, getattr(dist, "DistError", ())):
         return True
     text = str(exc)
@@ -211,7 +215,7 @@ def _run(path: Path) -> int:
     device = rt.init_from_env(cfg.runtime)
     comm = Comm() if rt.initialised() else Comm.local()
     if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
-        from thinwire.run import rescalable
+        from thinwire.builders import rescalable
 
         checkpoint.require_resumable(run_dir, comm.world_size, check_ranks=False,
                                      rescalable=rescalable(cfg))

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from thinwire.data import datasets
+from thinwire.data import DATASETS, datasets
 from thinwire.data.datasets import (
-    DATASETS,
     FASHION_MNIST_FILES,
     find_fashion_mnist,
     load_dataset,
@@ -174,7 +173,7 @@ def test_fashion_mnist_limit_is_stratified() -> None:
 def test_unknown_name_lists_known() -> None:
     with pytest.raises(UsageError) as err:
         load_dataset("cifar-10")
-    for name in DATASETS:
+    for name in DATASETS.names():
         assert name in str(err.value)
 
 

@@ -9,19 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from harness import SHARED_DATA
+from harness import DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(SHARED_DATA is None, reason="needs ../shared/data (tiny-shakespeare)")
 def test_the_benchmark_calibrates_and_predicts_a_pipeline_step(tmp_path):
-    assert SHARED_DATA is not None
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "pipeline_thin_wire.py"), "--check",
          "--link", "100mbit,1gbit", "--runs", "none,int4", "--stages", "2", "--reps", "3",
-         "--data-dir", str(SHARED_DATA / "tinyshakespeare"), "--out", str(tmp_path)],
+         "--data-dir", str(DATA / "tinyshakespeare"), "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]

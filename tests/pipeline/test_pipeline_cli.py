@@ -9,8 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from harness import SHARED_DATA
+from harness import DATA
 
 from thinwire.config import load
 from thinwire.measure.predict import run_layout, run_traffic
@@ -18,11 +17,9 @@ from thinwire.run import load_data
 
 
 def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path: Path) -> None:
-    if SHARED_DATA is None or not (SHARED_DATA / "tinyshakespeare").is_dir():
-        pytest.skip("shared data tinyshakespeare absent")
     args = ["train", "--model", "gpt", "--model.n_layer", "2", "--model.d_model", "16",
             "--model.n_head", "2", "--data.name", "tinyshakespeare",
-            "--data.dir", str(SHARED_DATA / "tinyshakespeare"), "--data.limit_train", "4096",
+            "--data.dir", str(DATA / "tinyshakespeare"), "--data.limit_train", "4096",
             "--data.limit_test", "256", "--method", "pipeline", "--parallel.pp", "2",
             "--parallel.tp", "2", "--workers", "4", "--method.schedule", "1f1b",
             "--method.micro_batches", "2",

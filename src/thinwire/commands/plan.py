@@ -255,25 +255,35 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
         return _search(args, model, cluster)
     base = _strategy(args, model, cluster)
     if args.crossover:
-        return crossover_mode(args, model, cluster, base)
+        return crossover_mode(model, cluster, base, method=args.method, penalty=args.penalty,
+                              as_json=args.json, convergence=args.convergence or (),
+                              target=args.target or "", command_line=_fit_command(args))
     if args.scaling:
-        return scaling_mode(args, model, cluster, base)
+        return scaling_mode(model, cluster, base, out=args.out, max_workers=args.max_workers,
+                            global_batch=args.global_batch, weak=args.weak, method=args.method,
+                            as_json=args.json)
     pred = predict(model, cluster, base)
     if args.json:
         return prediction_json(model, cluster, pred)
     return plan_report(model, cluster, pred)
 
 
+def _fit_command(args: argparse.Namespace) -> str:
+    """A convergence fit's provenance: the command that re-runs it."""
+    if not args.convergence:
+        return ""
+    return shlex.join(["thinwire", "plan", "--convergence", *args.convergence]
+                      + (["--target", args.target] if args.target else []))
+
+
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``thinwire plan``; returns the exit code."""
     _check_calibrate_only(args)
-    if args.convergence:  # the fit's provenance, as it can be re-run
-        args.command_line = shlex.join(["thinwire", "plan", "--convergence", *args.convergence]
-                                       + (["--target", args.target] if args.target else []))
     if args.validate:
         _print(_validate(args))
     elif args.convergence and not args.crossover:
-        _print(convergence_mode(args))
+        _print(convergence_mode(args.convergence, target=args.target or "", out=args.out,
+                                as_json=args.json, command_line=_fit_command(args)))
     elif args.calibrate:
         _print(calibrate_mode(args))
     elif args.list:

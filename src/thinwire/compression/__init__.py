@@ -30,13 +30,20 @@ from thinwire.compression.hooks import (
 )
 from thinwire.compression.powersgd import PowerSGD
 from thinwire.compression.quantize import QSGD, Int8
-from thinwire.compression.registry import CODECS, CodecEntry, build, build_codec, codec_options
+from thinwire.compression.registry import (
+    CODECS,
+    CodecEntry,
+    build,
+    build_codec,
+    check_codec,
+    codec_options,
+)
 from thinwire.compression.sign import ScaledSign
 from thinwire.compression.sparse import RandK, TopK
 
 __all__ = [
     "CODECS", "QSGD", "Cast", "CodecEntry", "Collective", "Compressor", "ErrorFeedback",
     "HookState", "Identity", "Int8", "Part", "Payload", "PowerSGD", "RandK", "ScaledSign",
-    "TopK", "average_async", "build", "build_codec", "codec_options", "compressed_hook", "ddp_hook",
+    "TopK", "average_async", "build", "build_codec", "check_codec", "codec_options", "compressed_hook", "ddp_hook",
     "register",
 ]

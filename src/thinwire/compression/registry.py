@@ -25,7 +25,7 @@ from typing import Any
 
 from thinwire.compression.base import Compressor
 from thinwire.compression.feedback import ErrorFeedback
-from thinwire.options import NoOptions, Registry, build_options, parse_spec
+from thinwire.options import NoOptions, OptionError, Registry, build_options, parse_spec
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,15 @@ def build(spec: str, *, seed: int = 0, rank: int = 0, **options: Any) -> Compres
         'powersgd(rank=4,warm_start)'
     """
     return build_codec(spec, options, seed=seed, rank=rank)
+
+
+def check_codec(spec: str, where: str) -> None:
+    """A codec spec that :func:`build` accepts, or a one-line :class:`OptionError` naming
+    ``where`` (the option that holds it, e.g. ``method.compressor``)."""
+    try:
+        build(spec)
+    except OptionError as exc:
+        raise OptionError(f"{where}: {exc}") from None
 
 
 def build_codec(spec: str, options: Mapping[str, Any] | None = None, *, seed: int = 0,

@@ -18,21 +18,9 @@ from thinwire.data.datasets import (
     read_idx,
     stratified_subset,
 )
-from thinwire.data.registry import DataEntry, DataSource
+from thinwire.data.registry import DATASETS, DataEntry, DataSource
 from thinwire.data.sharding import SHARD_MODES, all_shards, label_histogram, shard_indices
 from thinwire.data.stream import BatchStream
-from thinwire.options import Registry
-
-DATASETS: Registry[DataEntry] = Registry("dataset", {
-    "fashion-mnist": "thinwire.data.datasets:FASHION_MNIST",
-    "digits": "thinwire.data.datasets:DIGITS",
-    "teacher": "thinwire.data.datasets:TEACHER",
-    "tinyshakespeare": "thinwire.data.text:TINYSHAKESPEARE",
-    "cora": "thinwire.data.graph:CORA",
-    "sbm": "thinwire.data.graph:SBM",
-    "clicks": "thinwire.data.clicks:CLICKS",
-})
-"""Every dataset by name; each entry lives in its own module."""
 
 __all__ = [
     "DATASETS",

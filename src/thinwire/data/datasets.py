@@ -44,10 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from thinwire.data.registry import DataEntry, DataSource
+from thinwire.data.registry import DATASETS, DataEntry, DataSource
 from thinwire.errors import UsageError
-
-DATASETS: tuple[str, ...] = ("fashion-mnist", "digits", "teacher")
 
 FASHION_MNIST_FILES: tuple[str, ...] = (
     "train-images-idx3-ubyte.gz",
@@ -413,50 +411,17 @@ def _check_limit(name: str, value: int | None) -> None:
         raise UsageError(f"{name} must be a positive integer or unset, got {value!r}")
 
 
-def load_dataset(
-    name: str,
-    data_dir: str | os.PathLike[str] | None = None,
-    *,
-    seed: int = 0,
-    limit_train: int | None = None,
-    limit_test: int | None = None,
-    download: bool = False,
-) -> Dataset:
-    """Load dataset ``name`` (one of :data:`DATASETS`) as normalised float32 / int64 tensors.
-
-    ``data_dir`` is searched first for Fashion-MNIST; ``seed`` drives the synthetic teacher only
-    (real splits are fixed); ``limit_train`` / ``limit_test`` take a stratified subset (sizes for
-    ``"teacher"``); ``download=True`` allows fetching Fashion-MNIST into the cache when it is found
-    nowhere. Raises :class:`UsageError` for an unknown name or missing/corrupt data.
-    """
-    _check_limit("limit_train", limit_train)
-    _check_limit("limit_test", limit_test)
-    mean: float | np.ndarray
-    std: float | np.ndarray
-    if name == "fashion-mnist":
-        x_tr, y_tr, x_te, y_te = _load_fashion_mnist(data_dir, download)
-        mean, std = _uint8_pixel_stats(x_tr)
-        num_classes = 10
-    elif name == "digits":
-        x_tr, y_tr, x_te, y_te = _load_digits()
-        mean, std = x_tr.mean(axis=0), x_tr.std(axis=0)
-        std = np.where(std > 0, std, 1.0)
-        num_classes = 10
-    elif name == "teacher":
-        n_train = limit_train or TEACHER_TRAIN_DEFAULT
-        n_test = limit_test or TEACHER_TEST_DEFAULT
-        x_tr, y_tr, x_te, y_te = _load_teacher(seed, n_train, n_test)
-        mean, std = 0.0, 1.0  # already standard normal; kept raw so labels stay exact
-        num_classes = TEACHER_CLASSES
-        limit_train = limit_test = None
-    else:
-        raise UsageError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
-
-    if limit_train is not None:
-        keep = stratified_subset(y_tr, limit_train)
+def _classification(name: str, arrays: tuple[np.ndarray, ...], mean: float | np.ndarray,
+                    std: float | np.ndarray, num_classes: int, source: DataSource,
+                    input_shape: tuple[int, ...] = ()) -> Dataset:
+    """A classification :class:`Dataset` from raw (x_train, y_train, x_test, y_test): the
+    source's stratified limits applied, then ``(x - mean) / std`` (uint8 pixels as ``x / 255``)."""
+    x_tr, y_tr, x_te, y_te = arrays
+    if source.limit_train:
+        keep = stratified_subset(y_tr, source.limit_train)
         x_tr, y_tr = x_tr[keep], y_tr[keep]
-    if limit_test is not None:
-        keep = stratified_subset(y_te, limit_test)
+    if source.limit_test:
+        keep = stratified_subset(y_te, source.limit_test)
         x_te, y_te = x_te[keep], y_te[keep]
 
     def as_y(a: np.ndarray) -> torch.Tensor:
@@ -469,30 +434,72 @@ def load_dataset(
         x_test=_normalise(x_te, mean, std),
         y_test=as_y(y_te),
         num_classes=num_classes,
-        input_shape=IMAGE_SHAPES.get(name, ()),
+        input_shape=input_shape,
     )
 
 
-IMAGE_SHAPES: dict[str, tuple[int, ...]] = {"fashion-mnist": (1, 28, 28), "digits": (1, 8, 8)}
-"""Images are stored flat; their (channels, height, width) for models that want it."""
+def load_fashion_mnist(source: DataSource, options: Any, seed: int) -> Dataset:
+    """The ``fashion-mnist`` dataset (the module docstring; ``seed`` unused: the split is
+    fixed), standardised with the train split's global pixel mean and std."""
+    del options, seed
+    arrays = _load_fashion_mnist(source.dir or None, source.download)
+    mean, std = _uint8_pixel_stats(arrays[0])
+    return _classification("fashion-mnist", arrays, mean, std, 10, source, (1, 28, 28))
 
 
-def _entry_loader(name: str) -> Any:
-    def load(source: DataSource, options: Any, seed: int) -> Dataset:
-        del options
-        return load_dataset(name, source.dir or None, seed=seed,
-                            limit_train=source.limit_train or None,
-                            limit_test=source.limit_test or None, download=source.download)
+def load_digits(source: DataSource, options: Any, seed: int) -> Dataset:
+    """The ``digits`` dataset (fixed split; ``seed`` unused), standardised per feature with the
+    train split's statistics (features constant on train keep std 1)."""
+    del options, seed
+    arrays = _load_digits()
+    mean, std = arrays[0].mean(axis=0), arrays[0].std(axis=0)
+    return _classification("digits", arrays, mean, np.where(std > 0, std, 1.0), 10, source,
+                           (1, 8, 8))
 
-    return load
+
+def load_teacher(source: DataSource, options: Any, seed: int) -> Dataset:
+    """The ``teacher`` dataset drawn from ``seed``: the limits are the sizes generated
+    (defaults 8192 / 2048), the inputs kept raw so the labels stay exact."""
+    del options
+    n_train = source.limit_train or TEACHER_TRAIN_DEFAULT
+    n_test = source.limit_test or TEACHER_TEST_DEFAULT
+    arrays = _load_teacher(seed, n_train, n_test)
+    return _classification("teacher", arrays, 0.0, 1.0, TEACHER_CLASSES,
+                           DataSource(dir=source.dir, download=source.download))
+
+
+def load_dataset(
+    name: str,
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    limit_train: int | None = None,
+    limit_test: int | None = None,
+    download: bool = False,
+) -> Dataset:
+    """Load dataset ``name`` (any of :data:`thinwire.data.DATASETS`, through its entry's
+    ``load``) with its default options.
+
+    ``data_dir`` is searched first (and alone) for the dataset's files; ``seed`` drives
+    synthetic data only (real splits are fixed); ``limit_train`` / ``limit_test`` take a
+    stratified subset (sizes for ``"teacher"``); ``download=True`` allows fetching missing files
+    where the dataset has a canonical source. Raises :class:`UsageError` for an unknown name or
+    missing/corrupt data.
+    """
+    _check_limit("limit_train", limit_train)
+    _check_limit("limit_test", limit_test)
+    entry = DATASETS.get(name)
+    source = DataSource(dir=str(data_dir) if data_dir is not None else "", download=download,
+                        limit_train=limit_train or 0, limit_test=limit_test or 0)
+    return entry.load(source, entry.options(), seed)  # type: ignore[no-any-return]
 
 
 FASHION_MNIST = DataEntry(
-    name="fashion-mnist", kind="classification", load=_entry_loader("fashion-mnist"),
+    name="fashion-mnist", kind="classification", load=load_fashion_mnist,
     summary="Fashion-MNIST, 60k + 10k 28x28 grey images, 10 classes (Debian dataset-fashion-mnist)")
 DIGITS = DataEntry(
-    name="digits", kind="classification", load=_entry_loader("digits"),
+    name="digits", kind="classification", load=load_digits,
     summary="scikit-learn's 8x8 digits, 1797 images, 10 classes (bundled, offline)")
 TEACHER = DataEntry(
-    name="teacher", kind="classification", load=_entry_loader("teacher"),
+    name="teacher", kind="classification", load=load_teacher,
     summary="synthetic teacher-student task, 32 inputs, 10 classes (exact, for tests)")

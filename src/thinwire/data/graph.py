@@ -14,7 +14,8 @@ Embeddings", ICML 2016): 2708 papers, 1433 binary bag-of-words features, 7 class
 undirected citation edges, the standard split of 140 train / 500 validation / 1000 test nodes.
 Loading, in steps:
   1. find ``cora.npz`` with the search rules of :func:`thinwire.data.text.search_paths`
-     (``DIR/cora.npz`` or ``DIR/cora/cora.npz``; an explicit ``--data.dir`` never falls back);
+     (``DIR/cora.npz`` or ``DIR/cora/cora.npz``; an explicit ``--data.dir`` never falls back;
+     the copy shipped with the package, :data:`thinwire.data.text.BUNDLED_DIR`, comes last);
      nothing is downloaded: the public Planetoid files are Python pickles, which are never loaded;
   2. read it with ``np.load(allow_pickle=False)``: arrays ``feature_rows``/``feature_cols`` (the
      nonzero entries of the binary feature matrix), ``num_features`` (optional), ``labels``,
@@ -307,7 +308,8 @@ def load_sbm(source: DataSource, options: SBMOptions, seed: int) -> Dataset:
 
 CORA = DataEntry(
     name="cora", kind="node", load=load_cora,
-    summary="Cora citation graph, 2708 nodes, 1433 features, 7 classes, 140/500/1000 split")
+    summary="Cora citation graph, 2708 nodes, 1433 features, 7 classes, 140/500/1000 split",
+    batch_size=32)
 SBM = DataEntry(
     name="sbm", kind="node", load=load_sbm,
     summary="stochastic block model graph from the seed (100k nodes, 10 communities by default)",

@@ -9,7 +9,8 @@ Loading, in steps:
   1. find ``input.txt`` (:func:`locate`): with ``--data.dir DIR`` only ``DIR/input.txt`` and
      ``DIR/tinyshakespeare/input.txt`` are looked at (an explicit directory never falls back
      elsewhere); otherwise ``$THINWIRE_DATA_DIR`` (the same two layouts), then the user cache
-     ``~/.cache/thinwire/tinyshakespeare/`` (``$XDG_CACHE_HOME`` honoured);
+     ``~/.cache/thinwire/tinyshakespeare/`` (``$XDG_CACHE_HOME`` honoured), then the copy that
+     ships with thinwire (:data:`BUNDLED_DIR`), so the default needs no set-up;
   2. when it is found nowhere and ``--data.download true`` is given, fetch it from the canonical
      URL (:func:`download_text`) into the cache, or into ``DIR`` when one was named: written to a
      temporary name, md5-checked, then renamed, so no truncated file ever takes the real name;
@@ -48,6 +49,10 @@ TINYSHAKESPEARE_MD5 = "6fb458f1232090904fb40fe944165e91"
 TINYSHAKESPEARE_FILE = "input.txt"
 TRAIN_FRACTION = 0.9
 """The first 90 % of the characters train, the rest is the validation (test) split."""
+BUNDLED_DIR = Path(__file__).resolve().parent / "files"
+"""The data that ships inside the package (``BUNDLED_DIR/NAME/FILE``: tiny-shakespeare's
+``input.txt``, Cora's ``cora.npz``; sources and licences in its README.md): the last place a
+default search looks, so a model's default dataset works on a fresh install."""
 
 
 # ------------------------------------------------------------------------- files, shared
@@ -65,7 +70,8 @@ def search_paths(name: str, filename: str, data_dir: str = "") -> list[Path]:
 
     1. ``data_dir`` given: ``data_dir/filename`` and ``data_dir/name/filename``, nothing else;
     2. otherwise ``$THINWIRE_DATA_DIR`` in the same two layouts (when set), then
-       ``cache_dir(name)/filename``.
+       ``cache_dir(name)/filename``, then ``BUNDLED_DIR/name/filename`` (the copy shipped with
+       the package, for the datasets that have one).
     """
     if data_dir:
         roots = [Path(data_dir)]
@@ -75,6 +81,9 @@ def search_paths(name: str, filename: str, data_dir: str = "") -> list[Path]:
     paths = [p for root in roots for p in (root / filename, root / name / filename)]
     if not data_dir:
         paths.append(cache_dir(name) / filename)
+        bundled = BUNDLED_DIR / name / filename
+        if bundled.is_file():
+            paths.append(bundled)
     return list(dict.fromkeys(paths))
 
 

@@ -1,16 +1,17 @@
 """The ``--crossover`` and ``--scaling`` modes of ``thinwire plan``: pure planner modes.
 
-Crossover and knee definitions are in insight.py; this module turns the command-line arguments
-into calls and their results into text or JSON-ready dicts. The methods compared are the
+Crossover and knee definitions are in insight.py; this module turns the modes' options (plain
+values, as ``thinwire plan`` parses them) into calls and their results into text or JSON-ready
+dicts. The methods compared are the
 planner's data-parallel layout and every registered method at its defaults, plus ``--method``
 when it names another (:func:`thinwire.planner.insight.method_variants`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,9 @@ from thinwire.planner.specs import ClusterSpec, MLPSpec, ModelSpec
 from thinwire.planner.strategy import StrategySpec
 
 
-def _extra(args: argparse.Namespace) -> tuple[str, ...]:
+def _extra(method: str) -> tuple[str, ...]:
     """The ``--method`` spec to compare beside the defaults (none for the planner's layout)."""
-    return (args.method,) if args.method else ()
+    return (method,) if method else ()
 
 
 def _penalties(text: str, keys: list[str]) -> dict[str, float]:
@@ -55,34 +56,38 @@ def _penalties(text: str, keys: list[str]) -> dict[str, float]:
 
 
 def crossover_mode(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec
+    model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, *, method: str = "",
+    penalty: str = "", as_json: bool = False, convergence: Sequence[str] = (), target: str = "",
+    command_line: str = ""
 ) -> str | dict[str, Any]:
-    """``--crossover``: with ``--convergence``, time to each target per link speed and the
-    winner (:mod:`thinwire.planner.crossover`), then the per-step comparison; without it, the
-    per-step comparison alone, labelled as such."""
-    per_step = _per_step(args, model, cluster, base)
-    if not getattr(args, "convergence", None):
-        if getattr(args, "target", None):
+    """``--crossover``: step times per link speed and the crossover bandwidths (``method``: a
+    spec compared beside the defaults; ``penalty``: ``ist=2,...``; ``as_json``: a dict).
+    With ``convergence`` (sources of :func:`thinwire.planner.convergence.load`), first the
+    time to each target (``target``: ``0.8,0.83``; default the table's) per link speed and
+    the winner (:mod:`thinwire.planner.crossover`); the per-step comparison follows, labelled
+    as such."""
+    per_step = _per_step(model, cluster, base, method, penalty, as_json)
+    if not convergence:
+        if target:
             raise UsageError("--target needs --convergence RUN_DIR...|FILE.json|NAME (the steps "
                              "each method takes to it); shipped tables: "
                              + ", ".join(_shipped()))
         return per_step
     from thinwire.planner.convergence import load
 
-    conv = load(args.convergence, _targets(args), fit_command=getattr(args, "command_line", ""))
-    to_target = target_mode(conv, model, cluster, base, args.json)
-    if args.json:
+    conv = load(list(convergence), _targets(target), fit_command=command_line)
+    to_target = target_mode(conv, model, cluster, base, as_json)
+    if as_json:
         return {"to_target": to_target, "per_step": per_step}
     return f"{to_target}\n{per_step}"
 
 
-def _per_step(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec
-) -> str | dict[str, Any]:
+def _per_step(model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, method: str,
+              penalty: str, as_json: bool) -> str | dict[str, Any]:
     """Step times per link speed and the per-step crossover bandwidths."""
-    variants = method_variants(model, base, _extra(args))
+    variants = method_variants(model, base, _extra(method))
     methods = [k for k in variants if k != BASELINE]
-    penalties = _penalties(args.penalty, methods)
+    penalties = _penalties(penalty, methods)
     links = sorted(set(LINKS) | {cluster.inter_bandwidth})
     rows, data = [], []
     for w in links:
@@ -98,7 +103,7 @@ def _per_step(
         )
         for k in methods
     }
-    if args.json:
+    if as_json:
         finite = {k: (None if math.isinf(w) else w) for k, w in cross.items()}  # None: always wins
         labels = {k: method_label(variants[k]) for k in methods}
         return {"rows": data, "crossover_bytes_per_s": finite, "penalties": penalties,
@@ -115,24 +120,27 @@ def _scaling_rows(points: list[Any]) -> list[list[object]]:
 
 
 def scaling_mode(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, base: StrategySpec
+    model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, *, out: str | None, max_workers: int,
+    global_batch: int = 0, weak: bool = False, method: str = "", as_json: bool = False
 ) -> str | dict[str, Any]:
-    """``--scaling``: step time and throughput against workers, the knee, a PNG."""
-    if not args.out:
+    """``--scaling``: step time and throughput against 1, 2, 4, ... ``max_workers`` workers,
+    the knee, a PNG in ``out`` (``global_batch`` 0: the model's; ``weak``: the batch grows with
+    the workers)."""
+    if not out:
         raise UsageError("--scaling writes a PNG: add --out DIR")
-    workers = [2**i for i in range(0, 31) if 2**i <= max(1, args.max_workers)]
-    batch = args.global_batch or model.global_batch
-    points = scaling(model, cluster, base, workers, batch, weak=args.weak, extra=_extra(args))
+    workers = [2**i for i in range(0, 31) if 2**i <= max(1, max_workers)]
+    batch = global_batch or model.global_batch
+    points = scaling(model, cluster, base, workers, batch, weak=weak, extra=_extra(method))
     if not points:
         raise UsageError(
             "no worker count fits the batch; lower --micro-batch-size or raise --global-batch"
         )
-    path = plot_scaling(points, Path(args.out), f"{model.name} on {cluster.name}")
+    path = plot_scaling(points, Path(out), f"{model.name} on {cluster.name}")
     bend = knee(points)
-    if args.json:
+    if as_json:
         return {"png": str(path), "knee_workers": bend,
                 "points": [dataclasses.asdict(q) for q in points]}
-    scaling_kind = "weak" if args.weak else f"strong, global batch {batch}"
+    scaling_kind = "weak" if weak else f"strong, global batch {batch}"
     text = table(
         ["method", "workers", "step s", "samples/s", "sync s", "compute s", "efficiency"],
         _scaling_rows(points),
@@ -152,9 +160,9 @@ def _shipped() -> list[str]:
     return shipped() or ["none"]
 
 
-def _targets(args: argparse.Namespace) -> list[float]:
+def _targets(text: str | None) -> list[float]:
     """``--target 0.8,0.83`` -> [0.8, 0.83] (none: the table's own targets)."""
-    text = getattr(args, "target", None) or ""
+    text = text or ""
     out = []
     for part in filter(None, (t.strip() for t in text.split(","))):
         try:
@@ -238,28 +246,29 @@ def target_mode(conv: Convergence, model: ModelSpec, cluster: ClusterSpec, base:
     return "\n".join(head) + "\n\n" + "\n".join(blocks) + "\nPer step (not time to a target):\n"
 
 
-def convergence_mode(args: argparse.Namespace) -> str | dict[str, Any]:
+def convergence_mode(sources: Sequence[str], *, target: str = "", out: str | None = None,
+                     as_json: bool = False, command_line: str = "") -> str | dict[str, Any]:
     """``--convergence`` alone: the fitted steps to each target and factors against data
-    parallelism; ``--out FILE.json`` writes the table."""
+    parallelism; ``out`` (FILE.json) writes the table."""
     from thinwire.planner.convergence import load
 
-    conv = load(args.convergence, _targets(args), fit_command=getattr(args, "command_line", ""))
+    conv = load(list(sources), _targets(target), fit_command=command_line)
     wrote = ""
-    if args.out:
-        out = Path(args.out)
-        if out.suffix != ".json":
-            raise UsageError(f"--out {out}: --convergence writes a JSON table, e.g. --out "
+    if out:
+        path = Path(out)
+        if path.suffix != ".json":
+            raise UsageError(f"--out {path}: --convergence writes a JSON table, e.g. --out "
                              "runs/convergence.json")
         import json
 
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(conv.to_json(), indent=1) + "\n")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(conv.to_json(), indent=1) + "\n")
         except OSError as exc:
-            raise UsageError(f"--out {out}: cannot write it ({exc.strerror}); pick a writable "
+            raise UsageError(f"--out {path}: cannot write it ({exc.strerror}); pick a writable "
                              "path") from None
-        wrote = f"wrote {out}\n"
-    if args.json:
+        wrote = f"wrote {path}\n"
+    if as_json:
         return conv.to_json()
     order = "higher is better" if conv.higher_is_better else "lower is better"
     rows = [[m.label, m.runs, m.steps_run, f"{m.best:.4g}"]

@@ -36,7 +36,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from thinwire.options import OptionError, opt
+from thinwire.compression.registry import check_codec
+from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import (
     Batch,
@@ -69,16 +70,6 @@ class Options:
     def __post_init__(self) -> None:
         if self.compressor != "none":
             check_codec(self.compressor, "method.compressor")
-
-
-def check_codec(spec: str, where: str) -> None:
-    """A codec spec that :func:`thinwire.compression.build` accepts, or a one-line error."""
-    from thinwire.compression import build
-
-    try:
-        build(spec)
-    except OptionError as exc:
-        raise OptionError(f"{where}: {exc}") from None
 
 
 def allreduce_hook(comm: Comm) -> Any:
@@ -244,6 +235,14 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     return bucket_traffic(layout, options.compressor, workers, steps)
 
 
+def _check(cfg: Any) -> None:
+    """``[memory]`` with this method's options: FSDP2 (ZeRO-2/3) takes no gradient codec."""
+    codec = cfg.method.options.compressor
+    check(cfg.memory.zero < 2 or codec == "none", "memory.zero",
+          f"FSDP2 reduces gradients with its own reduce-scatter, a codec ({codec}) needs "
+          "DDP's hook; use --memory.zero 1 with a compressor, or drop the compressor")
+
+
 def _label(o: Options) -> str:
     if o.compressor == "none":
         return "dp"
@@ -265,7 +264,7 @@ def _alias(name: str, values: Mapping[str, str]) -> dict[str, str] | None:
 METHOD = MethodEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
-    label=_label, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
+    label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
     rescalable=lambda o: o.compressor == "none")
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

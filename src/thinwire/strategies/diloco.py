@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from thinwire.compression.registry import check_codec
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
@@ -40,10 +41,8 @@ from thinwire.strategies.base import (
     ReplicatedStrategy,
     optimizer_bytes,
 )
-from thinwire.strategies.data_parallel import check_codec
 from thinwire.strategies.entry import MethodEntry
-from thinwire.strategies.local_sgd import averaging_traffic
-from thinwire.strategies.traffic import Layout, Traffic
+from thinwire.strategies.traffic import Layout, Traffic, averaging_traffic
 
 
 class DiLoCo:

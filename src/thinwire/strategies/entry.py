@@ -44,8 +44,8 @@ class MethodEntry:
     - ``run_layout(cfg, model, example)``: the :class:`~thinwire.strategies.traffic.Layout`
       the traffic formula reads for a run, when it needs more than the model's parameters (a
       pipeline's stage plan, tensor-parallel activation shapes), from the config, the built
-      model and one input batch (None: the model's layout); the planner's
-      :func:`~thinwire.planner.runs.predict_traffic` prices a run with it;
+      model and one input batch (None: the model's layout);
+      :func:`thinwire.measure.predict.run_layout` and ``run_traffic`` price a run with it;
     - ``memory``: the memory options of ``[memory]`` the method runs (``zero``, ``recompute``;
       :mod:`thinwire.strategies.memory`), others are a one-line error;
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the

@@ -62,6 +62,7 @@ from thinwire.strategies.base import (
     set_lr,
 )
 from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.grads import flatten, grads_of
 from thinwire.strategies.traffic import Traffic, wire
 
 if TYPE_CHECKING:
@@ -261,8 +262,7 @@ class Hybrid(Strategy):
         n = self.comm.world_size
         if n == 1:
             return
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.dense])
+        flat = flatten(grads_of(self.dense))
         if not self.o.dct:
             self.comm.all_reduce(flat, op="avg", tag="grad")
         else:

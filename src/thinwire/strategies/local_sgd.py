@@ -34,7 +34,7 @@ from thinwire.strategies.base import (
     load_flat,
 )
 from thinwire.strategies.entry import MethodEntry
-from thinwire.strategies.traffic import Layout, Traffic
+from thinwire.strategies.traffic import Layout, Traffic, averaging_traffic
 
 
 class LocalSGD:
@@ -110,11 +110,6 @@ class LocalSGDStrategy(ReplicatedStrategy):
 
     def close(self) -> None:
         self.local.close()
-
-
-def averaging_traffic(layout: Layout, period: int, workers: int, steps: int) -> Traffic:
-    """One all-reduce of every parameter (4 bytes each) per ``period`` steps."""
-    return Traffic.uniform(workers, "all_reduce", [4 * layout.numel] * (steps // period))
 
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,

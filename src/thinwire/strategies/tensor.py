@@ -9,7 +9,8 @@ group read the same data shard and hold 1/tp of every split layer, the dp groups
 Which layers split is the model's own data, its :class:`~thinwire.models.tensor_plan.TensorPlan`
 (``ModelEntry.tensor``): per region, column-parallel layers (rows of weight and bias, in units
 such as an attention head) and row-parallel ones (columns of the weight; the bias whole).
-:func:`shard` rewrites the model in place:
+:func:`thinwire.strategies.tp.sharding.shard` rewrites the model in place (the operators are
+:mod:`thinwire.strategies.tp.operators`, shared with the pipeline's tensor-parallel stages):
 
   1. each column layer becomes a smaller ``nn.Linear`` holding rank t's rows (its heads, its
      neurons); each row layer a :class:`RowParallel` holding rank t's columns;
@@ -31,8 +32,9 @@ parameters and its own slices; the dp replicas are identical.
 Why our own operators and not ``torch.distributed.tensor.parallel.parallelize_module``: DTensor
 issues its collectives inside its dispatcher, out of reach of :class:`~thinwire.runtime.comm.Comm`
 and its ledger, and offers no place to put a codec on an activation. The operators here are the
-four autograd functions Megatron itself writes (:class:`_Copy`, :class:`_Reduce`, and their
-sequence-parallel forms), each one call of :class:`Exchange`, which goes through ``Comm`` and,
+four autograd functions Megatron itself writes (``_Copy``, ``_Reduce``, and their
+sequence-parallel forms), each one call of :class:`~thinwire.strategies.tp.operators.Exchange`,
+which goes through ``Comm`` and,
 with ``method.codec``, through a codec of :mod:`thinwire.compression` (the same
 encode/decode and wire format as compressed data parallelism; error feedback keyed by call
 site). The plain path (codec ``none``) uses the backend's collectives directly, so a run equals
@@ -52,12 +54,10 @@ keeps the gathered input (less traffic, more activation memory).
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from thinwire.errors import UsageError
@@ -74,11 +74,17 @@ from thinwire.strategies.base import (
     set_lr,
 )
 from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.grads import all_reduce_grads
+from thinwire.strategies.tp import (
+    Exchange,
+    check_split,
+    collectives,
+    gather_full,
+    shard,
+    split_dims,
+    tensor_plan,
+)
 from thinwire.strategies.traffic import Layout, Traffic, wire
-
-if TYPE_CHECKING:
-    from thinwire.compression.base import Compressor
-    from thinwire.models.tensor_plan import TensorPlan
 
 
 @dataclass(frozen=True)
@@ -90,332 +96,12 @@ class Options:
 
     def __post_init__(self) -> None:
         if self.codec != "none":
-            from thinwire.strategies.data_parallel import check_codec
+            from thinwire.compression import check_codec
 
             check_codec(self.codec, "method.codec")
 
 
-RS_KEYS = 1 << 20
-"""Codec keys of a compressed reduce-scatter's chunks start here (apart from the call sites')."""
-
-
-# --- the exchange: every tensor-parallel collective, plain or through a codec ---------------------
-class Exchange:
-    """The tensor-parallel group's collectives (through ``comm``, tagged ``tp``), optionally
-    through a codec. ``key`` names the call site (error feedback keeps one residual per key)."""
-
-    def __init__(self, comm: Comm, codec: Compressor | None = None) -> None:
-        self.comm = comm
-        self.codec = codec
-        self.step = 0
-
-    @property
-    def size(self) -> int:
-        return self.comm.world_size
-
-    def sum(self, x: torch.Tensor, key: int) -> torch.Tensor:
-        """The sum of ``x`` over the group (a new tensor)."""
-        if self.size == 1:
-            return x.clone()
-        y = x.detach().contiguous().clone()
-        if self.codec is None:
-            return self.comm.all_reduce(y, tag="tp")
-        fut, _ = self.codec.average_async(self.comm, y, self.step, key=key, tag="tp")
-        return fut.wait().mul_(self.size)
-
-    def gather(self, x: torch.Tensor, dim: int, key: int) -> torch.Tensor:
-        """Every rank's ``x`` concatenated along ``dim`` in rank order."""
-        if self.size == 1:
-            return x.clone()
-        flat = x.detach().contiguous()
-        if self.codec is None:
-            return torch.cat(self.comm.all_gather(flat, tag="tp"), dim)
-        from thinwire.compression.base import from_bytes, to_bytes
-
-        spec = self.codec.spec(flat.numel(), flat.dtype)
-        wire_bytes = to_bytes(self.codec.encode(flat.reshape(-1).clone(), self.step, key=key))
-        rows = self.comm.all_gather(wire_bytes, tag="tp")
-        parts = [self.codec.decode(from_bytes(r, spec), flat.numel(), self.step, key=key)
-                 .view_as(flat).to(flat.dtype) for r in rows]
-        parts[self.comm.rank] = flat  # own slice: never through the codec
-        return torch.cat(parts, dim)
-
-    def reduce_scatter(self, x: torch.Tensor, dim: int, key: int) -> torch.Tensor:
-        """This rank's slice (along ``dim``) of the sum of ``x`` over the group."""
-        n = self.size
-        if n == 1:
-            return x.clone()
-        moved = x.detach().movedim(dim, 0).contiguous()
-        if self.codec is None:
-            return self.comm.reduce_scatter(moved, tag="tp").movedim(0, dim)
-        from thinwire.compression.base import from_bytes, to_bytes
-
-        chunks = list(moved.chunk(n, 0))
-        numel = chunks[0].numel()
-        spec = self.codec.spec(numel, moved.dtype)
-        size = sum(p.nbytes for p in spec)
-        me = self.comm.rank
-        sends = [to_bytes(self.codec.encode(c.reshape(-1).clone(), self.step, key=RS_KEYS + key * n + j))
-                 if j != me else torch.empty(size, dtype=torch.uint8, device=x.device)
-                 for j, c in enumerate(chunks)]
-        recvs = [torch.empty(size, dtype=torch.uint8, device=x.device) for _ in range(n)]
-        self.comm.all_to_all(sends, recvs, tag="tp")
-        out = chunks[me].clone()
-        for j in range(n):
-            if j != me:
-                out.add_(self.codec.decode(from_bytes(recvs[j], spec), numel, self.step,
-                                           key=RS_KEYS + key * n + me).view_as(out).to(out.dtype))
-        return out.movedim(0, dim)
-
-    def collectives(self, op: str, numel: int) -> list[tuple[str, int]]:
-        """:func:`collectives` of this group and codec."""
-        return collectives(self.codec, op, numel, self.size)
-
-
-def collectives(codec: Compressor | None, op: str, numel: int, n: int) -> list[tuple[str, int]]:
-    """(op, payload bytes) a rank's ledger records for one :class:`Exchange` call of ``op``
-    ("sum", "gather", "reduce_scatter") on ``numel`` float32 elements (the call's input) in a
-    group of ``n``; for an all-to-all the payload is the bytes sent (exact)."""
-    if n == 1:
-        return []
-    if codec is None:
-        name = {"sum": "all_reduce", "gather": "all_gather", "reduce_scatter": "reduce_scatter"}
-        return [(name[op], 4 * numel)]
-    if op == "sum":
-        return codec.collectives(numel)
-    if op == "gather":
-        return [("all_gather", codec.payload_bytes(numel))]
-    return [("all_to_all", (n - 1) * codec.payload_bytes(numel // n))]
-
-
-class _Copy(torch.autograd.Function):
-    """Megatron's f: identity forward, sum over the group backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange, key: int) -> torch.Tensor:
-        ctx.ex, ctx.key = ex, key
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return ctx.ex.sum(g, ctx.key), None, None
-
-
-class _Reduce(torch.autograd.Function):
-    """Megatron's g: sum over the group forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange, key: int) -> torch.Tensor:
-        return ex.sum(x, key)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return g, None, None
-
-
-class _GatherSeq(torch.autograd.Function):
-    """Sequence-parallel f: all-gather forward, reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange, key: int, dim: int) -> torch.Tensor:
-        ctx.ex, ctx.key, ctx.dim = ex, key, dim
-        return ex.gather(x, dim, key)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return ctx.ex.reduce_scatter(g, ctx.dim, ctx.key + 1), None, None, None
-
-
-class _ScatterSeq(torch.autograd.Function):
-    """Sequence-parallel g: reduce-scatter forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange, key: int, dim: int) -> torch.Tensor:
-        ctx.ex, ctx.key, ctx.dim = ex, key, dim
-        return ex.reduce_scatter(x, dim, key)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return ctx.ex.gather(g, ctx.dim, ctx.key + 1), None, None, None
-
-
-class _Split(torch.autograd.Function):
-    """Entry of the sequence-parallel span: this rank's slice forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange, key: int, dim: int) -> torch.Tensor:
-        ctx.ex, ctx.key, ctx.dim = ex, key, dim
-        return x.chunk(ex.size, dim)[ex.comm.rank].contiguous()
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return ctx.ex.gather(g, ctx.dim, ctx.key), None, None, None
-
-
-class _Unsplit(torch.autograd.Function):
-    """Exit of the span: all-gather forward; backward this rank's slice (what follows the span
-    is computed alike on every rank, so its gradient is too)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange, key: int, dim: int) -> torch.Tensor:
-        ctx.ex, ctx.dim = ex, dim
-        return ex.gather(x, dim, key)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        return g.chunk(ctx.ex.size, ctx.dim)[ctx.ex.comm.rank].contiguous(), None, None, None
-
-
-class RowParallel(nn.Module):
-    """A row-parallel linear layer: this rank's columns of the weight, the whole bias; the
-    partial products are summed (or reduce-scattered over the sequence) before the bias."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, ex: Exchange, key: int,
-                 seq_dim: int | None) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias) if bias is not None else None
-        self.ex, self.key, self.seq_dim = ex, key, seq_dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        if self.seq_dim is None:
-            y = _Reduce.apply(y, self.ex, self.key)
-        else:
-            y = _ScatterSeq.apply(y, self.ex, self.key, self.seq_dim)
-        return y if self.bias is None else y + self.bias
-
-
-def _set(root: nn.Module, path: str, module: nn.Module) -> None:
-    parent, _, name = path.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, name, module)
-
-
-@dataclass(frozen=True)
-class Sharded:
-    """What :func:`shard` did: the split parameters (name -> dim split) and the span's
-    replicated parameters (gradients summed over tp with sequence parallelism)."""
-
-    split: dict[str, int]
-    span_replicated: tuple[str, ...]
-
-
-def shard(model: nn.Module, plan: TensorPlan, ex: Exchange, *,
-          sequence_parallel: bool = False) -> Sharded:
-    """Rewrite ``model`` in place into rank ``ex.comm.rank``'s tensor-parallel shard (steps 1-3
-    of the module docstring). Every rank must start from the same model."""
-    n, t = ex.size, ex.comm.rank
-    seq_dim = plan.seq_dim if sequence_parallel else None
-    split: dict[str, int] = {}
-    for i, region in enumerate(plan.regions):
-        module = model.get_submodule(region.path)
-        for name in region.column:
-            lin = module.get_submodule(name)
-            assert isinstance(lin, nn.Linear)
-            rows = lin.out_features
-            if rows % (region.unit * n):
-                raise UsageError(f"tensor: {region.path}.{name} has {rows // region.unit} units, "
-                                 f"not divisible by parallel.tp={n}; choose a tp dividing it")
-            lo, hi = t * rows // n, (t + 1) * rows // n
-            new = nn.Linear(lin.in_features, hi - lo, bias=lin.bias is not None)
-            with torch.no_grad():
-                new.weight.copy_(lin.weight[lo:hi])
-                if lin.bias is not None:
-                    new.bias.copy_(lin.bias[lo:hi])
-            _set(module, name, new.to(lin.weight.device))
-            split[f"{region.path}.{name}.weight"] = 0
-            if lin.bias is not None:
-                split[f"{region.path}.{name}.bias"] = 0
-        for j, name in enumerate(region.row):
-            lin = module.get_submodule(name)
-            assert isinstance(lin, nn.Linear)
-            cols = lin.in_features
-            lo, hi = t * cols // n, (t + 1) * cols // n
-            bias = lin.bias.detach().clone() if lin.bias is not None else None
-            _set(module, name, RowParallel(lin.weight.detach()[:, lo:hi].clone(), bias, ex,
-                                           key=(8 * i + 2 + 2 * j), seq_dim=seq_dim))
-            split[f"{region.path}.{name}.weight"] = 1
-        if sequence_parallel:
-            module.register_forward_pre_hook(
-                lambda _m, args, k=8 * i: (_GatherSeq.apply(args[0], ex, k, plan.seq_dim),
-                                           *args[1:]))
-        else:
-            module.register_forward_pre_hook(
-                lambda _m, args, k=8 * i: (_Copy.apply(args[0], ex, k), *args[1:]))
-    replicated: tuple[str, ...] = ()
-    if sequence_parallel and plan.span:
-        key = 8 * len(plan.regions)
-        first, last = model.get_submodule(plan.span[0]), model.get_submodule(plan.span[-1])
-
-        def enter(_m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-            x = args[0]
-            if x.shape[plan.seq_dim] % n:
-                raise UsageError(f"tensor: sequence parallelism needs the sequence length "
-                                 f"({x.shape[plan.seq_dim]}) divisible by parallel.tp={n}")
-            return (_Split.apply(x, ex, key, plan.seq_dim), *args[1:])
-
-        first.register_forward_pre_hook(enter)
-        last.register_forward_hook(
-            lambda _m, _a, out: _Unsplit.apply(out, ex, key + 1, plan.seq_dim))
-        prefixes = tuple(p + "." for p in plan.span)
-        replicated = tuple(name for name, _ in model.named_parameters()
-                           if name.startswith(prefixes) and name not in split)
-    return Sharded(split, replicated)
-
-
-def gather_full(model: nn.Module, sharded: Sharded, comm: Comm, into: nn.Module | None) -> None:
-    """Write the full parameters into ``into`` (when given) from every tp rank's slices
-    (all-gathers tagged control: evaluation, not training). Every tp rank calls it."""
-    full = dict(into.named_parameters()) if into is not None else {}
-    for name, p in model.named_parameters():
-        value = p.detach()
-        if name in sharded.split:
-            value = torch.cat(comm.all_gather(value.contiguous(), tag="control"),
-                              sharded.split[name])
-        if into is not None:
-            with torch.no_grad():
-                full[name].copy_(value)
-
-
 # --- the strategy -----------------------------------------------------------------------------------
-def plan_of(cfg: Any, model: nn.Module, who: str = "method tensor") -> TensorPlan:
-    """The model's :class:`TensorPlan` from its registry entry, or a one-line error naming
-    ``who`` asked and the models that have one."""
-    from thinwire.models import MODELS
-
-    entry = MODELS.get(cfg.model.name)
-    if entry.tensor is None:
-        offered = [n for n, e in MODELS.entries() if e.tensor is not None]
-        raise UsageError(f"{who}: model {cfg.model.name} offers no tensor-parallel plan; "
-                         f"use a model that does ({', '.join(offered)})")
-    return entry.tensor(model)
-
-
-def within(plan: TensorPlan, model: nn.Module, part: nn.Module) -> TensorPlan:
-    """The regions of ``plan`` whose module lies inside ``part`` (e.g. one pipeline stage of
-    ``model``), without a sequence-parallel span: a part of the model is sharded alone."""
-    from thinwire.models.tensor_plan import TensorPlan
-
-    inside = {id(m) for m in part.modules()}
-    regions = tuple(r for r in plan.regions if id(model.get_submodule(r.path)) in inside)
-    return TensorPlan(regions, (), plan.seq_dim, plan.width, plan.seq_len)
-
-
-def split_dims(model: nn.Module, plan: TensorPlan) -> dict[str, int]:
-    """The parameters :func:`shard` splits (name -> dim), without sharding: what
-    :attr:`Sharded.split` will hold, for traffic formulas and memory counts."""
-    out: dict[str, int] = {}
-    for region in plan.regions:
-        module = model.get_submodule(region.path)
-        for name in region.column:
-            out[f"{region.path}.{name}.weight"] = 0
-            if getattr(module.get_submodule(name), "bias", None) is not None:
-                out[f"{region.path}.{name}.bias"] = 0
-        for name in region.row:
-            out[f"{region.path}.{name}.weight"] = 1
-    return out
-
-
 class TensorParallel(Strategy):
     name = "tensor"
 
@@ -431,7 +117,7 @@ class TensorParallel(Strategy):
 
             codec = build(o.codec, seed=self.cfg.train.seed, rank=self.comm.rank)
         self.exchange = Exchange(self.tp_comm, codec)
-        self.plan = plan_of(self.cfg, model)
+        self.plan = tensor_plan(self.cfg, model)
         self.full = model if self.comm.rank == 0 else None
         self.model = copy.deepcopy(model) if self.full is not None else model
         self.model.to(ctx.device)
@@ -448,14 +134,9 @@ class TensorParallel(Strategy):
         """After backward: the span's replicated gradients summed over tp (sequence
         parallelism), then every gradient averaged over dp in one all-reduce."""
         if self._span and self.tp_comm.world_size > 1:
-            flat = torch.cat([_grad(p).reshape(-1) for p in self._span])
-            self.tp_comm.all_reduce(flat, tag="tp")
-            _unflatten(flat, self._span)
+            all_reduce_grads(self.tp_comm, self._span, op="sum", tag="tp")
         if self.dp_comm.world_size > 1:
-            params = list(self.model.parameters())
-            flat = torch.cat([_grad(p).reshape(-1) for p in params])
-            self.dp_comm.all_reduce(flat, op="avg", tag="grad")
-            _unflatten(flat, params)
+            all_reduce_grads(self.dp_comm, list(self.model.parameters()), op="avg", tag="grad")
 
     def train_step(self, batch: Batch, step: int) -> float:
         x, y = batch
@@ -488,18 +169,6 @@ class TensorParallel(Strategy):
         return memory_of(self.model.parameters(), self.opt)
 
 
-def _grad(p: torch.Tensor) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
-
-
-def _unflatten(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
-    i = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[i:i + n].view_as(p).clone()
-        i += n
-
-
 # --- checks and traffic ------------------------------------------------------------------------------
 def _check(cfg: Any) -> None:
     check(cfg.parallel.pp == 1, "parallel.pp",
@@ -507,26 +176,6 @@ def _check(cfg: Any) -> None:
           "blocks use --method pipeline --parallel.pp S --parallel.tp T")
     check(cfg.train.clip_norm == 0, "train.clip_norm",
           "gradient clipping over tensor-parallel slices is not supported; set 0")
-
-
-def check_split(cfg: Any, model: nn.Module, who: str = "method tensor") -> TensorPlan:
-    """The model's plan splits ``parallel.tp`` ways (one-line errors naming ``who``): the model
-    has a plan, no dropout, and tp divides every column layer's units."""
-    plan = plan_of(cfg, model, who)
-    tp = cfg.parallel.tp
-    if getattr(cfg.model.options, "dropout", 0.0):
-        raise UsageError(f"{who}: model.dropout must be 0 (the ranks of a tensor-parallel group "
-                         "would draw different dropout masks for the same activations)")
-    for region in plan.regions:
-        module = model.get_submodule(region.path)
-        for name in region.column:
-            lin = module.get_submodule(name)
-            assert isinstance(lin, nn.Linear)
-            rows = lin.out_features
-            if (rows // region.unit) % tp:
-                raise UsageError(f"parallel.tp={tp} does not divide the {rows // region.unit} "
-                                 f"units of {region.path}.{name}; choose a tp that does")
-    return plan
 
 
 def _check_model(cfg: Any, model: nn.Module) -> None:
@@ -609,7 +258,7 @@ def tensor_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
     the rest whole; ``example`` (an input batch) gives the sequence length."""
     from thinwire.strategies.traffic import Layout
 
-    plan = plan_of(cfg, model)
+    plan = tensor_plan(cfg, model)
     tp = cfg.parallel.tp
     split = split_dims(model, plan)
     params = dict(model.named_parameters())
@@ -655,6 +304,5 @@ METHOD = MethodEntry(
     check=_check, check_model=_check_model, traffic=traffic, run_layout=tensor_layout,
     planned=False)
 
-__all__ = ["METHOD", "Exchange", "Options", "RowParallel", "Sharded", "TPShape",
-           "TensorLayout", "TensorParallel", "check_split", "gather_full", "plan_of", "shard",
-           "split_dims", "tensor_layout", "traffic", "traffic_of", "within"]
+__all__ = ["METHOD", "Options", "TPShape", "TensorLayout", "TensorParallel", "tensor_layout",
+           "traffic", "traffic_of"]

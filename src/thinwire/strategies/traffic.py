@@ -76,7 +76,7 @@ class Layout:
     """Indices into ``params`` in the order gradients become ready (default: reverse order)."""
     ist: ISTPlan | None = None
     pipeline: Any = None
-    """A pipeline run's stage plan (:class:`thinwire.strategies.pipeline.method.PipelinePlan`),
+    """A pipeline run's stage plan (:class:`thinwire.strategies.pipeline.plan.PipelinePlan`),
     for the traffic formula of methods that cut the model into stages."""
     tensor: Any = None
     """A tensor-parallel run's shapes (:class:`thinwire.strategies.tensor.TensorLayout`)."""
@@ -161,3 +161,9 @@ class Traffic:
         return Traffic(tuple(a + b for a, b in zip(self.sent, other.sent)),
                        tuple(a + b for a, b in zip(self.recv, other.recv)),
                        tuple(a + b for a, b in zip(self.payload, other.payload)), calls)
+
+
+def averaging_traffic(layout: Layout, period: int, workers: int, steps: int) -> Traffic:
+    """One all-reduce of every parameter (4 bytes each) per ``period`` steps: the traffic of
+    any method that averages whole models periodically (local SGD; DiLoCo's outer step)."""
+    return Traffic.uniform(workers, "all_reduce", [4 * layout.numel] * (steps // period))

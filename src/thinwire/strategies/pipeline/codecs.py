@@ -214,8 +214,8 @@ class LowRank(BoundaryCodec):
                 and self.error.shape == m.shape:
             m = m + self.error
         # 2. shared Q0; 3. P, Q
-        q0 = torch.randn(width, r, generator=generator(self.seed, key.step, key.micro)
-                         ).to(m.device)
+        q0 = torch.randn(width, r, generator=generator(self.seed, key.step, key.micro),
+                         device="cpu").to(m.device)
         p = torch.linalg.qr(m @ q0).Q.contiguous()
         q = (m.T @ p).contiguous()
         if self.lep:  # 5. what the factors do not carry

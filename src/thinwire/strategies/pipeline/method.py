@@ -6,7 +6,7 @@ workers / (S T)): the model's chain (its registry entry's ``chain``) is cut into
 (d, s, t) trains stage s of replica d, with T > 1 its tensor slice t. With T > 1, at the first
 batch (after the pipeline has probed its boundary shapes on the whole chain) the regions of the
 model's :class:`~thinwire.models.tensor_plan.TensorPlan` inside the stage are sharded in place
-over the mesh's tensor communicator by :func:`thinwire.strategies.tensor.shard` (Megatron,
+over the mesh's tensor communicator by :func:`thinwire.strategies.tp.sharding.shard` (Megatron,
 Shoeybi et al. 2019: column- and row-parallel layers, the f and g operators, tag ``tp``); the
 stage's links are the same modules, so the schedule runs the sharded blocks unchanged, the T
 ranks of a stage running the same schedule on the same micro-batches, each exchanging the
@@ -30,29 +30,23 @@ which evaluates the whole model (with the boundaries' bottleneck modules, when t
 with T > 1 each stage first all-gathers its slices on its tensor rank 0 (control), whose ranks
 then carry the exchange.
 
-Traffic (:func:`traffic`, equal to the ledger): per step, stage s sends M forward payloads over
-boundary s and M backward payloads over boundary s - 1 (each the codec's
-``payload_bytes`` of the micro-batch's boundary shape, the uncompressed size where
-``uncompressed_first`` or ``epilogue_only`` leave a message plain) and receives the mirror image;
-with dp > 1 one all-reduce of 4 P_s bytes (P_s: the stage's parameters), ring estimate
-2 (dp - 1) / dp of it on the wire (P_s: the rank's slices with T > 1); with clipping one
-all-reduce of 4 bytes over the S stages; with T > 1, per micro-batch and region of the stage,
-an all-reduce over the T ranks of the region input's gradient (backward f) and of each row
-layer's output (forward g), each [b / M, L, d] float32, ring 2 (T - 1) / T on the wire.
-The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes, the stages'
-tensor-parallel sums), which :func:`pipeline_layout` probes from the model and one input.
+The method's traffic formula, equal to the ledger, is :mod:`.traffic`; it reads the run's
+:class:`~thinwire.strategies.pipeline.plan.PipelinePlan` (boundary shapes, stage sizes, the
+stages' tensor-parallel sums), which :func:`~thinwire.strategies.pipeline.plan.pipeline_layout`
+probes from the model and one input (:mod:`.plan`, with the model's chain).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from thinwire.compression.registry import check_codec
 from thinwire.errors import UsageError
 from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import CONTROL, Comm
@@ -66,29 +60,23 @@ from thinwire.strategies.base import (
     memory_of,
     set_lr,
 )
-from thinwire.strategies.data_parallel import check_codec
 from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.grads import flatten, grads_of, unflatten_into
 from thinwire.strategies.pipeline.codecs import (
-    bottleneck_options,
-    build_boundary,
     check_spec,
-    is_bottleneck,
 )
+from thinwire.strategies.pipeline.plan import TP_USER, chain_of, pipeline_layout
 from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
-from thinwire.strategies.tensor import (
+from thinwire.strategies.pipeline.traffic import traffic
+from thinwire.strategies.tp import (
     Exchange,
     Sharded,
     check_split,
     gather_full,
-    plan_of,
     shard,
-    split_dims,
+    tensor_plan,
     within,
 )
-from thinwire.strategies.tensor import (
-    collectives as tp_collectives,
-)
-from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce, wire
 
 
 @dataclass(frozen=True)
@@ -137,22 +125,6 @@ def parse_overrides(text: str) -> tuple[tuple[int, str, str], ...]:
         check_spec(bwd.strip(), f"method.overrides ({item})", forward=False)
         out.append((int(where), fwd.strip(), bwd.strip()))
     return tuple(out)
-
-
-def chain_of(cfg: Any, model: nn.Module) -> list[nn.Module]:
-    """The model's chain from its registry entry, or a one-line error."""
-    from thinwire.models import MODELS
-
-    entry = MODELS.get(cfg.model.name)
-    if entry.chain is None:
-        cut_able = [n for n, e in MODELS.entries() if e.chain is not None]
-        raise UsageError(f"model {cfg.model.name} is not a chain of stages; the pipeline cuts "
-                         f"{', '.join(cut_able)}")
-    return entry.chain(model)
-
-
-TP_USER = "parallel.tp > 1 in the pipeline"
-"""Who asks for a tensor-parallel plan (named in its one-line errors)."""
 
 
 def check_model(cfg: Any, model: nn.Module) -> None:
@@ -254,7 +226,7 @@ class PipelineParallel(Strategy):
                         schedule=self.o.schedule, boundaries=self.o.boundaries(),
                         seed=self.cfg.train.seed)
         if self.tp.world_size > 1:  # the stage's regions split over the tensor group
-            plan = within(plan_of(self.cfg, self.model, TP_USER), self.model, pipe.stage)
+            plan = within(tensor_plan(self.cfg, self.model, TP_USER), self.model, pipe.stage)
             self.sharded = shard(self.model, plan, self.exchange)
         self.pipe, self.opt = pipe, make_optimizer(pipe.parameters(), self.cfg.train)
         if self._pending is not None:
@@ -273,11 +245,11 @@ class PipelineParallel(Strategy):
         self.opt.zero_grad(set_to_none=True)
         loss = pipe.run(x, y, step)  # 1.
         params = pipe.parameters()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        grads = grads_of(params)
         if self.dp.world_size > 1:  # 2.
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = flatten(grads)
             self.dp.all_reduce(flat, op="avg", tag="grad")
-            _unflatten_into(flat, grads)
+            unflatten_into(flat, grads)
         if self.cfg.train.clip_norm > 0:  # 3.
             sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum().reshape(1)
             self.pp.all_reduce(sq, tag="grad")
@@ -287,7 +259,8 @@ class PipelineParallel(Strategy):
         for p, g in zip(params, grads):
             p.grad = g
         self.opt.step()  # 4.
-        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64)
+        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
+                           device=self.ctx.device)
         self.pp.broadcast(out, src=self.S - 1, tag=CONTROL)
         return float(out)
 
@@ -306,7 +279,7 @@ class PipelineParallel(Strategy):
     def eval_model(self) -> nn.Module | None:
         """Stages of replica 0 send their parameters to its last stage, which returns the whole
         model (every rank calls this). With tensor parallelism each stage first gathers its
-        slices on its first tensor rank (:func:`~thinwire.strategies.tensor.gather_full`, control),
+        slices on its first tensor rank (:func:`~thinwire.strategies.tp.sharding.gather_full`, control),
         and those ranks carry the pipeline's exchange."""
         whole: nn.Module | None = self.model
         if self.sharded is not None:
@@ -328,7 +301,7 @@ class PipelineParallel(Strategy):
                     flat = torch.empty(sum(p.numel() for p in params), device=self.ctx.device)
                     self.pp.recv(flat, s, tag=CONTROL)
                     with torch.no_grad():
-                        _unflatten_into(flat, params)
+                        unflatten_into(flat, params)
         if self.comm.rank != self.loss_rank:
             return None
         necks = self.pipe.bottlenecks if self.pipe is not None else {}
@@ -377,160 +350,6 @@ class PipelineParallel(Strategy):
         return memory_of(self.pipe.parameters(), self.opt)
 
 
-def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    i = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[i:i + n].view_as(t))
-        i += n
-
-
-# --- traffic ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PipelinePlan:
-    """What the traffic formula knows of a pipeline run: stages S, replicas dp, the per-replica
-    batch, the per-sample shape leaving each stage but the last, each stage's parameter count
-    on one rank (without bottlenecks; its tensor slices with tp > 1) and whether gradients are
-    clipped; with tensor parallelism the degree ``tp`` and, per stage, the per-sample elements
-    of each of its group sums (a region's input in backward, each row layer's output in
-    forward)."""
-
-    stages: int
-    dp: int
-    batch: int
-    widths: tuple[tuple[int, ...], ...]
-    stage_params: tuple[int, ...]
-    clip: bool = False
-    tp: int = 1
-    tp_sums: tuple[tuple[int, ...], ...] = ()
-
-
-def pipeline_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
-    """The model's :class:`Layout` with the run's :class:`PipelinePlan` (``example``: inputs of
-    the dataset; shapes found on a copy of the model on the meta device)."""
-    S, tp = cfg.parallel.pp, cfg.parallel.tp
-    links = chain_of(cfg, model)
-    cuts = cut(len(links), S)
-    split: dict[str, int] = {}
-    meta = copy.deepcopy(model).to("meta")
-    sums: list[list[int]] = [[] for _ in range(S)]
-    at = [0]  # the stage being probed
-    if tp > 1:
-        plan = plan_of(cfg, model, TP_USER)
-        split = split_dims(model, plan)
-        for region in plan.regions:
-            module = meta.get_submodule(region.path)
-            module.register_forward_pre_hook(
-                lambda _m, args: sums[at[0]].append(args[0][0].numel()))
-            for name in region.row:
-                module.get_submodule(name).register_forward_hook(
-                    lambda _m, _a, out: sums[at[0]].append(out[0].numel()))
-    probe = chain_of(cfg, meta)
-    h = example[:1].to("meta")
-    widths: list[tuple[int, ...]] = []
-    with torch.no_grad():
-        for s, (a, b) in enumerate(cuts):
-            at[0] = s
-            for link in probe[a:b]:
-                h = link(h)
-            if s < S - 1:
-                widths.append(tuple(h.shape[1:]))
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    sizes = tuple(sum(p.numel() // (tp if name_of.get(id(p)) in split else 1)
-                      for p in nn.Sequential(*links[a:b]).parameters()) for a, b in cuts)
-    pp_plan = PipelinePlan(S, cfg.dp_degree, cfg.train.batch_size, tuple(widths), sizes,
-                           cfg.train.clip_norm > 0, tp,
-                           tuple(tuple(x) for x in sums) if tp > 1 else ())
-    return replace(Layout.of_model(model), pipeline=pp_plan)
-
-
-def _bottleneck_params(spec: str, width: int) -> tuple[int, int]:
-    """(encoder, decoder) parameters a bottleneck adds to the sending and receiving stage."""
-    if not is_bottleneck(spec):
-        return 0, 0
-    name, o = bottleneck_options(spec)
-    k = min(o.dim, width)
-    return ((width * k + k, k * width + width) if name == "ae" else (0, 0))
-
-
-def message_bytes(plan: PipelinePlan, options: Options
-                  ) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """Per boundary b, the encoded bytes of micro-batch m's activation (``fwd[b][m]``) and of
-    its gradient (``bwd[b][m]``), each the boundary codec's ``payload_bytes`` of the message's
-    shape; and the parameters each stage's bottleneck halves add (for the all-reduce)."""
-    S, M = plan.stages, options.micro_batches
-    bounds = options.boundaries()
-    rows = plan.batch // M
-    plain = build_boundary("none")
-    fwd_bytes, bwd_bytes = [], []
-    extra = [0] * S
-    for b in range(S - 1):
-        f, g = bounds.specs(b)
-        shape = (rows, *plan.widths[b])
-        if is_bottleneck(f):
-            enc, dec = _bottleneck_params(f, shape[-1])
-            extra[b] += enc
-            extra[b + 1] += dec
-            shape = (*shape[:-1], min(bottleneck_options(f)[1].dim, shape[-1]))
-            f = "none"
-        fwd_bytes.append([build_boundary(f).payload_bytes(shape)] * M)
-        codec = build_boundary(g)
-        bwd_bytes.append([codec.payload_bytes(shape)
-                          if bounds.compressed_backward(b, m, S, M) else plain.payload_bytes(shape)
-                          for m in range(M)])
-    return fwd_bytes, bwd_bytes, extra
-
-
-def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
-            optimizer_states: int = 0) -> Traffic:
-    """The ledger's totals per rank after ``steps`` steps (module docstring)."""
-    del seed, optimizer_states
-    plan = layout.pipeline
-    if not isinstance(plan, PipelinePlan):
-        raise UsageError("the pipeline's traffic needs the run's stage plan: build the layout "
-                         "with thinwire.strategies.pipeline.method.pipeline_layout")
-    S, dp, T, M = plan.stages, plan.dp, plan.tp, options.micro_batches
-    if S * dp * T != workers:
-        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages x {T} "
-                         "tensor slices")
-    comp = None
-    if options.tp_codec != "none":
-        from thinwire.compression import build
-
-        comp = build(options.tp_codec)
-    rows = plan.batch // M
-    fwd_bytes, bwd_bytes, extra = message_bytes(plan, options)
-    sent, recv, pay = [], [], []
-    calls: dict[str, tuple[int, int]] = {}
-    for r in range(workers):
-        s = (r // T) % S
-        out = (sum(fwd_bytes[s]) if s < S - 1 else 0) + (sum(bwd_bytes[s - 1]) if s > 0 else 0)
-        into = (sum(fwd_bytes[s - 1]) if s > 0 else 0) + (sum(bwd_bytes[s]) if s < S - 1 else 0)
-        p2p_calls = (M if s < S - 1 else 0) + (M if s > 0 else 0)
-        grad = 4 * (plan.stage_params[s] + extra[s])
-        ar = ring_all_reduce(grad, dp) if dp > 1 else 0
-        clip = ring_all_reduce(4, S) if plan.clip and S > 1 else 0
-        # tensor parallelism: per micro-batch, each of the stage's group sums (an all-reduce,
-        # or the codec's collectives)
-        tp_calls = [c for n in (plan.tp_sums[s] if T > 1 else ())
-                    for c in tp_collectives(comp, "sum", rows * n, T)]
-        tp_wire = [(op, b if op == "all_to_all" else wire(op, b, T)) for op, b in tp_calls]
-        tp = M * sum(w for _, w in tp_wire)
-        n_ar = (dp > 1) + (plan.clip and S > 1)
-        sent.append(steps * (out + ar + clip + tp))
-        recv.append(steps * (into + ar + clip + tp))
-        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)
-                            + M * sum(b for _, b in tp_calls)))
-        if r == 0:
-            calls = {"send": (steps * p2p_calls, steps * out)}
-            if n_ar:
-                calls["all_reduce"] = (steps * n_ar, steps * (ar + clip))
-            for op, w in tp_wire:
-                c, b = calls.get(op, (0, 0))
-                calls[op] = (c + steps * M, b + steps * M * w)
-    return Traffic(tuple(sent), tuple(recv), tuple(pay), calls)
-
-
 METHOD = MethodEntry(
     name="pipeline",
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
@@ -538,5 +357,4 @@ METHOD = MethodEntry(
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
     run_layout=pipeline_layout, planned=False)
 
-__all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "message_bytes",
-           "pipeline_layout", "traffic"]
+__all__ = ["METHOD", "Options", "PipelineParallel", "check_config", "check_model"]
