@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 data: $(STAMP)
 	$(PY) -m thinwire.data.setup
+	$(PY) -m thinwire.data.shakespeare_words
 
 demo: $(STAMP) data
 	$(VENV)/bin/thinwire compare --config configs/demo.toml --overwrite

@@ -37,6 +37,9 @@ _EXPORTS: dict[str, str] = {
     # pipeline model parallelism with compressed boundaries
     "Pipeline": "thinwire.strategies.pipeline.schedule:Pipeline",
     "Boundaries": "thinwire.strategies.pipeline.schedule:Boundaries",
+    # SLIDE: LSH-selected sparse training of a wide layer
+    "SLIDELayer": "thinwire.strategies.slide.layer:SLIDELayer",
+    "active_softmax_loss": "thinwire.strategies.slide.layer:active_softmax_loss",
     # codecs as DDP communication hooks
     "ddp_hook": "thinwire.compression:ddp_hook",
     "register_codec": "thinwire.compression:register",

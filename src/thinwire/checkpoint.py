@@ -178,10 +178,12 @@ def read_complete(run_dir: Path, step: int) -> int:
 
 
 def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = True,
-                      rescalable: bool = False) -> int:
+                      rescalable: bool = False, steps: int | None = None) -> int:
     """The step a resume of ``run_dir`` by ``world_size`` workers starts from.
 
-    CheckpointError (one line) when there is no complete checkpoint, its ``COMPLETE`` is
+    CheckpointError (one line) when there is no complete checkpoint, the newest one is already
+    at or beyond ``steps`` (the run's ``train.steps``: a finished run is complete and a resume
+    would only rewrite its results; ``--steps`` above it continues it), its ``COMPLETE`` is
     corrupt, it was written by another number of workers (unless ``rescalable``: the method's
     state is the same on every rank, :func:`load_rank`), or (``check_ranks``) any rank file is
     missing or unusable: the launching process calls this before any worker starts.
@@ -191,6 +193,12 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
         raise CheckpointError(f"run.resume: no complete checkpoint in {run_dir / 'checkpoints'}; "
                               "start the run without --resume (checkpoints are written every "
                               "--run.checkpoint_every steps and at the end)")
+    if steps is not None and step >= steps:
+        state = (f"is complete: it trained all {step} steps" if step == steps else
+                 f"has trained {step} steps, more than --train.steps {steps}")
+        raise CheckpointError(f"run.resume: {run_dir} {state}, so there is nothing to resume and "
+                              f"its results are kept; pass --steps above {step} to continue it, "
+                              "or choose another --run.name for a new run")
     _check_world(run_dir, step, world_size, rescalable)
     if check_ranks:
         for rank in range(world_size):

@@ -140,7 +140,8 @@ class MemoryConfig:
                        "a CPU run)", choices=OFFLOAD)
 
     def __post_init__(self) -> None:
-        check(self.offload == "none" or self.zero >= 2, "memory.offload",
+        check(self.offload in ("none",) or self.offload not in OFFLOAD or self.zero >= 2,
+              "memory.offload",
               "params offload is FSDP2's; add --memory.zero 2 or 3")
 
 
@@ -218,7 +219,16 @@ class Config:
         entry = methods().get(self.method.name)
         if entry.check is not None:
             entry.check(self)
+        self._check_parallel(entry)
         self._check_memory(entry, model)
+
+    def _check_parallel(self, entry: Any) -> None:
+        """Model-parallel degrees only for methods that declare them (MethodEntry.parallel)."""
+        for key, what in (("pp", "pipeline stages"), ("tp", "tensor-parallel layers")):
+            others = [n for n, e in methods().entries() if key in e.parallel]
+            check(getattr(self.parallel, key) == 1 or key in entry.parallel, f"parallel.{key}",
+                  f"method {self.method.name} has no {what} (methods that do: "
+                  f"{', '.join(others) or 'none'}); drop --parallel.{key} or choose one of them")
 
     def _check_memory(self, entry: Any, model: Any) -> None:
         """The memory options the method and the model support (one line each)."""
@@ -345,6 +355,17 @@ def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
             raise ConfigError(f"unknown section [{section}]; known: {', '.join(SECTIONS)}")
         if not isinstance(content, Mapping):
             raise ConfigError(f"{section}: expected a table of options")
+    method_name = values.get("method", {}).get("name", MethodConfig().name)
+    if method_name in methods():  # the method's own defaults for options left unset
+        values = {s: dict(v) for s, v in values.items()}
+        entry = methods().get(method_name)
+        for dotted, value in entry.defaults.items():
+            section, _, key = dotted.partition(".")
+            values.setdefault(section, {}).setdefault(key, value)
+        if entry.model_kinds and "name" not in values.get("model", {}):
+            fit = [n for n, m in models().entries() if set(m.data_kinds) & set(entry.model_kinds)]
+            if fit:
+                values.setdefault("model", {})["name"] = fit[0]
     sections = {s: _build_section(s, values.get(s, {})) for s in SECTIONS}
     if not sections["data"].name:  # the model's default dataset
         content = dict(values.get("data", {}))
@@ -407,7 +428,25 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
     """TOML file (optional) plus dotted overrides, validated."""
     base = read_toml(path) if path else {}
+    if path:
+        check_toml_types(base, path)
     return build(merge(base, overrides or {}))
+
+
+def check_toml_types(values: Mapping[str, Any], path: str | Path) -> None:
+    """TOML has types: a number or a boolean written as a string (``steps = "10"``) is an
+    error naming the key and the fix (the command line's text values are converted instead)."""
+    kinds = {dotted: typ for dotted, _f, typ, _owners in iter_options()}
+    for section, content in values.items():
+        if not isinstance(content, Mapping):
+            continue
+        for key, value in content.items():
+            typ = kinds.get(f"{section}.{key}")
+            if typ in (int, float, bool) and isinstance(value, str):
+                want = "true or false" if typ is bool else "a number"
+                raise ConfigError(f"config file {path}: [{section}] {key} = {value!r} is a "
+                                  f"string; write {want} without quotes, e.g. {key} = "
+                                  f"{value.strip() or ('true' if typ is bool else '1')}")
 
 
 def _toml_value(v: Any) -> str:

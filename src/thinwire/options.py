@@ -190,6 +190,9 @@ def parse_spec(text: str, what: str = "spec") -> tuple[str, dict[str, str]]:
         value = value.strip()
         if value.startswith("(") and _encloses(value):
             value = value[1:-1].strip()
+        if key.strip() in values:
+            raise OptionError(f"{what} {text!r}: {key.strip()} is given twice; give each option "
+                              "once")
         values[key.strip()] = value
     return name.strip(), values
 

@@ -38,6 +38,7 @@ from thinwire.data.task import task_for
 from thinwire.errors import UsageError
 from thinwire.loggers import Loggers, parse_loggers
 from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
+from thinwire.rundir import write_bytes, write_text
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at
 
@@ -204,7 +205,7 @@ class Trainer:
             recalibrate_batchnorm(model, batches)
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
-        checkpoint.atomic_write_bytes(self.run_dir / "model.pt", buf.getvalue())
+        write_bytes(self.run_dir / "model.pt", buf.getvalue())
 
     def _summary(self, wall: float, compute: float, comm_s: float,
                  last_eval: dict[str, float]) -> dict[str, Any]:
@@ -249,11 +250,11 @@ class Trainer:
             },
             "config": to_dict(cfg),
         }
-        if self.writer is not None:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         ledger = self.comm.ledger
-        (self.run_dir / f"ledger.rank{self.comm.rank}.json").write_text(json.dumps(
+        write_text(self.run_dir / f"ledger.rank{self.comm.rank}.json", json.dumps(
             {"by_op": ledger.by_op(), "totals": ledger.totals(),
              "totals_with_control": ledger.totals(include_control=True),
              "devices": sorted({e.device for e in ledger.entries if e.device})}, indent=1))
+        if self.writer is not None:  # last: a run is finished once its summary exists
+            write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary

@@ -81,12 +81,14 @@ _IDX_DTYPES: dict[int, str] = {
 }
 
 
-KINDS: tuple[str, ...] = ("classification", "sequence", "node", "click")
+KINDS: tuple[str, ...] = ("classification", "sequence", "node", "click", "extreme")
 """What a dataset's examples are (the task follows from it, :mod:`thinwire.data.task`):
 - ``classification``: x [N, ...] features, y [N] class ids;
 - ``sequence``: x [N, L] token ids, y [N, L] the next token of each position (language modelling);
 - ``node``: x [N] node ids of one graph held in ``extra`` (features, adjacency), y [N] class ids;
-- ``click``: x [N, dense + tables] dense features then categorical ids, y [N] clicks (0/1).
+- ``click``: x [N, dense + tables] dense features then categorical ids, y [N] clicks (0/1);
+- ``extreme``: x [N, 2, P] sparse rows (feature ids, values), y [N, Y] label ids padded with -1
+  (extreme multi-label classification, :mod:`thinwire.data.xc`).
 """
 
 

@@ -53,5 +53,8 @@ DATASETS: Registry[DataEntry] = Registry("dataset", {
     "cora": "thinwire.data.graph:CORA",
     "sbm": "thinwire.data.graph:SBM",
     "clicks": "thinwire.data.clicks:CLICKS",
+    "xc-synth": "thinwire.data.xc:SYNTH",
+    "xc-repo": "thinwire.data.xc:REPO",
+    "shakespeare-words": "thinwire.data.shakespeare_words:SHAKESPEARE_WORDS",
 })
 """Every dataset by name; each entry lives in its own module."""

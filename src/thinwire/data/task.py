@@ -8,7 +8,10 @@ know it, they call :meth:`Task.loss` on the model's output:
   [B, L, V] logits; metric validation perplexity exp(mean NLL per token) (lower is better);
 - ``click`` (click-through prediction): binary cross-entropy on one logit per example; metric
   test AUC (the probability that a random click scores above a random non-click, ties counted
-  half; higher is better), with the log loss as ``nll`` and the accuracy at 0.5 beside it.
+  half; higher is better), with the log loss as ``nll`` and the accuracy at 0.5 beside it;
+- ``extreme`` (extreme multi-label classification): softmax cross-entropy against the uniform
+  distribution over the example's labels (y [N, Y] padded with -1); metric precision@1 (the
+  fraction of the top-scored labels that are true), with precision@5 and the NLL beside it.
 
 :meth:`Task.evaluate` returns ``{"metric": name, name: value, "nll": mean NLL, ...}``; for
 classification the accuracy is under ``"accuracy"``.
@@ -43,6 +46,8 @@ class Task:
         if self.kind == "click":
             return F.binary_cross_entropy_with_logits(output.reshape(-1).float(),
                                                       target.reshape(-1).float())
+        if self.kind == "extreme":
+            return multilabel_nll(output.float(), target, reduction="mean")
         return F.cross_entropy(output.float(), target)
 
     @torch.no_grad()
@@ -51,6 +56,8 @@ class Task:
         """The metric and the mean NLL of ``model`` on (x, y), in eval mode (restored after)."""
         if self.kind == "click":
             return self._evaluate_clicks(model, x, y, device=device, batch_size=batch_size)
+        if self.kind == "extreme":
+            return self._evaluate_extreme(model, x, y, device=device, batch_size=batch_size)
         was_training = model.training
         model.eval()
         nll, correct, count = 0.0, 0, 0
@@ -89,6 +96,27 @@ class Task:
         return {"auc": auc(s, t), "nll": nll, "accuracy": float(((s > 0).float() == t)
                                                                 .float().mean())}
 
+    @torch.no_grad()
+    def _evaluate_extreme(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                          device: torch.device | None, batch_size: int) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        nll, hits, count = 0.0, {1: 0.0, 5: 0.0}, 0
+        for i in range(0, len(x), batch_size):
+            xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+            if device is not None:
+                xb, yb = xb.to(device), yb.to(device)
+            out = model(xb).float()
+            nll += float(multilabel_nll(out, yb, reduction="sum"))
+            for k in hits:
+                hits[k] += float(precision_at(out, yb, k).sum())
+            count += len(xb)
+        model.train(was_training)
+        n = max(count, 1)
+        # accuracy: the top label is one of the example's labels (precision@1 itself)
+        return {"precision@1": hits[1] / n, "precision@5": hits[5] / n, "nll": nll / n,
+                "accuracy": hits[1] / n}
+
     def better(self, a: float, b: float) -> bool:
         """Whether metric value ``a`` is better than ``b``."""
         return a > b if self.higher_is_better else a < b
@@ -96,6 +124,25 @@ class Task:
     def reached(self, value: float, target: float) -> bool:
         """Whether a metric value meets a target (>= for accuracy, <= for perplexity)."""
         return value >= target if self.higher_is_better else value <= target
+
+
+def multilabel_nll(logits: torch.Tensor, labels: torch.Tensor, *, reduction: str = "mean"
+                   ) -> torch.Tensor:
+    """-sum_{l in labels} log softmax(logits)_l / |labels| per example (labels [B, Y] padded
+    with -1), averaged or summed over the batch."""
+    logp = torch.log_softmax(logits, dim=-1)
+    valid = labels >= 0
+    picked = logp.gather(1, labels.clamp(min=0)) * valid
+    per = -picked.sum(1) / valid.sum(1).clamp(min=1)
+    return per.mean() if reduction == "mean" else per.sum()
+
+
+def precision_at(logits: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    """Per example: the fraction of the k top-scored labels that are true (labels [B, Y]
+    padded with -1)."""
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
+    hit = (top.unsqueeze(-1) == labels.unsqueeze(1)) & (labels.unsqueeze(1) >= 0)
+    return hit.any(-1).float().sum(1) / k
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -123,6 +170,7 @@ TASKS: dict[str, Task] = {
     "node": Task("node", "accuracy", True),
     "sequence": Task("sequence", "perplexity", False),
     "click": Task("click", "auc", True),
+    "extreme": Task("extreme", "precision@1", True),
 }
 
 

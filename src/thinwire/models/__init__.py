@@ -16,6 +16,7 @@ MODELS: Registry[ModelEntry] = Registry("model", {
     "resnet": "thinwire.models.resnet:MODEL",
     "gcn": "thinwire.models.gcn:MODEL",
     "dlrm": "thinwire.models.dlrm:MODEL",
+    "xmlp": "thinwire.models.xmlp:MODEL",
 })
 """Every model by name."""
 

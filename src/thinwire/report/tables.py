@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,17 @@ def load_run(path: str | Path) -> Run:
         raise UsageError(f"{p / 'summary.json'} is not a thinwire summary ({problem}); "
                          "pass a run directory written by thinwire train or compare, or re-run it")
     records = _read_records(p / "metrics.jsonl")
+    if not any(r["kind"] == "eval" for r in records):
+        raise UsageError(f"{p / 'metrics.jsonl'} holds no evaluation record (every finished run "
+                         f"has one); {_DAMAGED}")
     return Run(p, summary, records)
+
+
+def check_target(target: float | None) -> None:
+    """``--target``: None (the best value every run reached) or a finite number."""
+    if target is not None and not math.isfinite(target):
+        raise UsageError(f"--target {target}: give a finite metric value, e.g. --target 0.9 "
+                         "(or leave it out for the best value every run reached)")
 
 
 _DAMAGED = "the file is damaged: re-run the run, or restore the file"
@@ -92,8 +103,12 @@ def _summary_problem(s: Any) -> str:
         "memory": ("params_held_max", "params_full"),
         "bytes": ("sent_per_worker_mean", "sent_per_worker_max"),
     }
-    if not _is_num(s.get("wall_s")):
-        return "wall_s is not a number"
+    if not _is_num(s.get("wall_s")) or not math.isfinite(s["wall_s"]) or s["wall_s"] < 0:
+        return "wall_s is not a number >= 0"
+    for key in ("steps", "workers"):
+        v = s.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            return f"{key} is {v!r}, not a positive integer"
     for section, keys in need.items():
         sec = s.get(section)
         if not isinstance(sec, dict):
@@ -157,6 +172,8 @@ def common_target(runs: list[Run]) -> float:
 
 
 METRIC_HEADS = {"accuracy": "test acc", "perplexity": "val ppl"}
+BESIDE = {"precision@1": ("precision@5",)}
+"""Metrics printed beside a task's metric in the summary table."""
 
 
 def fmt_bytes(b: float) -> str:
@@ -174,14 +191,17 @@ def fmt_count(n: float) -> str:
 def summary_table(summaries: list[dict[str, Any]]) -> str:
     """A short table straight from summary.json files (no target column)."""
     metric = summaries[0].get("metric", "accuracy") if summaries else "accuracy"
-    head = (f"| method | {METRIC_HEADS.get(metric, metric)} | test NLL | sent/worker (max) "
-            "| params trained/worker | wall s |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    beside = BESIDE.get(metric, ())
+    head = (f"| method | {METRIC_HEADS.get(metric, metric)} | "
+            + "".join(f"{b} | " for b in beside)
+            + "test NLL | sent/worker (max) | params trained/worker | wall s |")
+    lines = [head, "|---|---:|" + "---:|" * len(beside) + "---:|---:|---:|---:|"]
     for s in summaries:
         f = s.get("final", {})
         m = s["memory"]
         lines.append(f"| {s['label']} | {f.get(metric, float('nan')):.4f} | "
-                     f"{f.get('nll', float('nan')):.4f} | {fmt_bytes(s['bytes']['sent_per_worker_max'])} | "
+                     + "".join(f"{f.get(b, float('nan')):.4f} | " for b in beside)
+                     + f"{f.get('nll', float('nan')):.4f} | {fmt_bytes(s['bytes']['sent_per_worker_max'])} | "
                      f"{fmt_count(m['params_held_max'])} ({m['params_held_max'] / m['params_full']:.1%}) | "
                      f"{s['wall_s']:.1f} |")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ METHODS: Registry[MethodEntry] = Registry("method", {
     "pipeline": "thinwire.strategies.pipeline.method:METHOD",
     "tensor": "thinwire.strategies.tensor:METHOD",
     "hybrid": "thinwire.strategies.hybrid:METHOD",
+    "slide": "thinwire.strategies.slide.method:METHOD",
 })
 """Every method by name."""
 

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from thinwire.compression.registry import check_codec
-from thinwire.options import check, opt
+from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import (
     Batch,
@@ -261,10 +261,24 @@ def _alias(name: str, values: Mapping[str, str]) -> dict[str, str] | None:
     return {"name": "dp", "compressor": spec}
 
 
+def _check_model(cfg: Any, model: nn.Module) -> None:
+    """A codec that cannot compress this model's gradients is refused (one line)."""
+    spec = cfg.method.options.compressor
+    if spec == "none":
+        return
+    from thinwire.compression import build
+
+    why = build(spec).cannot_compress([tuple(p.shape) for p in model.parameters()
+                                       if p.requires_grad])
+    if why:
+        raise OptionError(f"method.compressor: {why}")
+
+
 METHOD = MethodEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
+    check_model=_check_model,
     rescalable=lambda o: o.compressor == "none")
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

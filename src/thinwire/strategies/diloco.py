@@ -207,4 +207,4 @@ METHOD = MethodEntry(
     name="diloco", summary="DiLoCo: H inner steps, outer Nesterov step on the mean pseudo-gradient",
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
     sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",),
-    rescalable=lambda o: True)
+    rescalable=lambda o: o.compressor == "none")  # a codec's residuals are per rank, as in dp

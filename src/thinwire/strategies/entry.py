@@ -10,7 +10,7 @@ the library names it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from thinwire.options import NoOptions
@@ -58,10 +58,17 @@ class MethodEntry:
       checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
       state that is partitioned or private per rank (IST's subnets and store, codec residuals,
       model-parallel shards);
+    - ``parallel``: the model-parallel degrees of ``[parallel]`` the method runs (``pp``,
+      ``tp``); a degree above 1 that the method does not take is a one-line error, never
+      silently ignored;
     - ``for_model(options, ist)``: the options with the model's own defaults filled in, given
       the model's IST adapter class or plan (anything with ``default_local_steps``; None when
       the model has none), e.g. IST's automatic K -> the model family's K. The config's
-      synchronisation period and the planner's use it (:meth:`sync_every_for`).
+      synchronisation period and the planner's use it (:meth:`sync_every_for`);
+    - ``defaults``: dotted options of other sections (``train.lr``) this method runs with
+      when the config does not set them;
+    - ``model_kinds``: the dataset kinds the method trains on (empty: any); a config that
+      names no model gets the first registered model that takes one of them.
     """
 
     name: str
@@ -78,7 +85,10 @@ class MethodEntry:
     planned: bool = True
     rescalable: Callable[[Any], bool] = lambda options: False
     memory: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
     for_model: Callable[[Any, Any], Any] | None = None
+    defaults: Mapping[str, str] = field(default_factory=dict)
+    model_kinds: tuple[str, ...] = ()
 
     def options_for(self, options: Any, ist: Any) -> Any:
         """``options`` with the model's defaults filled in (``for_model``; else unchanged)."""

@@ -302,7 +302,7 @@ METHOD = MethodEntry(
     "optional sequence parallelism and a codec on the activations",
     strategy="thinwire.strategies.tensor:TensorParallel", options=Options, label=_label,
     check=_check, check_model=_check_model, traffic=traffic, run_layout=tensor_layout,
-    planned=False)
+    planned=False, parallel=("tp",))
 
 __all__ = ["METHOD", "Options", "TPShape", "TensorLayout", "TensorParallel", "tensor_layout",
            "traffic", "traffic_of"]

@@ -355,6 +355,6 @@ METHOD = MethodEntry(
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
-    run_layout=pipeline_layout, planned=False)
+    run_layout=pipeline_layout, planned=False, parallel=("pp", "tp"))
 
 __all__ = ["METHOD", "Options", "PipelineParallel", "check_config", "check_model"]

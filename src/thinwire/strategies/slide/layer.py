@@ -1,0 +1,166 @@
+"""A SLIDE layer for a user's own model and loop: a wide linear layer computed on an active set.
+
+SLIDE (Chen et al., MLSys 2020) trains a wide layer by computing, for each sample, only the
+neurons its locality-sensitive hash codes retrieve (:mod:`thinwire.strategies.slide.lsh`),
+plus, in training, the neurons of its true labels. One training step of :class:`SLIDELayer`:
+
+  1. ``active(h, labels)``: per sample a fixed number of neurons, ``budget`` retrieved from the
+     L tables (most frequently retrieved first) plus the sample's labels: ids [B, A], mask [B, A];
+  2. ``forward(h, ids, mask)``: the logits of those neurons only, W[ids] . h + b[ids]
+     ([B, A], -inf on empty slots), gathered with ``torch.nn.functional.embedding(...,
+     sparse=True)``, so the backward pass touches only the active rows: the weight's gradient is
+     a sparse tensor of B A rows (train it with :class:`torch.optim.SparseAdam` or plain SGD);
+  3. :func:`active_softmax_loss`: softmax cross-entropy over the active set against the uniform
+     distribution over the sample's labels (SLIDE's multi-label loss);
+  4. after the optimizer step, ``updated()``: counts the update and rebuilds the tables from the
+     current weights when the schedule says so (first after ``rebuild_first`` updates, every
+     interval ``rebuild_growth`` times the previous).
+
+``dense(h)`` gives every neuron's logits (evaluation). A layer may hold a slice of a wider layer
+(``offset``: the global id of its first neuron; labels are global ids): Distributed SLIDE's
+shards (:mod:`thinwire.strategies.slide.method`) are such slices with hash functions drawn from
+the same seed, so a neuron files under the same codes whichever shard holds it.
+
+Example::
+
+    layer = thinwire.SLIDELayer(128, 100_000, family="simhash", K=9, L=50, budget=500)
+    ids, mask = layer.active(h, labels)
+    loss = thinwire.active_softmax_loss(layer(h, ids, mask), ids, mask, labels)
+    loss.backward(); sparse_opt.step(); layer.updated()
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from thinwire.strategies.slide.lsh import FAMILIES, Schedule, Tables, family, generator, select
+
+
+class SLIDELayer(nn.Module):
+    """``out_features`` neurons of a wide linear layer with SLIDE's hash tables (module doc).
+
+    - ``family``: ``simhash`` (dense inputs) or ``dwta`` (sparse inputs); ``K`` hashes per code,
+      ``L`` tables; ``bin_size`` and ``range_bits``: DWTA's bins and code range;
+    - ``budget``: retrieved neurons per sample (labels come on top); ``bucket``: neurons read
+      from each hit bucket;
+    - ``rebuild_first``, ``rebuild_growth``: the rebuild schedule (updates);
+    - ``offset``: global id of the first neuron (a shard of a wider layer); ``seed``: hash
+      functions (shared by all shards) and the per-step random draws (per shard).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, family_name: str = "simhash",
+                 K: int = 9, L: int = 50, budget: int = 128, bucket: int = 32,
+                 bin_size: int = 8, range_bits: int = 12, rebuild_first: int = 50,
+                 rebuild_growth: float = 1.5, offset: int = 0, seed: int = 0,
+                 weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        if family_name not in FAMILIES:
+            raise ValueError(f"family {family_name!r}: use one of {', '.join(FAMILIES)}")
+        dev = torch.device(device) if device is not None else (
+            weight.device if weight is not None else torch.device("cpu"))
+        if weight is None:
+            bound = 1 / math.sqrt(in_features)
+            g = generator(torch.device("cpu"), seed, 0x11, offset)
+            weight = (torch.rand(out_features, in_features, generator=g) * 2 - 1) * bound
+            bias = torch.zeros(out_features)
+        self.weight = nn.Parameter(weight.detach().clone().to(dev))
+        self.bias = nn.Parameter((bias if bias is not None else torch.zeros(out_features))
+                                 .detach().clone().to(dev).reshape(out_features, 1))
+        self.in_features, self.out_features, self.offset = in_features, out_features, offset
+        self.budget, self.seed = budget, seed
+        hashes = family(family_name, in_features, K, L, seed, dev, bin_size=bin_size,
+                        range_bits=range_bits)
+        self.tables = Tables(hashes, out_features, bucket, seed * 1000003 + offset, dev)
+        self.schedule = Schedule(rebuild_first, rebuild_growth)
+        self.tables.build(self.weight.detach())
+
+    # --- 1. the active set --------------------------------------------------------------------
+    def local_labels(self, labels: torch.Tensor | None) -> torch.Tensor | None:
+        """Global label ids [B, Y] (negative: padding) -> this layer's ids (negative: not
+        here)."""
+        if labels is None:
+            return None
+        loc = labels.long() - self.offset
+        inside = (labels >= 0) & (loc >= 0) & (loc < self.out_features)
+        return torch.where(inside, loc, torch.full_like(loc, -1))
+
+    @torch.no_grad()
+    def active(self, h: torch.Tensor, labels: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 1: ids [B, A] of this layer's active neurons per sample and their mask;
+        A = budget + label columns (at most ``out_features``)."""
+        forced = self.local_labels(labels)
+        size = self.budget + (forced.shape[1] if forced is not None else 0)
+        cand, valid = self.tables.query(h.detach())
+        g = generator(h.device, self.seed, 0xAC7, self.offset, self.schedule.updates)
+        return select(cand.reshape(h.shape[0], -1), valid.reshape(h.shape[0], -1), forced,
+                      size, self.out_features, g)
+
+    # --- 2. sparse forward --------------------------------------------------------------------
+    def forward(self, h: torch.Tensor, ids: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Step 2: logits [B, A] of the active neurons (-inf on empty slots); without ``ids``
+        every neuron's logits [B, C] (:meth:`dense`)."""
+        if ids is None:
+            return self.dense(h)
+        w = F.embedding(ids, self.weight, sparse=True)  # [B, A, in]
+        b = F.embedding(ids, self.bias, sparse=True).squeeze(-1)
+        out = torch.bmm(w, h.unsqueeze(-1)).squeeze(-1) + b
+        if mask is not None:
+            out = out.masked_fill(~mask, float("-inf"))
+        return out
+
+    def dense(self, h: torch.Tensor) -> torch.Tensor:
+        """All ``out_features`` logits [B, C]."""
+        return F.linear(h, self.weight, self.bias.squeeze(-1))
+
+    # --- 4. the schedule ----------------------------------------------------------------------
+    def updated(self) -> bool:
+        """After an optimizer step: count it; rebuild the tables from the current weights when
+        due (returns whether it did)."""
+        if self.schedule.tick():
+            self.rebuild()
+            return True
+        return False
+
+    @torch.no_grad()
+    def rebuild(self) -> None:
+        """Re-file every neuron under the codes of its current weights."""
+        self.tables.build(self.weight.detach())
+
+    # --- state --------------------------------------------------------------------------------
+    def slide_state(self) -> dict[str, Any]:
+        """Tables, hash functions and schedule (the weights are in ``state_dict``)."""
+        return {"tables": self.tables.state(), "schedule": self.schedule.state()}
+
+    def load_slide_state(self, state: dict[str, Any]) -> None:
+        self.tables.load(state["tables"])
+        self.schedule.load(state["schedule"])
+
+
+def label_targets(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                  offset: int = 0) -> torch.Tensor:
+    """[B, A] indicator of the active slots that hold one of the sample's labels (global ids
+    [B, Y], negative: padding)."""
+    glob = ids + offset
+    hit = (glob.unsqueeze(-1) == labels.unsqueeze(1)) & (labels.unsqueeze(1) >= 0)
+    return hit.any(-1) & mask
+
+
+def active_softmax_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                        labels: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Step 3: mean over samples of -sum_{l in labels} log softmax(logits)_l / |labels|, the
+    softmax over the active set only (labels are always in it)."""
+    t = label_targets(ids, mask, labels, offset).float()
+    cnt = (labels >= 0).sum(1).clamp(min=1).float()
+    logp = torch.log_softmax(logits, dim=1).masked_fill(~mask, 0.0)
+    return -((logp * t).sum(1) / cnt).mean()
+
+
+__all__ = ["SLIDELayer", "active_softmax_loss", "label_targets"]

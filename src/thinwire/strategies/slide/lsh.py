@@ -1,0 +1,263 @@
+"""Locality-sensitive hash tables of a layer's neurons, as SLIDE keeps them (vectorised torch).
+
+SLIDE (Chen, Medini, Farwell, Gobriel, Tai, Shrivastava, "SLIDE: In Defense of Smart Algorithms
+over Hardware Acceleration for Large-Scale Deep Learning Systems", MLSys 2020) keeps, for each
+wide layer, L hash tables; table l files every neuron under a K-part hash code of its weight
+vector, and an input retrieves the neurons filed under its own codes: those whose weights are
+likely to have a large inner product with it. Two families:
+
+- :class:`SimHash` (signed random projections, Charikar 2002): bit j of a code is
+  sign(r_j . v) for a Gaussian direction r_j; two vectors at angle theta agree on a bit with
+  probability exactly 1 - theta / pi, on a K-bit code with (1 - theta / pi)^K. SLIDE draws sparse
+  +-1 projections for speed; we draw Gaussian ones, for which the probability is exact, at the
+  same cost in one dense matrix product. 2^K buckets per table.
+- :class:`DWTA` (densified winner-take-all, Chen and Shrivastava, "Densified Winner Take All
+  (WTA) Hashing for Sparse Datasets", UAI 2018): each of the K L hash functions looks at
+  ``bin_size`` coordinates and returns the position of the largest; a function whose coordinates
+  are all zero (an empty bin, frequent for sparse inputs and ReLU activations) borrows the value
+  of another function chosen by a fixed random probe sequence (densification). The K values of a
+  table are combined into one code modulo 2^``range_bits``.
+
+Steps of :class:`Tables`:
+  1. ``build(weight)``: the codes [C, L] of the C neurons; per table the neurons sorted by
+     (code, random key) and the offsets of every bucket ([L, buckets + 1]): a bucket is a slice
+     of the sorted ids, its order random (the key is drawn from the seed and the rebuild count,
+     so rebuilding is deterministic);
+  2. ``query(x)``: the codes [B, L] of the inputs; from each hit bucket the first ``bucket``
+     neurons (a uniform random subset of a larger bucket, as SLIDE's reservoir-sampled buckets
+     of fixed capacity): candidates [B, L, bucket] with a validity mask;
+  3. :func:`select`: the per-sample active set of a fixed size: forced neurons first (the true
+     labels in training), then candidates by the number of tables that returned them (SLIDE's
+     frequency ranking), ties and a shortfall filled by random neurons from the step's generator.
+
+Everything is batched tensor work: no per-sample Python loop. Memory: L (C + buckets + 1) int64.
+
+Libraries considered (PyPI): FAISS (``faiss-cpu``) has an ``IndexLSH`` of random-projection
+codes, but it answers k-nearest-neighbour queries by Hamming distance over a flat code array
+(a scan of every neuron per query) and has no multi-table bucket retrieval, no DWTA and no
+device following of torch tensors; FALCONN (multi-table LSH) is unmaintained since 2017 and
+builds no wheels for current Pythons; hnswlib, Annoy and NMSLIB are graph or tree indexes whose
+rebuild after every weight update costs far more than re-hashing (SLIDE rebuilds often) and
+which return neighbours one query at a time. The tables here are a few tensor operations on the
+layer's own device, so none of them is used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FAMILIES = ("simhash", "dwta")
+
+
+def generator(device: torch.device, *seeds: int) -> torch.Generator:
+    """A generator on ``device`` seeded from a tuple of integers (stable across runs)."""
+    acc = 0x9E3779B97F4A7C15
+    for s in seeds:
+        acc = (acc * 6364136223846793005 + (int(s) & 0xFFFFFFFFFFFFFFFF) + 1442695040888963407) \
+            & 0xFFFFFFFFFFFFFFFF
+    g = torch.Generator(device=device)
+    g.manual_seed(acc & 0x7FFFFFFFFFFFFFFF)
+    return g
+
+
+class SimHash:
+    """K-bit signed random projections, L tables (module docstring)."""
+
+    def __init__(self, dim: int, K: int, L: int, seed: int, device: torch.device) -> None:
+        self.K, self.L = K, L
+        g = generator(torch.device("cpu"), seed, 0x51)
+        self.proj = torch.randn(dim, K * L, generator=g).to(device)
+        self.buckets = 1 << K
+        self._weights = (1 << torch.arange(K, device=device)).long()
+
+    def codes(self, v: torch.Tensor) -> torch.Tensor:
+        """[N, dim] -> int64 codes [N, L] in [0, 2^K)."""
+        bits = (v.float() @ self.proj > 0).view(v.shape[0], self.L, self.K).long()
+        return (bits * self._weights).sum(-1)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"proj": self.proj}
+
+    def load(self, s: dict[str, torch.Tensor]) -> None:
+        self.proj = s["proj"].to(self.proj.device)
+
+
+class DWTA:
+    """Densified winner-take-all hashes, K per table, L tables (module docstring)."""
+
+    PROBES = 10
+    """Densification rounds; a function still empty after them takes the value ``bin_size``."""
+
+    def __init__(self, dim: int, K: int, L: int, seed: int, device: torch.device, *,
+                 bin_size: int = 8, range_bits: int = 12) -> None:
+        self.K, self.L, self.bin_size, self.range_bits = K, L, bin_size, range_bits
+        g = generator(torch.device("cpu"), seed, 0xD7)
+        nh = K * L
+        need = nh * bin_size  # coordinates dealt from concatenated permutations (SLIDE's bins)
+        perms = torch.cat([torch.randperm(dim, generator=g)
+                           for _ in range(math.ceil(need / dim))])
+        self.coords = perms[:need].view(nh, bin_size).to(device)
+        self.probe = torch.stack([torch.randperm(nh, generator=g)
+                                  for _ in range(self.PROBES)]).to(device)
+        self.buckets = 1 << range_bits
+        self._mult = torch.tensor([pow(bin_size + 1, k, 1 << 62) * (2 * k + 1)
+                                   for k in range(K)], device=device)
+
+    def codes(self, v: torch.Tensor) -> torch.Tensor:
+        """[N, dim] -> int64 codes [N, L] in [0, 2^range_bits)."""
+        vals = v.float()[:, self.coords]  # [N, K L, bin]
+        h = vals.argmax(-1)
+        empty = (vals == 0).all(-1)
+        for r in range(self.PROBES):  # densification: borrow from the probed function
+            if not bool(empty.any()):
+                break
+            src = self.probe[r]
+            h = torch.where(empty, h[:, src], h)
+            empty = empty & empty[:, src]
+        h = torch.where(empty, torch.full_like(h, self.bin_size), h)
+        h = h.view(v.shape[0], self.L, self.K)
+        return (h * self._mult).sum(-1) % self.buckets
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"coords": self.coords, "probe": self.probe}
+
+    def load(self, s: dict[str, torch.Tensor]) -> None:
+        self.coords = s["coords"].to(self.coords.device)
+        self.probe = s["probe"].to(self.probe.device)
+
+
+def family(name: str, dim: int, K: int, L: int, seed: int, device: torch.device, *,
+           bin_size: int = 8, range_bits: int = 12) -> Any:
+    if name == "simhash":
+        return SimHash(dim, K, L, seed, device)
+    if name == "dwta":
+        return DWTA(dim, K, L, seed, device, bin_size=bin_size, range_bits=range_bits)
+    raise ValueError(f"unknown hash family {name!r}; use one of {', '.join(FAMILIES)}")
+
+
+class Tables:
+    """L hash tables of ``C`` neurons (steps 1 and 2 of the module docstring)."""
+
+    def __init__(self, hashes: Any, C: int, bucket: int, seed: int,
+                 device: torch.device) -> None:
+        self.h, self.C, self.bucket, self.seed = hashes, C, bucket, seed
+        self.sorted = torch.zeros(hashes.L, C, dtype=torch.long, device=device)
+        self.offsets = torch.zeros(hashes.L, hashes.buckets + 1, dtype=torch.long, device=device)
+        self.builds = 0
+
+    @torch.no_grad()
+    def build(self, weight: torch.Tensor) -> None:
+        """Step 1: file every neuron (rows of ``weight`` [C, dim]) in every table."""
+        L, nb, C = self.h.L, self.h.buckets, self.C
+        codes = self.h.codes(weight).t()  # [L, C]
+        g = generator(weight.device, self.seed, 0x7AB, self.builds)
+        key = torch.rand(L, C, generator=g, device=weight.device)
+        order = torch.argsort(codes.double() + key.double() * 0.5, dim=1)
+        self.sorted = order
+        counts = torch.zeros(L, nb, dtype=torch.long, device=weight.device)
+        counts.scatter_add_(1, codes, torch.ones_like(codes))
+        self.offsets = torch.cat([torch.zeros(L, 1, dtype=torch.long, device=weight.device),
+                                  counts.cumsum(1)], dim=1)
+        del C
+        self.builds += 1
+
+    @torch.no_grad()
+    def query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 2: candidates [B, L, bucket] (neuron ids) and their validity mask."""
+        L, C = self.h.L, self.C
+        codes = self.h.codes(x)  # [B, L]
+        lrow = torch.arange(L, device=x.device)
+        start = self.offsets[lrow, codes]  # [B, L]
+        count = self.offsets[lrow, codes + 1] - start
+        j = torch.arange(self.bucket, device=x.device)
+        valid = j < count.unsqueeze(-1)
+        pos = (start.unsqueeze(-1) + j).clamp(max=C - 1)
+        flat = self.sorted.reshape(-1)
+        ids = flat[(lrow.view(1, L, 1) * C + pos)]
+        return ids, valid
+
+    def state(self) -> dict[str, Any]:
+        return {"sorted": self.sorted, "offsets": self.offsets, "builds": self.builds,
+                **{f"hash.{k}": v for k, v in self.h.state().items()}}
+
+    def load(self, s: dict[str, Any]) -> None:
+        dev = self.sorted.device
+        self.sorted, self.offsets = s["sorted"].to(dev), s["offsets"].to(dev)
+        self.builds = int(s["builds"])
+        self.h.load({k[5:]: v for k, v in s.items() if k.startswith("hash.")})
+
+
+@torch.no_grad()
+def select(candidates: torch.Tensor, valid: torch.Tensor, forced: torch.Tensor | None,
+           size: int, C: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 3: the active set [B, size] (ids in [0, C)) and its mask (False: an empty slot).
+
+    ``candidates`` [B, M] with ``valid`` [B, M]; ``forced`` [B, F] ids (negative: none) always
+    kept; the rest ranked by how often they occur among the candidates (ties broken at random);
+    a shortfall filled by random neurons. ``size`` is capped at C."""
+    B, dev = candidates.shape[0], candidates.device
+    size = min(size, C)
+    sentinel = C
+    parts = [torch.where(valid, candidates, torch.full_like(candidates, sentinel))]
+    weights = [torch.ones(candidates.shape, device=dev)]
+    if forced is not None and forced.numel():
+        parts.append(torch.where(forced >= 0, forced, torch.full_like(forced, sentinel)))
+        weights.append(torch.full(forced.shape, float(candidates.shape[1] + 1), device=dev))
+    fill = torch.randint(0, C, (B, size), generator=g, device=dev)
+    parts.append(fill)
+    weights.append(torch.zeros(fill.shape, device=dev))
+    ids = torch.cat(parts, 1)
+    w = torch.cat(weights, 1)
+    s_ids, order = torch.sort(ids, dim=1)
+    s_w = w.gather(1, order)
+    new = torch.ones_like(s_ids, dtype=torch.bool)
+    new[:, 1:] = s_ids[:, 1:] != s_ids[:, :-1]
+    run = new.long().cumsum(1) - 1  # run index of every sorted entry
+    M = ids.shape[1]
+    score = torch.zeros(B, M, device=dev).scatter_add_(1, run, s_w)
+    run_id = torch.full((B, M), sentinel, dtype=torch.long, device=dev).scatter_(1, run, s_ids)
+    n_runs = run[:, -1:] + 1
+    live = (torch.arange(M, device=dev) < n_runs) & (run_id < sentinel)
+    tie = torch.rand(B, M, generator=g, device=dev) * 0.5
+    score = torch.where(live, score + tie, torch.full_like(score, -1.0))
+    top = score.topk(size, dim=1)
+    active = run_id.gather(1, top.indices)
+    mask = top.values >= 0
+    return torch.where(mask, active, torch.zeros_like(active)), mask
+
+
+@dataclass
+class Schedule:
+    """SLIDE's rebuild schedule: the first rebuild after ``first`` updates, each interval
+    ``growth`` times the previous (exponential spacing), counted in updates of the layer."""
+
+    first: int = 50
+    growth: float = 1.5
+    updates: int = 0
+    next_at: int = 0
+    interval: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.next_at == 0:
+            self.interval = float(self.first)
+            self.next_at = self.first
+
+    def tick(self) -> bool:
+        """Count one update; True when the tables are due for a rebuild now."""
+        self.updates += 1
+        if self.updates < self.next_at:
+            return False
+        self.interval *= self.growth
+        self.next_at = self.updates + max(1, round(self.interval))
+        return True
+
+    def state(self) -> dict[str, Any]:
+        return {"updates": self.updates, "next_at": self.next_at, "interval": self.interval}
+
+    def load(self, s: dict[str, Any]) -> None:
+        self.updates, self.next_at = int(s["updates"]), int(s["next_at"])
+        self.interval = float(s["interval"])
