@@ -289,6 +289,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.list:
         print("models:   " + ", ".join(list_presets("model")) + ", mlp-W0-W1-...-WL")
         print("clusters: " + ", ".join(list_presets("cluster")))
+        from thinwire.planner.convergence import shipped
+
+        print("convergence tables (--convergence NAME): " + ", ".join(shipped()))
     else:
         _print(_plan(args))
     return 0
