@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test data lint typecheck bench mutants clean
+.PHONY: demo test data lint typecheck imports bench mutants clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ mutants: $(STAMP) data
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+imports: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_imports.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -164,10 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print("| compressor | ratio | " + " | ".join(labels) + " |")
     print("|---|---:|" + "---:|" * len(sizes))
-    for name, cells in rows.items():
+    for name, timed in rows.items():
         ratio = f"{ratios[name]:.1f}x" if name in ratios else ""
         text = [f"{4 * n / 1e9 / t[0]:.2f} ({c / t[0]:.0%})"
-                for n, t, c in zip(sizes, cells, copy)]
+                for n, t, c in zip(sizes, timed, copy)]
         print(f"| {name} | {ratio} | " + " | ".join(text) + " |")
     print()
     print("Time of encode + decode in copies (median time / copy_'s median time): "

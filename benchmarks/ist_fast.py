@@ -100,11 +100,11 @@ def main() -> int:
     modelled = {r.label: modelled_curve(r) for r in loop}
     mtimes: dict[str, float] = {}
     for r in loop:
-        hit = next((w for s, a, w in modelled[r.label] if a >= target), None)
-        if hit is not None:
-            mtimes[r.label] = hit
+        at = next((w for s, a, w in modelled[r.label] if a >= target), None)
+        if at is not None:
+            mtimes[r.label] = at
         per = float(r.summary["compute_s"]) / int(r.summary["steps"])
-        print(f"| {r.label} | {per:.3f} | {'not reached' if hit is None else f'{hit:.1f}'} |")
+        print(f"| {r.label} | {per:.3f} | {'not reached' if at is None else f'{at:.1f}'} |")
     ratios("modelled", mtimes)
     print("\nModelled time to lower targets (the crossover): best of each family, s; "
           "x = local SGD's or DP's time / IST's\n")

@@ -40,11 +40,11 @@ from typing import Any
 
 from ist_models import DATA  # the shared data folder, found as the model benchmark finds it
 
+import thinwire.testbed.bench as bench
 from thinwire import config as config_mod
 from thinwire.errors import UsageError
 from thinwire.report.tables import fmt_bytes
 from thinwire.run import method_overrides, preflight, run_name
-from thinwire.testbed import bench
 from thinwire.testbed.netns import unavailable_reason
 from thinwire.testbed.rates import parse_links
 from thinwire.testbed.report import BenchResult, bench_table, common_target, plot_bench

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from thinwire.commands.common import run_config
 from thinwire.config import load, to_dict
 from thinwire.report.tables import fmt_bytes, fmt_count
+from thinwire.run import run_config
 
 METHODS = {"dp": {"method.name": "dp"},
            "localsgd": {"method.name": "localsgd", "method.period": "10"},
@@ -62,7 +62,7 @@ def row(h: int, n: int, shard: str, method: str, s: dict[str, Any]) -> str:
             f"{s['wall_s']:.1f} |")
 
 
-def check(results: dict[tuple, dict[str, Any]]) -> list[str]:
+def check(results: dict[tuple[int, int, str, str], dict[str, Any]]) -> list[str]:
     lines = []
     for (h, n, shard, method), s in sorted(results.items()):
         if method != "ist" or n != 4 or (h, n, shard, "dp") not in results:
@@ -99,7 +99,7 @@ def main() -> None:
     ns = [int(x) for x in args.workers.split(",")]
     shards = args.shards.split(",")
     t0 = time.time()
-    results: dict[tuple, dict[str, Any]] = {}
+    results: dict[tuple[int, int, str, str], dict[str, Any]] = {}
     for h, n, shard in itertools.product(hs, ns, shards):
         if not args.full and n != 4 and (h > min(hs) or shard != "iid"):
             continue  # the default grid: everything at n = 4, iid only elsewhere

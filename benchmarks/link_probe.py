@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     goodput = link.rate_bps / 8 * FRAME_EFFICIENCY
     bucket = burst_bytes(link.rate_bps / 8) * FRAME_EFFICIENCY
     per = args.timeout / 4
-    rows = []
+    rows: list[tuple[str, str, float, float | None]] = []
     with Testbed(3, link) as tb:
         idle = _timed_sends(tb, 0, 1, 29601, 0.02, args.reps, per)
         busy = _timed_sends(tb, 0, 1, 29602, 0.0, args.reps, per)

@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="build the configs, calibrate and predict, run nothing")
     args = p.parse_args(argv)
 
-    from thinwire.testbed import bench
+    import thinwire.testbed.bench as bench
     from thinwire.testbed.netns import unavailable_reason
     from thinwire.testbed.rates import parse_links
 

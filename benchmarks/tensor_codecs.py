@@ -104,7 +104,9 @@ def pp_run(over: dict[str, Any], codec_spec: str, steps: int) -> dict[str, float
     for s in range(steps):
         state["step"] = s
         x, y = batch(ds, s, cfg.train.batch_size)
-        numel = x.numel() * model.get_submodule("tok_emb").embedding_dim
+        emb = model.get_submodule("tok_emb")
+        assert isinstance(emb, nn.Embedding)
+        numel = x.numel() * emb.embedding_dim
         opt.zero_grad()
         task.loss(model(x), y).backward()
         opt.step()

@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+import thinwire.testbed.bench as bench
 from thinwire import config as config_mod
-from thinwire.commands.common import preflight
-from thinwire.commands.compare import method_overrides, run_name
-from thinwire.testbed import bench
+from thinwire.run import method_overrides, preflight, run_name
 from thinwire.testbed.netns import unavailable_reason
 from thinwire.testbed.rates import parse_links
 from thinwire.testbed.report import BenchResult, bench_table, plot_bench

@@ -139,7 +139,7 @@ def test_compare_end_to_end_prints_one_row_per_method(tmp_path: Path) -> None:
     r = thinwire("compare", "--methods", "dp,ist:local_steps=5,train.lr=0.1", "--workers", "2",
                  "--out", str(tmp_path), *QUICK, timeout=300)
     assert r.returncode == 0, r.stderr
-    table = (tmp_path / "compare.md").read_text()
+    table = (tmp_path / "report" / "compare.md").read_text()
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert [row.split(" | ")[0] for row in rows] == [
         "| dp [hidden=32,32]", "| ist(K=5,central) [lr=0.1, hidden=32,32]"]

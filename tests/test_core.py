@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import free_port, run_workers
+from method_cases import params as case_params
 
 from thinwire.config import load
 from thinwire.data.task import task_for
@@ -118,18 +119,17 @@ def test_help_is_grouped_with_one_default_each_and_choices() -> None:
 
 
 # --- every model with every replicated method and codec -----------------------------------------
-CODECS = ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1", "qsgd", "int8", "sign",
-          "powersgd:rank=2"]
+RUNS = [(m, v, case) for m, v, case in (p.values for p in case_params("models"))]
+"""Every method's ``models`` cases of tests/method_cases.py (dp with each codec, localsgd and
+diloco with period 2): method options, the model comes from MODEL_CONFIGS."""
 
 
-def _methods_on(comm: Comm, overrides: dict) -> dict:
-    """Two steps of dp with each codec, localsgd and diloco (period 2) on one model: replicas
-    agree after each sync, parameters move, losses are finite, and the ledger holds exactly the
-    bytes of the method's traffic formula (DDP's buckets in the probed gradient-ready order)."""
+def _methods_on(comm: Comm, overrides: dict, runs: list) -> dict:
+    """Two steps of each run on one model: replicas agree after each sync, parameters move,
+    losses are finite, and the ledger holds exactly the bytes of the method's traffic formula
+    (DDP's buckets in the probed gradient-ready order)."""
     out = {}
-    runs = [("dp", {"method.compressor": c}) for c in CODECS]
-    runs += [("localsgd", {"method.period": 2}), ("diloco", {"method.period": 2})]
-    for name, extra in runs:
+    for name, variant, extra in runs:
         cfg = load(None, {**overrides, "method.name": name, **extra, "train.steps": 2,
                           "train.eval_every": 2, "runtime.workers": comm.world_size,
                           "train.batch_size": 4, "train.lr": 0.01})
@@ -147,7 +147,7 @@ def _methods_on(comm: Comm, overrides: dict) -> dict:
         params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         moved = any(not torch.equal(a, b) for a, b in zip(start, model.parameters()))
         strat.close()
-        out[f"{name}:{extra}"] = (losses, params, moved)
+        out[f"{name}:{variant}"] = (losses, params, moved)
     return out
 
 
@@ -173,10 +173,10 @@ MODEL_CONFIGS = {
 @pytest.mark.parametrize("model", sorted(MODEL_CONFIGS))
 def test_every_model_trains_with_every_replicated_method_and_codec(model: str) -> None:
     over = MODEL_CONFIGS[model]()
-    out = run_workers(_methods_on, 2, over, timeout=240)
+    out = run_workers(_methods_on, 2, over, RUNS, timeout=240)
+    assert len(out[0]) == len(RUNS)
     for key, (losses, params, moved) in out[0].items():
         assert all(torch.isfinite(torch.tensor(losses))), key
         assert moved, key
-        if key.startswith("dp") or key.startswith("localsgd") or key.startswith("diloco"):
-            # replicated methods: identical replicas after the (last) synchronisation
-            assert torch.equal(params, out[1][key][1]), key
+        # replicated methods: identical replicas after the (last) synchronisation
+        assert torch.equal(params, out[1][key][1]), key

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from harness import assert_same_state, flat_state, run_workers
+from method_cases import params, resolve
 
 from thinwire.config import load
 from thinwire.reference import reference_run
@@ -75,38 +76,17 @@ def _train_state(comm: Comm, cfg, run_dir: str) -> dict:
     return {"summary": summary, "state": flat_state(tr.strategy.state_dict())}
 
 
-RESUMABLE = {
-    "dp+momentum": {"method.name": "dp", "train.momentum": 0.9},
-    "dp+topk-ef": {"method.name": "dp", "method.compressor": "topk:ratio=0.05",
-                   "train.momentum": 0.9},
-    "dp+powersgd": {"method.name": "dp", "method.compressor": "powersgd:rank=2"},
-    "localsgd+adamw": {"method.name": "localsgd", "method.period": 5, "train.optimizer": "adamw",
-                       "train.lr": 0.01},
-    "diloco": {"method.name": "diloco", "method.period": 5, "train.optimizer": "adamw",
-               "train.lr": 0.01},
-    "ist+reindex": {"method.name": "ist", "method.local_steps": 5, "model.norm": "batch",
-                    "method.optimizer_state": "reindex", "train.momentum": 0.9},
-    "ist+hybrid": {"method.name": "ist", "method.local_steps": 5, "method.period": 5,
-                   "method.switch_at": 5, "train.momentum": 0.9},
-    "ist+auto-switch": {"method.name": "ist", "method.local_steps": 5, "method.period": 5,
-                        "method.switch_patience": 1, "method.switch_tol": 1.0,
-                        "train.momentum": 0.9},
-    "pipeline+aqsgd+lowrank": {"method.name": "pipeline", "parallel.pp": 2,
-                               "method.micro_batches": 2, "method.codec_fwd": "aqsgd:bits=4",
-                               "method.codec_bwd": "lowrank:rank=2", "model.norm": "layer",
-                               "train.optimizer": "adamw", "train.lr": 0.01},
-}
-
-
-@pytest.mark.parametrize("name", sorted(RESUMABLE))
-def test_resume_equals_uninterrupted(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method,variant,case", params("resume"))
+def test_resume_equals_uninterrupted(method: str, variant: str, case: dict,
+                                     tmp_path: Path) -> None:
     """A run cut at step 10 and resumed ends in exactly the state of the uninterrupted run:
     parameters and every optimizer / method state tensor (momentum, Adam's moments, DiLoCo's
     outer momentum and global copy, a codec's error-feedback residuals and
     PowerSGD's factors, IST's stored slices and re-indexed state, the state after
-    the hybrid switch), compared bit for bit. Guards: a checkpoint missing any state."""
+    the hybrid switch), compared bit for bit. Guards: a checkpoint missing any state. The cases:
+    every method's ``resume`` entry in tests/method_cases.py."""
     n = 2
-    over = {**RESUMABLE[name], "run.checkpoint_every": 10}
+    over = {**resolve(case), "method.name": method, "run.checkpoint_every": 10}
     full = run_workers(_train_state, n, cfg_for(n, tmp_path, **over), str(tmp_path / "full"))
     cut = cfg_for(n, tmp_path, **{**over, "train.steps": 10, "train.eval_every": 10})
     run_workers(_train_state, n, cut, str(tmp_path / "cut"))

@@ -1,7 +1,12 @@
 """GPU smoke tests (marker ``gpu``): the same strategies and every codec on CUDA with nccl.
 
 Skipped where no CUDA device is visible. With one device a single worker runs (nccl needs one
-device per rank); with two or more, two workers run and must agree.
+device per rank); with two or more, two workers run and must agree. The methods and their
+options come from tests/method_cases.py (kinds ``gpu``, ``device`` and ``gloo_cuda``), so every
+registered method has its CUDA case or says why not. Two of the tests run every method's
+``device`` case through the launcher, with the device rule on: 2 ranks sharing one CUDA device
+through gloo with CUDA tensors (the multi-rank CUDA paths on a one-GPU machine), and one rank a
+device through nccl (skipped, saying so, where fewer devices are visible than the case needs).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from method_cases import params, resolve, workers
 
 from thinwire.config import load
 from thinwire.run import run_config
@@ -38,8 +44,9 @@ def _shared_dir(model: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("model", sorted(GPU_MODELS))
-@pytest.mark.parametrize("method", ["dp", "localsgd", "ist"])
-def test_every_model_trains_on_cuda_with_nccl(model: str, method: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method,variant,case", params("gpu"))
+def test_every_model_trains_on_cuda_with_nccl(model: str, method: str, variant: str,
+                                              case: dict[str, Any], tmp_path: Path) -> None:
     """Each model with dp, local SGD and IST (where the model has IST units) on CUDA through
     nccl: it learns (beats chance clearly), and every rank's ledger equals the method's pure
     traffic formula to the byte (the bytes cannot depend on the device)."""
@@ -54,9 +61,7 @@ def test_every_model_trains_on_cuda_with_nccl(model: str, method: str, tmp_path:
     over = {"model.name": model, "method.name": method, **GPU_MODELS[model], **_shared_dir(model),
             "train.steps": "40", "train.eval_every": "20", "train.batch_size": "32",
             "runtime.workers": str(workers), "runtime.device": "cuda",
-            "run.out": str(tmp_path), "run.progress": "false"}
-    if method != "dp":
-        over["method.local_steps" if method == "ist" else "method.period"] = "10"
+            "run.out": str(tmp_path), "run.progress": "false", **case}
     cfg = load(None, over)
     summary = run_config(cfg)
     final = summary["final"]
@@ -73,6 +78,50 @@ def test_every_model_trains_on_cuda_with_nccl(model: str, method: str, tmp_path:
     for r in range(workers):
         got = json.loads((cfg.run_dir / f"ledger.rank{r}.json").read_text())["totals"]
         assert got["sent_bytes"] == want.sent[r], r
+
+
+# --- every method's device case on CUDA: gloo on one device, nccl on several ---------------------
+DEVICE_RUN = {"train.steps": 4, "train.eval_every": 2, "run.checkpoint_every": 2,
+              "train.batch_size": 8, "run.progress": "false", "runtime.device": "cuda",
+              "runtime.timeout_s": 120}
+
+
+def _device_run(method: str, case: dict[str, Any], backend: str, workers: int,
+                tmp_path: Path) -> list[list[str]]:
+    """The case through the launcher on CUDA with ``backend``: 4 steps, evaluations and
+    checkpoints at 2 and 4; returns each rank's ledger devices (``ledger.rank{r}.json``)."""
+    cfg = load(None, {**resolve(case), "method.name": method, **DEVICE_RUN,
+                      "runtime.backend": backend, "runtime.workers": str(workers),
+                      "run.out": str(tmp_path)})
+    summary = run_config(cfg)
+    assert summary["final"], summary
+    return [json.loads((cfg.run_dir / f"ledger.rank{r}.json").read_text())["devices"]
+            for r in range(workers)]
+
+
+@pytest.mark.parametrize("method,variant,case", params("gloo_cuda"))
+def test_two_ranks_share_one_cuda_device_through_gloo(method: str, variant: str,
+                                                      case: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    """2 ranks on cuda:0 through gloo, which carries CUDA tensors for its collectives: the
+    CUDA tensor paths of a multi-rank run (DDP's hooks, metric gathers, the IST-free methods'
+    averages) execute where one GPU is all there is, under the device rule."""
+    devices = _device_run(method, case, "gloo", 2, tmp_path)
+    assert devices == [["cuda:0"], ["cuda:0"]], devices
+
+
+@pytest.mark.parametrize("method,variant,case", params("device"))
+def test_every_method_runs_on_cuda_devices_through_nccl(method: str, variant: str,
+                                                        case: dict[str, Any],
+                                                        tmp_path: Path) -> None:
+    """Every method's device case with one rank a CUDA device through nccl (which refuses a
+    CPU tensor): trains, evaluates and checkpoints, every call on its rank's device."""
+    n, have = workers(case), torch.cuda.device_count()
+    if have < n:
+        pytest.skip(f"nccl needs one CUDA device per rank: {method}:{variant} runs {n} ranks, "
+                    f"{have} device(s) visible")
+    devices = _device_run(method, case, "nccl", n, tmp_path)
+    assert devices == [[f"cuda:{r}"] for r in range(n)], devices
 
 
 # --- codecs on CUDA ------------------------------------------------------------------------------

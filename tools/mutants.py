@@ -112,6 +112,23 @@ MUTANTS = (
     Mutant("rundir-hidden", "rundir", "hidden run names ('.x', thinwire's own) accepted",
            "rundir.py", 'if name.startswith("."):', 'if name.startswith(".."):',
            ("tests/reliability/test_rundir.py",)),
+    # --- behaviours no test held before -----------------------------------------------------------
+    Mutant("aqsgd-frozen", "pipeline", "AQ-SGD's per-sample history frozen after the first "
+           "visit (both sides)", "strategies/pipeline/codecs.py",
+           "self.history[k] = v.clone()", "self.history.setdefault(k, v.clone())",
+           ("tests/reliability/test_guarded_behaviours.py",)),
+    Mutant("dct-every", "methods", "hybrid DCT re-estimates its DP threshold every step, not "
+           "every method.every", "strategies/hybrid.py",
+           "if step % self.o.every == 0:", "if True:",
+           ("tests/reliability/test_guarded_behaviours.py",)),
+    Mutant("resist-no-scale", "IST", "ResIST's test-time 1/min(S, n) scaling of partitioned "
+           "blocks dropped", "models/resnet.py",
+           "block.branch_scale = 1.0 / min(len(blocks), n)", "block.branch_scale = 1.0",
+           ("tests/reliability/test_guarded_behaviours.py",)),
+    Mutant("dp-codec-rescale", "checkpoint", "compressed dp accepted for resume at another "
+           "worker count", "strategies/data_parallel.py",
+           'rescalable=lambda o: o.compressor == "none"', "rescalable=lambda o: True",
+           ("tests/reliability/test_guarded_behaviours.py",)),
 )
 
 

@@ -7,8 +7,8 @@ barrier rank 0 writes ``COMPLETE`` the same way. Resume takes the newest step wh
 exists, so a crash mid-write never loses the previous checkpoint; older complete checkpoints
 beyond ``keep`` are removed by rank 0 only after a newer one is sealed.
 
-Guarantees (tests: ``tests/reliability/test_checkpoint.py`` and the property-based
-``tests/reliability/test_fuzz.py``):
+Guarantees (tests: ``tests/reliability/test_checkpoint_errors.py``, ``test_resume_cli.py`` and
+the property-based ``tests/reliability/test_fuzz_inputs.py``):
 
 - Loading uses ``torch.load(weights_only=True)``: no arbitrary objects are unpickled.
 - Every unusable checkpoint is a one-line :class:`CheckpointError` (a
@@ -19,7 +19,9 @@ Guarantees (tests: ``tests/reliability/test_checkpoint.py`` and the property-bas
 - A failed write (ENOSPC, EDQUOT, EROFS...) is a one-line CheckpointError naming the errno and
   the file; the temporary file is removed and earlier checkpoints are untouched.
 - :func:`require_resumable` turns "resume, but there is no checkpoint" into a one-line error
-  instead of a silent fresh start.
+  instead of a silent fresh start, and refuses to resume a run whose newest checkpoint is at
+  or beyond the run's ``train.steps`` (a finished run: resuming it would only rewrite its
+  results; ``tests/reliability/test_data_loss.py``).
 """
 
 from __future__ import annotations
@@ -178,10 +180,12 @@ def read_complete(run_dir: Path, step: int) -> int:
 
 
 def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = True,
-                      rescalable: bool = False) -> int:
+                      rescalable: bool = False, steps: int | None = None) -> int:
     """The step a resume of ``run_dir`` by ``world_size`` workers starts from.
 
-    CheckpointError (one line) when there is no complete checkpoint, its ``COMPLETE`` is
+    CheckpointError (one line) when there is no complete checkpoint, the newest one is already
+    at or beyond ``steps`` (the run's ``train.steps``: a finished run is complete and a resume
+    would only rewrite its results; ``--steps`` above it continues it), its ``COMPLETE`` is
     corrupt, it was written by another number of workers (unless ``rescalable``: the method's
     state is the same on every rank, :func:`load_rank`), or (``check_ranks``) any rank file is
     missing or unusable: the launching process calls this before any worker starts.
@@ -195,6 +199,12 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
     if check_ranks:
         for rank in range(world_size):
             load_rank(run_dir, step, rank, world_size, rescalable=rescalable)
+    if steps is not None and step >= steps:
+        state = (f"is complete: it trained all {step} steps" if step == steps else
+                 f"has trained {step} steps, more than --train.steps {steps}")
+        raise CheckpointError(f"run.resume: {run_dir} {state}, so there is nothing to resume and "
+                              f"its results are kept; pass --steps above {step} to continue it, "
+                              "or choose another --run.name for a new run")
     return step
 
 

@@ -122,6 +122,8 @@ class ParallelConfig:
 
 
 RECOMPUTE = ("none", "block", "selective")
+"""``[memory] recompute`` of a run (the planner's names for them:
+:data:`thinwire.planner.specs.MEGATRON_RECOMPUTE`)."""
 OFFLOAD = ("none", "params")
 
 
@@ -140,7 +142,8 @@ class MemoryConfig:
                        "a CPU run)", choices=OFFLOAD)
 
     def __post_init__(self) -> None:
-        check(self.offload == "none" or self.zero >= 2, "memory.offload",
+        check(self.offload in ("none",) or self.offload not in OFFLOAD or self.zero >= 2,
+              "memory.offload",
               "params offload is FSDP2's; add --memory.zero 2 or 3")
 
 
@@ -171,8 +174,14 @@ class RunConfig:
     resume: bool = opt(False, "continue from the newest complete checkpoint in the run directory")
     overwrite: bool = opt(False, "replace an existing run directory of the same name")
     progress: bool = opt(True, "show a progress bar on rank 0")
+    loggers: str = opt("jsonl", "metrics loggers, a comma list: jsonl (metrics.jsonl, always), "
+                       "tensorboard (event files in RUN_DIR/tensorboard; needs "
+                       "thinwire[tensorboard])")
 
     def __post_init__(self) -> None:
+        from thinwire.loggers import parse_loggers
+
+        parse_loggers(self.loggers)
         check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0")
         check(not (self.resume and self.overwrite), "run.overwrite",
               "cannot be combined with --resume; choose one")
@@ -212,7 +221,16 @@ class Config:
         entry = methods().get(self.method.name)
         if entry.check is not None:
             entry.check(self)
+        self._check_parallel(entry)
         self._check_memory(entry, model)
+
+    def _check_parallel(self, entry: Any) -> None:
+        """Model-parallel degrees only for methods that declare them (MethodEntry.parallel)."""
+        for key, what in (("pp", "pipeline stages"), ("tp", "tensor-parallel layers")):
+            others = [n for n, e in methods().entries() if key in e.parallel]
+            check(getattr(self.parallel, key) == 1 or key in entry.parallel, f"parallel.{key}",
+                  f"method {self.method.name} has no {what} (methods that do: "
+                  f"{', '.join(others) or 'none'}); drop --parallel.{key} or choose one of them")
 
     def _check_memory(self, entry: Any, model: Any) -> None:
         """The memory options the method and the model support (one line each)."""
@@ -341,15 +359,16 @@ def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
             raise ConfigError(f"{section}: expected a table of options")
     method_name = values.get("method", {}).get("name", MethodConfig().name)
     if method_name in methods():  # the method's own defaults for options left unset
-        values = {s: dict(v) for s, v in values.items()}
+        own: dict[str, dict[str, Any]] = {s: dict(v) for s, v in values.items()}
         entry = methods().get(method_name)
         for dotted, value in entry.defaults.items():
             section, _, key = dotted.partition(".")
-            values.setdefault(section, {}).setdefault(key, value)
-        if entry.model_kinds and "name" not in values.get("model", {}):
+            own.setdefault(section, {}).setdefault(key, value)
+        if entry.model_kinds and "name" not in own.get("model", {}):
             fit = [n for n, m in models().entries() if set(m.data_kinds) & set(entry.model_kinds)]
             if fit:
-                values.setdefault("model", {})["name"] = fit[0]
+                own.setdefault("model", {})["name"] = fit[0]
+        values = own
     sections = {s: _build_section(s, values.get(s, {})) for s in SECTIONS}
     if not sections["data"].name:  # the model's default dataset
         content = dict(values.get("data", {}))
@@ -412,7 +431,25 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 def load(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None) -> Config:
     """TOML file (optional) plus dotted overrides, validated."""
     base = read_toml(path) if path else {}
+    if path:
+        check_toml_types(base, path)
     return build(merge(base, overrides or {}))
+
+
+def check_toml_types(values: Mapping[str, Any], path: str | Path) -> None:
+    """TOML has types: a number or a boolean written as a string (``steps = "10"``) is an
+    error naming the key and the fix (the command line's text values are converted instead)."""
+    kinds = {dotted: typ for dotted, _f, typ, _owners in iter_options()}
+    for section, content in values.items():
+        if not isinstance(content, Mapping):
+            continue
+        for key, value in content.items():
+            typ = kinds.get(f"{section}.{key}")
+            if typ in (int, float, bool) and isinstance(value, str):
+                want = "true or false" if typ is bool else "a number"
+                raise ConfigError(f"config file {path}: [{section}] {key} = {value!r} is a "
+                                  f"string; write {want} without quotes, e.g. {key} = "
+                                  f"{value.strip() or ('true' if typ is bool else '1')}")
 
 
 def _toml_value(v: Any) -> str:

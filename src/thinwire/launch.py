@@ -6,7 +6,7 @@ processes. The workers are the same program an external multi-node ``torchrun`` 
 
 Guarantees (tests in ``tests/reliability/``):
 
-- **Loopback only** (``test_network.py``). torch's c10d rendezvous binds its store on every
+- **Loopback only** (``test_job_processes.py``). torch's c10d rendezvous binds its store on every
   interface (``::``) whatever the endpoint says, and the agent adds a second such store; neither
   takes a bind address, nor does any ``TORCH_*`` variable. :class:`torch.distributed.TCPStore`
   does accept an already listening socket (``master_listen_fd``), and a multi-tenant store is
@@ -16,7 +16,8 @@ Guarantees (tests in ``tests/reliability/``):
   (the agent store). ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` default to ``lo`` so the
   workers' own connections listen on loopback too. The store still has no authentication: any
   local user can reach it while a job runs.
-- **First failure named** (``test_errors.py``). When a worker fails, the agent stops the others
+- **First failure named** (``test_job_processes.py``, ``test_failure_order.py``). When a worker
+  fails, the agent stops the others
   (SIGTERM) and peers that were talking to it fail with communication errors; the launcher
   ranks the failures, earliest first within a class: a death by a signal the agent does not
   send (the OOM killer's SIGKILL, SIGSEGV: never a consequence of another worker), a stopped
@@ -32,7 +33,7 @@ Guarantees (tests in ``tests/reliability/``):
   whichever signal it was). torch's own log lines go to ``RUN_DIR/launcher.log``, not the
   terminal; the signal handlers in force before the call are restored after it.
 - **No orphans.** Workers die with the launcher, however it ends (see :mod:`thinwire.worker`).
-- **Elastic restarts** (``test_elastic.py``). With ``max_restarts`` > 0 the agent restarts the
+- **Elastic restarts** (``test_elastic_restart.py``). With ``max_restarts`` > 0 the agent restarts the
   whole worker group after a failure, and the restarted workers resume from the newest complete
   checkpoint.
 """

@@ -46,8 +46,25 @@ __all__ = [
 ]
 
 
+def check_runtime(cfg: Config) -> None:
+    """The device and backend the workers would pick exist here (the workers' own check,
+    :mod:`thinwire.runtime.dist`, made before they start; CUDA is not initialised)."""
+    import torch
+
+    rt, cuda = cfg.runtime, torch.cuda.is_available()
+    if rt.device == "cuda" and not cuda:
+        raise UsageError("runtime.device: cuda requested but no CUDA device is visible; use "
+                         "--runtime.device cpu")
+    on_cuda = rt.device == "cuda" or (rt.device == "auto" and cuda)
+    if rt.backend == "nccl" and not on_cuda:
+        raise UsageError("runtime.backend: nccl needs CUDA devices"
+                         + (" (none is visible here)" if not cuda else "")
+                         + "; use --runtime.backend gloo on CPU")
+
+
 def preflight(cfg: Config) -> Dataset:
     """Step 1: what would fail on the workers, as one-line errors now; returns the data."""
+    check_runtime(cfg)
     if cfg.data.dir and not Path(cfg.data.dir).is_dir():
         raise UsageError(f"data.dir: {cfg.data.dir} is not a directory; pass the folder holding "
                          "the dataset files, or leave it empty for the standard places")
@@ -81,7 +98,9 @@ def run_directory(cfg: Config) -> Iterator[Any]:
     with rundir.open_run(cfg.run.out, cfg.run_name, resume=cfg.run.resume,
                          overwrite=cfg.run.overwrite) as rd:
         if cfg.run.resume:
-            checkpoint.require_resumable(rd.path, cfg.runtime.workers, rescalable=rescalable(cfg))
+            rundir.check_no_links(rd.path)
+            checkpoint.require_resumable(rd.path, cfg.runtime.workers, rescalable=rescalable(cfg),
+                                         steps=cfg.train.steps)
         rundir.write_text(rd.path / "config.toml", config_mod.dumps(cfg))
         yield rd
         rd.commit()

@@ -1,16 +1,19 @@
 """Run directories: where a run writes, and the only places thinwire ever deletes.
 
-Guarantees (each tested in ``tests/reliability/test_rundir.py``):
+Guarantees (tested in ``tests/reliability/test_rundir.py``, ``test_data_loss.py`` and the
+property test ``test_rundir_properties.py``):
 
 - **Names.** A run name is one plain path component: not empty, not ``.`` or ``..``, no ``/`` or
   ``\\``, no NUL or other control character, no leading ``.`` (hidden names are thinwire's own:
   lock and staging entries), at most :data:`MAX_NAME` characters. Anything else is a one-line
   :class:`~thinwire.errors.UsageError` naming the fix (:func:`check_name`), so a run directory is
   always a direct child of the output root.
-- **Ownership.** Every run directory thinwire creates holds the marker file :data:`MARKER`.
-  thinwire deletes or replaces only marked directories that are direct children of the output
-  root (or hidden entries it made there), never anything else. A directory without the marker is
-  never written into, replaced or removed: the error names it (:func:`open_run`).
+- **Ownership.** Every run directory thinwire creates holds the marker file :data:`MARKER`,
+  written only when thinwire creates the directory, never into an existing one. thinwire
+  writes into, resumes, replaces or deletes only marked directories that are direct children
+  of the output root (or hidden entries it made there), never anything else. A directory
+  without the marker, even one laid out like a run, is refused with one line naming it
+  (:func:`open_run`).
 - **Modes.** With nothing at ``OUT/NAME`` a new run is created in place (a failed first run
   stays there, resumable, destroying nothing). An existing run is reused only with ``resume``
   (in place, under the lock: checkpoints are only ever added atomically and pruned after a newer
@@ -20,14 +23,26 @@ Guarantees (each tested in ``tests/reliability/test_rundir.py``):
   ``renameat2(RENAME_EXCHANGE)`` where the file system has it, else two renames that
   :func:`open_run` completes after a crash). A failed or interrupted replacement removes its
   staging directory and leaves the previous run exactly as it was.
-- **One job per run directory.** :func:`open_run` takes an exclusive ``flock`` on
-  ``OUT/.NAME.lock`` and keeps it until :meth:`RunDir.close`; the kernel drops it when the
-  launching process exits in any way (the descriptor is not inherited by workers). A second job
-  on the same directory fails at once with one line naming the directory and the holder's pid.
+- **No links.** A run directory holding a symbolic link anywhere inside it is not resumed
+  (:func:`check_no_links`, one line naming the link): thinwire never follows a link for
+  writing or deletion. Atomic writes replace a link at their target instead of following it.
+- **One job per run directory.** :func:`take_lock` takes an exclusive ``flock`` on
+  ``OUT/.NAME.thinwire-lock``, a file thinwire creates complete with its tag
+  (:data:`LOCK_TAG`, then the holder's pid) and removes when it releases the lock; a file of
+  that name without the tag is not thinwire's and is refused, never truncated. :func:`open_run`
+  holds it until :meth:`RunDir.close`, and the worker entry's rank 0 takes it too unless its
+  launcher holds it (:func:`thinwire.worker.claim_run_dir`), so a ``torchrun`` beside a live
+  ``thinwire train`` is refused. The kernel drops the lock when its holder exits in any way (a
+  stale file left by a killed job carries the tag and is reused); the descriptor is not
+  inherited by workers. A second job fails at once with one line naming the directory and the
+  holder's pid.
 - **Writes.** :func:`write_text` writes a temporary file beside the target, fsyncs and renames
   it: a target is either the old or the new content, never empty or partial; on any
   ``OSError`` (ENOSPC, EDQUOT, EROFS, EACCES...) the temporary file is removed and the error is
   one line naming the errno and the path (:func:`describe_os_error`).
+- **Report folders.** ``compare`` and ``report`` write their tables and plots only into a
+  directory they create and mark (:data:`REPORT_MARKER`, :func:`open_output_dir`) or one
+  they marked before; a link, a file or a folder of the user's there is refused in one line.
 - **Output root.** It is created when missing; one that is a file, cannot be created or is not
   writable is a one-line error (:func:`check_out`).
 
@@ -137,6 +152,67 @@ def mark(path: Path) -> None:
     write_text(path / MARKER, json.dumps({"created_by": "thinwire", "version": __version__}) + "\n")
 
 
+def check_no_links(run_dir: Path) -> None:
+    """One line when anything inside ``run_dir`` (its files, ``checkpoints/`` and the step
+    folders) is a symbolic link: thinwire never follows a link for writing or deletion, so a
+    run holding one is not resumed or written into."""
+    pending = [Path(run_dir)]
+    while pending:
+        here = pending.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError as exc:
+            raise UsageError(f"cannot read {here}: {describe_os_error(exc, here)}") from None
+        for e in entries:
+            if e.is_symlink():
+                raise UsageError(f"{e.path} is a symbolic link; thinwire never follows links "
+                                 "inside a run directory: replace it with the file itself, or "
+                                 "start a new run with another --run.name")
+            if e.is_dir(follow_symlinks=False):
+                pending.append(Path(e.path))
+
+
+REPORT_MARKER = ".thinwire-report"
+"""The file that marks a directory as one ``thinwire compare`` / ``report`` wrote its tables
+and plots into."""
+
+
+def is_report_dir(path: Path) -> bool:
+    """True when ``path`` is a real directory (not a link) holding :data:`REPORT_MARKER`."""
+    try:
+        return (stat.S_ISDIR(os.lstat(path).st_mode)
+                and stat.S_ISREG(os.lstat(path / REPORT_MARKER).st_mode))
+    except OSError:
+        return False
+
+
+def open_output_dir(path: str | os.PathLike[str], what: str) -> Path:
+    """The directory ``path`` for ``compare``'s and ``report``'s files: created (with parents)
+    and marked with :data:`REPORT_MARKER` when missing, reused when it holds that marker; a
+    link, a file or a directory thinwire did not create is a one-line UsageError (``what``
+    names the option, e.g. ``--plots``), and it is left as it is."""
+    d = Path(path)
+    fix = f"choose another {what}"
+    if os.path.lexists(d):
+        if os.path.islink(d):
+            raise UsageError(f"{what}: {d} is a symbolic link; thinwire does not follow it: {fix}")
+        if not d.is_dir():
+            raise UsageError(f"{what}: {d} exists and is not a directory; {fix}")
+        if not is_report_dir(d):
+            raise UsageError(f"{what}: {d} exists and was not created by thinwire (no "
+                             f"{REPORT_MARKER} marker); thinwire never writes into it: {fix}")
+        return d
+    try:
+        d.mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot create {d}: {describe_os_error(exc, d)}") from None
+    from thinwire import __version__
+
+    write_text(d / REPORT_MARKER,
+               json.dumps({"created_by": "thinwire", "version": __version__}) + "\n")
+    return d
+
+
 # --- atomic writes ------------------------------------------------------------------------------
 def write_bytes(path: Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data`` (temporary file, fsync, rename); on OSError the
@@ -152,7 +228,9 @@ def replace_atomically(path: Path, data: bytes, tmp: Path) -> None:
     """Write ``data`` to ``tmp``, fsync it and rename it over ``path``; on OSError ``tmp`` is
     removed and the error propagates (``path`` keeps its old content or stays absent)."""
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -175,8 +253,14 @@ def _unlink_quietly(path: Path) -> None:
 
 
 # --- the lock -----------------------------------------------------------------------------------
+LOCK_TAG = "thinwire lock"
+"""The first words of every lock file thinwire writes (then ``pid N``): a file at the lock's
+path that does not start with them is not thinwire's and is never opened for writing."""
+
+
 def lock_path(root: Path, name: str) -> Path:
-    return root / f".{name}.lock"
+    """The lock of run ``root/name``: ``root/.name.thinwire-lock``."""
+    return root / f".{name}.thinwire-lock"
 
 
 def staging_path(root: Path, name: str) -> Path:
@@ -187,31 +271,124 @@ def replaced_path(root: Path, name: str) -> Path:
     return root / f".{name}.replaced"
 
 
-def _acquire(lock: Path, final: Path) -> int:
-    """An exclusive, non-blocking flock on ``lock`` (created when missing); the descriptor."""
+def lock_holder(lock: Path) -> int | None:
+    """The pid recorded in thinwire's lock file ``lock`` (None: no such file, not thinwire's,
+    or no pid yet). The pid is only shown in messages and compared by workers."""
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    words = text.split()
+    if text.startswith(LOCK_TAG) and len(words) >= 4 and words[2] == "pid" and words[3].isdigit():
+        return int(words[3])
+    return None
+
+
+@dataclass
+class Lock:
+    """An exclusive ``flock`` on a lock file thinwire created; :meth:`release` removes the file
+    (while still holding the lock) and closes it. The descriptor is not inherited by children,
+    and the kernel drops the lock when the holding process ends in any way."""
+
+    path: Path
+    fd: int | None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            if _same_file(self.fd, self.path):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def take_lock(root: Path, name: str) -> Lock:
+    """The exclusive lock of run ``root/name`` (:func:`lock_path`); one line when another job
+    holds it, or when a file of that name exists that thinwire did not write (it is left
+    exactly as it is)."""
+    lock, final = lock_path(root, name), root / name
+    content = f"{LOCK_TAG} pid {os.getpid()}\n".encode()
+    for _attempt in range(50):
+        fd = _open_lock(lock, content)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                holder = lock_holder(lock)
+                who = f" (pid {holder})" if holder is not None else ""
+                raise UsageError(f"another thinwire job{who} is running in {final}; wait for "
+                                 "it to finish or choose another --run.name") from None
+            raise UsageError(f"cannot lock {lock}: {describe_os_error(exc, lock)}") from None
+        if _same_file(fd, lock):  # else its holder removed it between our open and flock
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, content, 0)
+            except OSError:
+                pass  # the pid is only shown in messages
+            return Lock(lock, fd)
+        os.close(fd)
+    raise UsageError(f"cannot lock {lock}: it keeps being replaced; is another program "
+                     "removing it?")
+
+
+def _open_lock(lock: Path, content: bytes) -> int:
+    """A descriptor of thinwire's lock file ``lock``: created with ``content`` when missing (a
+    hard link of a complete temporary file, so the file never exists without its tag), else the
+    existing file, opened only when it is a regular file starting with :data:`LOCK_TAG`."""
+    tmp = lock.with_name(f"{lock.name}.{os.getpid()}.new")
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o644)
     except OSError as exc:
         raise UsageError(f"cannot create the lock file: {describe_os_error(exc, lock)}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = ""
-        try:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        except OSError:
-            pass
+        os.write(fd, content)
+        os.link(tmp, lock)
+        return fd
+    except FileExistsError:
         os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            who = f" (pid {holder})" if holder.isdigit() else ""
-            raise UsageError(f"another thinwire job{who} is running in {final}; wait for it to "
-                             "finish or choose another --run.name") from None
-        raise UsageError(f"cannot lock {lock}: {describe_os_error(exc, lock)}") from None
+    except OSError as exc:
+        os.close(fd)
+        raise UsageError(f"cannot create the lock file: {describe_os_error(exc, lock)}") from None
+    finally:
+        _unlink_quietly(tmp)
+    not_ours = (f"{lock} exists and is not thinwire's lock file; thinwire leaves it alone: move "
+                "it away or choose another --run.name")
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return _open_lock(lock, content)  # removed by its holder meanwhile
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(not_ours) from None
+        raise UsageError(f"cannot open the lock file: {describe_os_error(exc, lock)}") from None
+    try:
+        ok = (stat.S_ISREG(os.fstat(fd).st_mode)
+              and os.pread(fd, len(LOCK_TAG), 0) == LOCK_TAG.encode())
     except OSError:
-        pass  # the pid is only shown in messages
+        ok = False
+    if not ok:
+        os.close(fd)
+        raise UsageError(not_ours)
     return fd
 
 
@@ -224,13 +401,13 @@ class RunDir:
     final: Path
     path: Path
     mode: Mode
-    _lock_fd: int | None = field(default=None, repr=False)
+    _lock: Lock | None = field(default=None, repr=False)
     committed: bool = False
 
     def commit(self) -> Path:
         """The job succeeded: a replacement is swapped into place and the old run removed.
         Returns ``final``. Idempotent; a no-op for new and resumed runs (already in place)."""
-        if self.committed or self._lock_fd is None:
+        if self.committed or self._lock is None:
             return self.final
         if self.mode == "replace":
             _swap_into_place(self.path, self.final)
@@ -239,15 +416,16 @@ class RunDir:
         return self.final
 
     def close(self) -> None:
-        """Release the lock; an uncommitted replacement's staging directory is removed first."""
-        if self._lock_fd is None:
+        """Release (and remove) the lock; an uncommitted replacement's staging directory is
+        removed first."""
+        if self._lock is None:
             return
         try:
             if self.mode == "replace" and not self.committed and is_run_dir(self.path):
                 shutil.rmtree(self.path, ignore_errors=True)
         finally:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> RunDir:
         return self
@@ -272,16 +450,16 @@ def open_run(out: str | os.PathLike[str], name: str, *, resume: bool = False,
                          "overwrite replaces it: choose one")
     root = check_out(out)
     final = root / name
-    fd = _acquire(lock_path(root, name), final)
+    lock = take_lock(root, name)
     try:
         _recover(root, name)
-        return _prepare(root, name, final, fd, resume=resume, overwrite=overwrite)
+        return _prepare(root, name, final, lock, resume=resume, overwrite=overwrite)
     except BaseException:
-        os.close(fd)
+        lock.release()
         raise
 
 
-def _prepare(root: Path, name: str, final: Path, fd: int, *, resume: bool,
+def _prepare(root: Path, name: str, final: Path, fd: Lock, *, resume: bool,
              overwrite: bool) -> RunDir:
     exists = os.path.lexists(final)
     if exists and (os.path.islink(final) or not final.is_dir()):
@@ -289,12 +467,9 @@ def _prepare(root: Path, name: str, final: Path, fd: int, *, resume: bool,
         raise UsageError(f"{final} exists and is {kind}; thinwire leaves it alone: choose another "
                          "--run.name or --run.out")
     if exists and not is_run_dir(final):
-        if resume and _looks_like_run(final):
-            mark(final)  # a run written before markers existed: adopt it for resume
-        else:
-            raise UsageError(f"{final} exists and was not created by thinwire (no {MARKER} "
-                             "marker); thinwire never writes into or deletes it: choose another "
-                             "--run.name or --run.out")
+        raise UsageError(f"{final} exists and was not created by thinwire (no {MARKER} "
+                         "marker); thinwire never writes into, resumes or deletes it: choose "
+                         "another --run.name or --run.out")
     if resume:
         if not exists:
             raise UsageError(f"run.resume: {final} does not exist, nothing to resume; start it "
@@ -324,11 +499,6 @@ def _make_marked(path: Path) -> None:
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
-
-
-def _looks_like_run(path: Path) -> bool:
-    """A directory with thinwire's layout (config.toml and a checkpoints folder)."""
-    return (path / "config.toml").is_file() and (path / "checkpoints").is_dir()
 
 
 def _recover(root: Path, name: str) -> None:

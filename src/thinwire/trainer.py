@@ -3,6 +3,7 @@
 For each step: 1. take this worker's batch of the step (a pure function of seed, shard, step);
 2. ``strategy.train_step``; a non-finite loss stops the run with a one-line error (the last
 complete checkpoint is kept); 3. every ``log_every`` steps the loss rank writes a metrics record
+to the run's loggers (``run.loggers``: metrics.jsonl, TensorBoard: :mod:`thinwire.loggers`)
 (compute time = step time - time inside communication calls, from the ledger); 4. at
 evaluation points every rank calls ``strategy.eval_model`` and the rank holding the full model
 evaluates it with the task's metric; every rank then hands the value (None where it did not
@@ -35,8 +36,9 @@ from thinwire.builders import (
 from thinwire.config import Config, label, to_dict
 from thinwire.data.task import task_for
 from thinwire.errors import UsageError
-from thinwire.metrics import JsonlWriter
+from thinwire.loggers import Loggers, parse_loggers
 from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
+from thinwire.rundir import write_bytes, write_text
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at
 
@@ -60,6 +62,7 @@ class NonFiniteLoss(UsageError):
 class Trainer:
     def __init__(self, cfg: Config, comm: Comm, device: torch.device, run_dir: Path) -> None:
         self.cfg, self.comm, self.device, self.run_dir = cfg, comm, device, run_dir
+        comm.expect(device)  # the device rule: every tensor of every call on the run's device
         self.ds = load_data(cfg)
         self.task = task_for(self.ds)
         model = build_model(cfg, self.ds)
@@ -72,8 +75,8 @@ class Trainer:
         if cfg.run.resume:
             self._resume()
         logs = comm.rank == self.strategy.loss_rank
-        self.writer = (JsonlWriter(run_dir / "metrics.jsonl",
-                                   resume_step=self.start if cfg.run.resume else None)
+        self.writer = (Loggers(parse_loggers(cfg.run.loggers), run_dir,
+                               resume_step=self.start if cfg.run.resume else None)
                        if logs else None)
         self.final_model: Any = None
 
@@ -202,7 +205,7 @@ class Trainer:
             recalibrate_batchnorm(model, batches)
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
-        checkpoint.atomic_write_bytes(self.run_dir / "model.pt", buf.getvalue())
+        write_bytes(self.run_dir / "model.pt", buf.getvalue())
 
     def _summary(self, wall: float, compute: float, comm_s: float,
                  last_eval: dict[str, float]) -> dict[str, Any]:
@@ -247,10 +250,11 @@ class Trainer:
             },
             "config": to_dict(cfg),
         }
-        if self.writer is not None:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         ledger = self.comm.ledger
-        (self.run_dir / f"ledger.rank{self.comm.rank}.json").write_text(json.dumps(
+        write_text(self.run_dir / f"ledger.rank{self.comm.rank}.json", json.dumps(
             {"by_op": ledger.by_op(), "totals": ledger.totals(),
-             "totals_with_control": ledger.totals(include_control=True)}, indent=1))
+             "totals_with_control": ledger.totals(include_control=True),
+             "devices": sorted({e.device for e in ledger.entries if e.device})}, indent=1))
+        if self.writer is not None:  # last: a run is finished once its summary exists
+            write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary

@@ -10,7 +10,7 @@ The run directory is the folder holding the config file.
 
 Guarantees (tests in ``tests/reliability/``):
 
-- **Dies with its launcher** (``test_orphans.py``). On Linux the worker asks the kernel for
+- **Dies with its launcher** (``test_job_processes.py``). On Linux the worker asks the kernel for
   ``SIGKILL`` when its parent dies (``prctl(PR_SET_PDEATHSIG)``), then checks that its parent is
   still the launcher (``THINWIRE_LAUNCHER_PID``): a launcher killed before that call is caught by
   the check. The kernel's signal fires when the *thread* that forked the worker exits; torch's
@@ -19,7 +19,7 @@ Guarantees (tests in ``tests/reliability/``):
   kernel's signal over a polling thread: it acts at once and also reaches a worker that is
   stopped (SIGSTOP) or busy in C code without the GIL. Where ``prctl`` is missing (not Linux) a
   daemon thread polls the parent pid every second instead.
-- **Quiet signals** (``test_errors.py``). SIGINT and SIGTERM keep their default action (end the
+- **Quiet signals** (``test_job_processes.py``). SIGINT and SIGTERM keep their default action (end the
   process): a worker stopped by Ctrl-C or by its agent prints no KeyboardInterrupt traceback.
   Checkpoints are written atomically, so ending a worker at any instant loses no checkpoint.
 - **One-line failures.** A bad input (config, checkpoint, disk full) ends the worker with one
@@ -29,7 +29,7 @@ Guarantees (tests in ``tests/reliability/``):
   failed first. Under thinwire's own launcher the worker prints nothing for these (the launcher
   prints the one line); under an external torchrun it prints ``thinwire worker rank R: error:
   ...``. Unexpected exceptions (bugs) print their traceback.
-- **Resume on restart** (``test_elastic.py``). A worker restarted by the elastic agent
+- **Resume on restart** (``test_elastic_restart.py``). A worker restarted by the elastic agent
   (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes from the newest complete checkpoint, as with
   ``--run.resume``; a first start with ``run.resume`` and no checkpoint is a one-line error.
 """
@@ -40,6 +40,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -135,6 +136,10 @@ def _from_comm(exc: BaseException) -> bool:
     or torch.distributed): a symptom of a dead or stuck peer, not a cause."""
     import torch.distributed as dist
 
+    from thinwire.runtime.comm import CommDeviceError
+
+    if isinstance(exc, CommDeviceError):  # a program error found before the call, not a peer
+        return False
     if isinstance(exc, getattr(dist, "DistError", ())):
         return True
     text = str(exc)
@@ -147,6 +152,38 @@ def _from_comm(exc: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
+
+
+_PEER_RE = re.compile(r"(?:closed|reset) by peer \[([^\]]+)\]:(\d+)")
+_TIMEOUT_RE = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
+_OP_RE = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|broadcast|barrier|send|recv|"
+                    r"isend|irecv|all_to_all)\w*")
+
+
+def comm_failure(exc: BaseException) -> str:
+    """One line for a communication error: the operation, the peer's address when the
+    transport names it (gloo: "closed by peer [ADDR]:PORT"), or the timeout, and what to do."""
+    texts, seen = [], set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        texts.append(str(e))
+        e = e.__cause__ or e.__context__
+    text = "\n".join(texts)
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    ops = [f.name for f in frames if f.filename.replace("\\", "/").endswith("runtime/comm.py")]
+    op = ops[-1] if ops else (m.group(1) if (m := _OP_RE.search(text)) else "")
+    where = f" in {op}" if op else ""
+    if (m := _PEER_RE.search(text)) is not None:
+        return (f"communication failed{where}: the connection to peer {m.group(1)}:"
+                f"{m.group(2)} was closed (the worker there failed or was stopped first; see "
+                "that worker's own error on its node)")
+    if (m := _TIMEOUT_RE.search(text)) is not None:
+        return (f"communication failed{where}: no peer answered within {int(m.group(1)) / 1000:g} "
+                "s (a worker stalled or died first; see the other workers' errors, or raise "
+                "--runtime.timeout_s)")
+    return (f"communication failed{where}: {_one_line(str(exc))[:240]} (a peer worker failed "
+            "first; see the other workers' errors)")
 
 
 def _fail(message: str, kind: str, code: int, detail: str = "") -> int:
@@ -186,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - recorded for the launcher, then reported
         detail = traceback.format_exc()
         if _from_comm(exc):
-            return _fail(f"communication failed: {_one_line(str(exc))[:300]}", "peer",
-                         EXIT_ERROR, detail)
+            return _fail(comm_failure(exc), "peer", EXIT_ERROR, detail)
         record_failure(f"{type(exc).__name__}: {_one_line(str(exc))[:300]}", "error", detail)
         print(f"thinwire worker rank {_rank()}: unexpected error:\n{detail}", file=sys.stderr,
               end="")
@@ -195,16 +231,46 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(path: Path) -> int:
+    from thinwire import config as config_mod
+
+    cfg = config_mod.load(path)
+    run_dir = path.parent
+    lock = claim_run_dir(run_dir)
+    try:
+        return _train(cfg, run_dir, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def claim_run_dir(run_dir: Path) -> Any:
+    """One job per run directory, under any launcher: rank 0 takes the run's lock
+    (:func:`thinwire.rundir.take_lock`) unless the job that started this worker holds it
+    (thinwire's launcher, the testbed's runner: the parent or ``THINWIRE_LAUNCHER_PID``) or this
+    process itself does (its pid is the lock's); a job already running there is a one-line error. Returns the
+    :class:`~thinwire.rundir.Lock` taken (None when not taken here)."""
+    from thinwire import rundir
+
+    if _rank() != 0:
+        return None
+    where = run_dir.resolve()
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    held = rundir.lock_holder(rundir.lock_path(where.parent, where.name))
+    ours = {os.getpid(), os.getppid()} | ({int(launcher)} if launcher.isdigit() else set())
+    if held is not None and held in ours:
+        return None  # held by this process (in-process use) or by the job that started it
+    return rundir.take_lock(where.parent, where.name)
+
+
+def _train(cfg: Any, run_dir: Path, lock: Any) -> int:
     import dataclasses
 
-    from thinwire import checkpoint
-    from thinwire import config as config_mod
+    from thinwire import checkpoint, rundir
     from thinwire.runtime import dist as rt
     from thinwire.runtime.comm import Comm
     from thinwire.trainer import Trainer
 
-    cfg = config_mod.load(path)
-    run_dir = path.parent
+    del lock
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     if resume_wanted(cfg.run.resume) and not cfg.run.resume:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
@@ -213,8 +279,10 @@ def _run(path: Path) -> int:
     if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
         from thinwire.builders import rescalable
 
+        if comm.rank == 0:
+            rundir.check_no_links(run_dir)
         checkpoint.require_resumable(run_dir, comm.world_size, check_ranks=False,
-                                     rescalable=rescalable(cfg))
+                                     rescalable=rescalable(cfg), steps=cfg.train.steps)
     trainer = _build_trainer(Trainer, cfg, comm, device, run_dir)
     trainer.run()
     del trainer
@@ -238,8 +306,8 @@ def _build_trainer(trainer_cls: Any, cfg: Any, comm: Any, device: Any, run_dir: 
         d = checkpoint.step_dir(run_dir, step)
         raise checkpoint.CheckpointError(
             f"checkpoint {d} does not fit this config ({type(exc).__name__}: "
-            f"{_one_line(str(exc))[:160]}); resume with the run's own config.toml, or start "
-            "afresh with --run.overwrite true") from None
+            f"{_one_line(str(exc))[:160]}); resume with the run's own config.toml (the "
+            "checkpoints are kept), or start a new run with another --run.name") from None
 
 
 def exit_now(code: int) -> None:

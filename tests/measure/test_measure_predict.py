@@ -7,7 +7,9 @@ function over the layout of the run's model), ``summary.json``'s bytes with
 charges. The cases are chosen to catch a wrong layout: 64-512-512-10 (1.2 MB of gradients, so
 DDP splits it into a 1 MiB-capped first bucket and a second one from step 1 on), Top-k's
 per-bucket k, PowerSGD's per-matrix factors, widths not divisible by 2 for IST (uneven groups
-that rotate with the round), and IST moving SGD momentum with its subnets (``reindex``).
+that rotate with the round), and IST moving SGD momentum with its subnets (``reindex``). The
+cases are every method's ``ledger`` entry in tests/method_cases.py (the model-parallel methods
+name there the tests that hold their ledgers).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from harness import run_workers
+from method_cases import params, resolve
 
 from thinwire.config import load
 from thinwire.data import load_dataset
@@ -29,21 +32,9 @@ from thinwire.trainer import Trainer
 BASE = {"data.name": "digits", "train.batch_size": "8", "train.steps": "10",
         "train.eval_every": "0", "run.progress": "false", "runtime.workers": "2"}
 
-RUNS = {
-    "dp": {"method.name": "dp", "model.hidden": "512,512"},
-    "dp-topk": {"method.name": "dp", "model.hidden": "512,512", "model.norm": "layer",
-                "method.compressor": "topk:ratio=0.003"},
-    "dp-powersgd": {"method.name": "dp", "model.hidden": "48,40", "model.norm": "none",
-                    "method.compressor": "powersgd:rank=2"},
-    "localsgd": {"method.name": "localsgd", "method.period": "5", "model.norm": "none",
-                 "model.hidden": "32,32"},
-    "diloco": {"method.name": "diloco", "method.period": "5", "model.hidden": "40,24",
-               "train.optimizer": "adamw", "train.lr": "0.001"},
-    "ist-central": {"method.name": "ist", "method.local_steps": "5", "model.hidden": "33,30"},
-    "ist-sharded": {"method.name": "ist", "method.local_steps": "5", "model.hidden": "34,31",
-                    "method.deployment": "sharded", "method.optimizer_state": "reindex",
-                    "train.momentum": "0.9", "train.seed": "3"},
-}
+RUNS = {f"{m}:{v}": {**case, "method.name": m} for m, v, case in
+        (p.values for p in params("ledger"))}
+"""Every method's ``ledger`` cases of tests/method_cases.py, by ``method:variant``."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -60,10 +51,11 @@ def _train(comm: Comm, cfg, run_dir: str) -> dict:
     return {"summary": summary, "totals": comm.ledger.totals(), "by_op": comm.ledger.by_op()}
 
 
-@pytest.mark.parametrize("name", sorted(RUNS))
-def test_predicted_bytes_equal_a_real_run(name: str, tmp_path: Path) -> None:
-    cfg = load(None, {**BASE, **RUNS[name], "run.out": str(tmp_path)})
-    out = run_workers(_train, 2, cfg, str(tmp_path / name))
+@pytest.mark.parametrize("method,variant,case", params("ledger"))
+def test_predicted_bytes_equal_a_real_run(method: str, variant: str, case: dict,
+                                          tmp_path: Path) -> None:
+    cfg = load(None, {**BASE, **resolve(case), "method.name": method, "run.out": str(tmp_path)})
+    out = run_workers(_train, 2, cfg, str(tmp_path / "run"))
     layout = run_layout(cfg)
     want = run_traffic(cfg, layout)
     assert [o["totals"]["sent_bytes"] for o in out] == list(want.sent)
@@ -79,13 +71,14 @@ def test_predicted_bytes_equal_a_real_run(name: str, tmp_path: Path) -> None:
         op = op if op in collectives else "p2p"  # the ledger's sends and receives
         counted[op] = counted.get(op, 0) + v["calls"]
     charged = {op: calls for op, (calls, _) in want.rank0_calls.items() if calls}
-    if name == "ist-sharded":  # rank 0 both sends and receives in every exchange
+    if case.get("method.deployment") == "sharded":  # rank 0 both sends and receives in
+        # every exchange
         charged["p2p"] *= 2
     assert counted == charged
 
 
 def test_the_layout_is_the_models_in_gradient_ready_order() -> None:
-    cfg = load(None, {**BASE, **RUNS["dp"], "run.out": "unused"})
+    cfg = load(None, {**BASE, **RUNS["dp:plain"], "run.out": "unused"})
     layout = run_layout(cfg)
     assert [p.name for p in layout.ready_order][:3] == ["layers.2.weight", "norms.1.weight",
                                                         "norms.1.bias"]
@@ -97,5 +90,5 @@ def test_the_layout_is_the_models_in_gradient_ready_order() -> None:
 @pytest.mark.parametrize("over,states", [({}, 0), ({"train.momentum": "0.9"}, 1),
                                          ({"train.optimizer": "adamw"}, 2)])
 def test_optimizer_states_count_the_per_element_state(over: dict, states: int) -> None:
-    cfg = load(None, {**BASE, **RUNS["dp"], **over, "run.out": "unused"})
+    cfg = load(None, {**BASE, **RUNS["dp:plain"], **over, "run.out": "unused"})
     assert optimizer_states(cfg) == states

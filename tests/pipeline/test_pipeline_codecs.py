@@ -21,7 +21,8 @@ from thinwire.strategies.pipeline.codecs import (
     build_boundary,
     sample_ids,
 )
-from thinwire.strategies.pipeline.method import PipelineParallel, pipeline_layout
+from thinwire.strategies.pipeline.method import PipelineParallel
+from thinwire.strategies.pipeline.plan import pipeline_layout
 
 SHAPE = (4, 6, 10)
 

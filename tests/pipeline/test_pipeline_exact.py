@@ -22,7 +22,8 @@ from thinwire.models.mlp import build_mlp
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies import METHODS
 from thinwire.strategies.base import Context
-from thinwire.strategies.pipeline.method import PipelineParallel, pipeline_layout
+from thinwire.strategies.pipeline.method import PipelineParallel
+from thinwire.strategies.pipeline.plan import pipeline_layout
 
 M, B, L, V = 4, 8, 6, 11
 

@@ -1,7 +1,8 @@
 """Elastic restarts: a worker SIGKILLed at a random step (seeded) is restarted with its group by
 torch's agent, the group resumes from the newest complete checkpoint, and the final weights
 equal an uninterrupted run's bit for bit. Ten kills in all (dp 4, localsgd 3, ist 3), each
-followed by a restart; 2 workers, a 32-32 MLP on digits, 40 steps, a checkpoint every 5."""
+followed by a restart; 2 workers, a 32-32 MLP on digits, 40 steps, a checkpoint every 5. The
+methods and their kills: every method's ``restart`` entry in tests/method_cases.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from method_cases import MLP, params, resolve
 
 from thinwire import checkpoint, rundir
 from thinwire import config as config_mod
@@ -19,17 +21,12 @@ from thinwire.launch import WorkerFailed, launch
 
 HERE = Path(__file__).parent
 STEPS, EVERY, WORKERS = 40, 5, 2
-METHODS = {"dp": ({"model.norm": "none"}, 4),
-           "localsgd": ({"method.period": "5", "model.norm": "none"}, 3),
-           "ist": ({"method.local_steps": "5", "model.norm": "batch"}, 3)}
-
-
-def make_run(root: Path, name: str, method: str) -> Path:
-    over = {"data.name": "digits", "model.hidden": "32,32", "train.batch_size": "16",
+def make_run(root: Path, name: str, method: str, case: dict[str, Any]) -> Path:
+    over = {**resolve(case), "train.batch_size": "16",
             "train.steps": str(STEPS), "train.eval_every": "20", "train.log_every": "5",
             "run.checkpoint_every": str(EVERY), "run.progress": "false",
             "runtime.workers": str(WORKERS), "runtime.timeout_s": "60", "method.name": method,
-            "run.out": str(root), "run.name": name, **METHODS[method][0]}
+            "run.out": str(root), "run.name": name}
     cfg = config_mod.load(None, over)
     run = root / name
     run.mkdir(parents=True)
@@ -75,14 +72,14 @@ def assert_bitwise_equal(a: Any, b: Any, where: str = "") -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("method", list(METHODS))
-def test_killed_workers_restart_and_match_an_uninterrupted_run(tmp_path: Path,
-                                                              method: str) -> None:
-    kills = METHODS[method][1]
+@pytest.mark.parametrize("method,variant,case", params("restart"))
+def test_killed_workers_restart_and_match_an_uninterrupted_run(tmp_path: Path, method: str,
+                                                              variant: str, case: Any) -> None:
+    over, kills = case
     plan = kill_plan(method, kills)
-    ref = make_run(tmp_path, "ref", method)
+    ref = make_run(tmp_path, "ref", method, over)
     run_job(ref, [])
-    hit = make_run(tmp_path, "hit", method)
+    hit = make_run(tmp_path, "hit", method, over)
     run_job(hit, plan)
     killed = sorted(p.name for p in hit.glob("killed.*"))
     assert killed == sorted(f"killed.attempt{a}.rank{r}.step{s}" for a, r, s in plan), killed
@@ -101,7 +98,7 @@ def test_killed_workers_restart_and_match_an_uninterrupted_run(tmp_path: Path,
 
 @pytest.mark.timeout(300)
 def test_without_restarts_a_kill_ends_the_job(tmp_path: Path) -> None:
-    run = make_run(tmp_path, "hit", "dp")
+    run = make_run(tmp_path, "hit", "dp", {**MLP, "model.norm": "none"})
     with pytest.raises(WorkerFailed) as e:
         launch(run, WORKERS, env={"THINWIRE_TEST_KILLS": "0:1:7",
                                   "PYTHONPATH": str(HERE)}, module="faulty_worker")

@@ -105,7 +105,7 @@ def test_overwrite_swaps_in_only_on_success(tmp_path: Path) -> None:
         (rd.path / "summary.json").write_text("half")
         raise RuntimeError("worker died")
     assert tree(tmp_path / "dp") == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".dp.lock", "dp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp"]
     # a successful one replaces it
     with rundir.open_run(tmp_path, "dp", overwrite=True) as rd:
         (rd.path / "summary.json").write_text("new")
@@ -113,7 +113,7 @@ def test_overwrite_swaps_in_only_on_success(tmp_path: Path) -> None:
         assert rd.commit() == tmp_path / "dp"
     assert (tmp_path / "dp" / "summary.json").read_text() == "new"
     assert rundir.is_run_dir(tmp_path / "dp")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".dp.lock", "dp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp"]
 
 
 def test_overwrite_when_the_old_run_vanished_meanwhile(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_overwrite_without_rename_exchange(tmp_path: Path, monkeypatch: pytest.M
         (rd.path / "a").write_text("new")
         rd.commit()
     assert (tmp_path / "dp" / "a").read_text() == "new"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".dp.lock", "dp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp"]
 
 
 def test_leftovers_of_a_killed_job_are_recovered(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_leftovers_of_a_killed_job_are_recovered(tmp_path: Path) -> None:
     (stale / "a").write_text("new")
     rundir.open_run(tmp_path, "dp", resume=True).close()
     assert (tmp_path / "dp" / "a").read_text() == "new"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".dp.lock", "dp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp"]
     # a hidden entry thinwire did not make is refused, not removed
     stale.mkdir()
     with pytest.raises(UsageError):
@@ -176,15 +176,20 @@ def test_resume_is_in_place_and_needs_a_run(tmp_path: Path) -> None:
         assert (rd.path / "checkpoints").is_dir()
 
 
-def test_a_run_from_before_markers_is_adopted_for_resume_only(tmp_path: Path) -> None:
-    old = tmp_path / "dp"
+def test_a_users_folder_that_looks_like_a_run_is_never_claimed(tmp_path: Path) -> None:
+    """A folder of the user's with thinwire's layout is not adopted on resume
+    (the marker used to be written into it, and --overwrite then deleted thesis.txt)."""
+    old = tmp_path / "results"
     (old / "checkpoints").mkdir(parents=True)
     (old / "config.toml").write_text("[run]\n")
-    with pytest.raises(UsageError):
-        rundir.open_run(tmp_path, "dp", overwrite=True)
-    with rundir.open_run(tmp_path, "dp", resume=True) as rd:
-        assert rd.mode == "resume"
-    assert rundir.is_run_dir(old)
+    (old / "thesis.txt").write_text("years of work")
+    before = tree(tmp_path)
+    for flags in ({"resume": True}, {"overwrite": True}, {}, {"resume": True}):
+        with pytest.raises(UsageError) as e:
+            rundir.open_run(tmp_path, "results", **flags)
+        assert "not created by thinwire" in one_line(e.value)
+    assert tree(tmp_path) == before
+    assert not rundir.is_run_dir(old)
 
 
 def test_a_second_job_on_the_same_directory_is_refused(tmp_path: Path) -> None:
@@ -222,7 +227,8 @@ def test_the_lock_dies_with_its_holder(tmp_path: Path) -> None:
 
 def test_the_lock_is_not_inherited_by_children(tmp_path: Path) -> None:
     with rundir.open_run(tmp_path, "dp") as rd:
-        assert rd._lock_fd is not None and not os.get_inheritable(rd._lock_fd)
+        assert rd._lock is not None and rd._lock.fd is not None
+        assert not os.get_inheritable(rd._lock.fd)
 
 
 def test_output_root_that_is_a_file(tmp_path: Path) -> None:

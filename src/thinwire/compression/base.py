@@ -295,6 +295,13 @@ class Compressor(ABC):
         del shapes  # only PowerSGD's layout depends on the tensors' shapes
         return [("all_reduce" if self.linear else "all_gather", self.payload_bytes(numel, dtype))]
 
+    def cannot_compress(self, shapes: Shapes) -> str:
+        """Why this codec would send no fewer bytes than plain averaging for gradients of
+        ``shapes`` (a one-line reason naming the fix), or '' when it compresses them. Codecs
+        whose saving depends on the shapes override it (PowerSGD's rank)."""
+        del shapes
+        return ""
+
     def exchange_bytes(self, numel: int, shapes: Shapes | None = None,
                        dtype: torch.dtype = torch.float32) -> int:
         """Payload bytes this rank hands to collectives per exchange (sum of

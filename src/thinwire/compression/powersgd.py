@@ -99,6 +99,17 @@ class PowerSGD(Compressor):
     def compressible(self, n: int, m: int) -> bool:
         return n > 1 and m > 1 and self.rank_for(n, m) * (n + m) < n * m
 
+    def cannot_compress(self, shapes: Shapes) -> str:
+        """'' when rank r compresses at least one matrix of ``shapes`` (r (n + m) < n m), else
+        the reason and the largest rank that would."""
+        mats = [(s[0], math.prod(s) // s[0]) for s in shapes if len(s) >= 2 and math.prod(s) > 0]
+        if any(self.compressible(n, m) for n, m in mats):
+            return ""
+        best = max(((n * m - 1) // (n + m) for n, m in mats if n > 1 and m > 1), default=0)
+        fix = f"use rank <= {best}" if best >= 1 else "use another codec"
+        return (f"powersgd:rank={self.r} compresses none of the model's matrices (r (n + m) >= "
+                f"n m for each: plain all-reduce bytes under a powersgd label); {fix}")
+
     def layout(self, numel: int, shapes: Shapes | None = None) -> list[Segment]:
         """Segments of a flat buffer: per tensor of ``shapes``, or one near-square matrix."""
         sizes = [math.prod(s) for s in shapes] if shapes is not None else []

@@ -195,7 +195,7 @@ class Int8(Compressor):
         scale = empty(math.ceil(d / c), torch.float32)
         per = max(1, LARGE_BLOCK // c)  # whole chunks per block
         n = min(per, rows)
-        buf, low = torch.empty(n, c), torch.empty(n)
+        buf, low = torch.empty(n, c, device=flat.device), torch.empty(n, device=flat.device)
         for r0, r1 in blocks(rows, per):
             xb, a, sc, lo = flat[r0 * c:r1 * c].view(-1, c), buf[:r1 - r0], scale[r0:r1], low[:r1 - r0]
             # 2. absmax per chunk as max(max x, -min x) (no |x| pass; abs_ makes -0.0 +0.0)

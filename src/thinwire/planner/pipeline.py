@@ -1,12 +1,12 @@
 """The ``pipeline`` method in the planner: boundary bytes from its own traffic formula, step time
 of its schedule.
 
-The method's traffic formula (:func:`thinwire.strategies.pipeline.method.traffic`) reads a
-:class:`~thinwire.strategies.pipeline.method.PipelinePlan` that a run probes from its model;
+The method's traffic formula (:func:`thinwire.strategies.pipeline.traffic.traffic`) reads a
+:class:`~thinwire.strategies.pipeline.plan.PipelinePlan` that a run probes from its model;
 here the plan comes from a transformer's dimensions instead, so the planner prices a pipeline run
 before it exists, with the very formula the tests hold equal to the ledger:
 
-1. :func:`plan_of`: S stages, dp replicas, M micro-batches of b sequences of length T, d_model
+1. :func:`pipeline_plan`: S stages, dp replicas, M micro-batches of b sequences of length T, d_model
    h: every boundary carries one [b, T, h] activation forward and its gradient backward per
    micro-batch (a transformer's blocks keep their width);
 2. :func:`traffic`: the method's formula on that plan, so each message costs the boundary codec's
@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 from thinwire.errors import UsageError
 
 if TYPE_CHECKING:
-    from thinwire.strategies.pipeline.method import PipelinePlan
+    from thinwire.strategies.pipeline.plan import PipelinePlan
     from thinwire.strategies.traffic import Traffic
 
 
@@ -92,9 +92,9 @@ class PipelineShape:
         return self.micro_batches * self.micro_batch
 
 
-def plan_of(shape: PipelineShape) -> PipelinePlan:
+def pipeline_plan(shape: PipelineShape) -> PipelinePlan:
     """Step 1: the method's stage plan for a transformer of these dimensions."""
-    from thinwire.strategies.pipeline.method import PipelinePlan
+    from thinwire.strategies.pipeline.plan import PipelinePlan
 
     S = shape.stages
     return PipelinePlan(S, shape.dp, shape.batch, ((shape.seq, shape.d_model),) * (S - 1),
@@ -112,13 +112,13 @@ def options_of(codec_fwd: str = "none", codec_bwd: str = "none", **more: Any) ->
 def traffic(shape: PipelineShape, options: Any, steps: int = 1) -> Traffic:
     """Step 2: the ledger's totals per rank after ``steps`` steps (rank r is stage r % S of
     replica r // S), from the method's own formula. ``options.micro_batches`` must be M."""
-    from thinwire.strategies.pipeline.method import traffic as method_traffic
+    from thinwire.strategies.pipeline.traffic import traffic as method_traffic
     from thinwire.strategies.traffic import Layout
 
     if options.micro_batches != shape.micro_batches:
         raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
                          f"shape {shape.micro_batches}; give the same M to both")
-    layout = replace(Layout.from_shapes([]), pipeline=plan_of(shape))
+    layout = replace(Layout.from_shapes([]), pipeline=pipeline_plan(shape))
     return method_traffic(layout, options, shape.stages * shape.dp, steps, 0, 0)
 
 
@@ -266,8 +266,8 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     is idle (TCP's acknowledgements queue behind its outgoing data on a FIFO-shaped link, so
     the incoming, ACK-clocked transfer stalls: the thin-wire testbed's tbf links, home
     uplinks), else the two directions are independent."""
-    from thinwire.strategies.pipeline.method import message_bytes
     from thinwire.strategies.pipeline.schedule import order
+    from thinwire.strategies.pipeline.traffic import message_bytes
 
     S, M = shape.stages, shape.micro_batches
     for name, v in (("forward", forward), ("backward", backward)):
@@ -291,7 +291,7 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     if options.micro_batches != M:
         raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
                          f"shape {M}; give the same M to both")
-    fwd, bwd, _ = message_bytes(plan_of(replace(shape, dp=1)), options)
+    fwd, bwd, _ = message_bytes(pipeline_plan(replace(shape, dp=1)), options)
     bounds = options.boundaries()
 
     def cpu(s: int, kind: str, m: int) -> float:
@@ -402,5 +402,5 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     return Simulated(total, tuple(busy), sync, tuple(timeline))
 
 
-__all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "plan_of",
+__all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "pipeline_plan",
            "simulate", "step_time", "traffic"]

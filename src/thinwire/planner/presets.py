@@ -40,8 +40,12 @@ def _preset_files(kind: str) -> dict[str, Any]:
 def _read(entry: Any, label: str) -> dict[str, Any]:
     try:
         return tomllib.loads(entry.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read {label}: not UTF-8 text (a binary file?); pass a TOML "
+                         "file or a preset name") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"cannot read {label}: {exc}; fix the TOML file") from exc
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"cannot read {label}: {first}; fix the TOML file") from None
 
 
 def list_presets(kind: str) -> list[str]:

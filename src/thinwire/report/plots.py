@@ -1,7 +1,12 @@
-"""Plots of accuracy and loss against steps, bytes sent and wall time (matplotlib, PNG)."""
+"""Plots of accuracy and loss against steps, bytes sent and wall time (matplotlib, PNG).
+
+Each PNG is rendered in memory and written atomically (:func:`thinwire.rundir.write_bytes`),
+so a link at its path is replaced, never followed; the caller chooses a directory thinwire
+owns (:func:`thinwire.rundir.open_output_dir`)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from thinwire.report.tables import Run
@@ -13,7 +18,13 @@ def plot_runs(runs: list[Run], out_dir: Path, *, title: str = "") -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from thinwire.rundir import write_bytes
+
+    def save(fig: object, path: Path) -> None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)  # type: ignore[attr-defined]
+        write_bytes(path, buf.getvalue())
+
     paths = []
     axes_spec = [("step", "steps", False), ("sent_bytes", "bytes sent per worker", True),
                  ("wall_s", "wall time (s)", False)]
@@ -32,7 +43,7 @@ def plot_runs(runs: list[Run], out_dir: Path, *, title: str = "") -> list[Path]:
     fig.suptitle(title or (f"test {runs[0].metric}" if runs else ""))
     fig.tight_layout()
     p = out_dir / "accuracy.png"
-    fig.savefig(p, dpi=110)
+    save(fig, p)
     plt.close(fig)
     paths.append(p)
 
@@ -51,7 +62,7 @@ def plot_runs(runs: list[Run], out_dir: Path, *, title: str = "") -> list[Path]:
     axs[0].legend(fontsize=8)
     fig.tight_layout()
     p = out_dir / "loss.png"
-    fig.savefig(p, dpi=110)
+    save(fig, p)
     plt.close(fig)
     paths.append(p)
     return paths

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,17 @@ def load_run(path: str | Path) -> Run:
         raise UsageError(f"{p / 'summary.json'} is not a thinwire summary ({problem}); "
                          "pass a run directory written by thinwire train or compare, or re-run it")
     records = _read_records(p / "metrics.jsonl")
+    if not any(r["kind"] == "eval" for r in records):
+        raise UsageError(f"{p / 'metrics.jsonl'} holds no evaluation record (every finished run "
+                         f"has one); {_DAMAGED}")
     return Run(p, summary, records)
+
+
+def check_target(target: float | None) -> None:
+    """``--target``: None (the best value every run reached) or a finite number."""
+    if target is not None and not math.isfinite(target):
+        raise UsageError(f"--target {target}: give a finite metric value, e.g. --target 0.9 "
+                         "(or leave it out for the best value every run reached)")
 
 
 _DAMAGED = "the file is damaged: re-run the run, or restore the file"
@@ -92,8 +103,12 @@ def _summary_problem(s: Any) -> str:
         "memory": ("params_held_max", "params_full"),
         "bytes": ("sent_per_worker_mean", "sent_per_worker_max"),
     }
-    if not _is_num(s.get("wall_s")):
-        return "wall_s is not a number"
+    if not _is_num(s.get("wall_s")) or not math.isfinite(s["wall_s"]) or s["wall_s"] < 0:
+        return "wall_s is not a number >= 0"
+    for key in ("steps", "workers"):
+        v = s.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            return f"{key} is {v!r}, not a positive integer"
     for section, keys in need.items():
         sec = s.get(section)
         if not isinstance(sec, dict):

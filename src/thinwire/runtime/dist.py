@@ -3,8 +3,12 @@
 The worker reads the environment torchrun's elastic agent provides (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the same entry runs under
 ``thinwire train --workers N`` on one machine and under an external multi-node ``torchrun``.
-Backend: nccl when the device is CUDA, gloo otherwise. Every collective carries the configured
-timeout, so a dead or stuck peer ends the job with an error instead of a hang.
+Backend: nccl when the device is CUDA, gloo otherwise (``runtime.backend gloo`` on CUDA runs
+gloo with CUDA tensors: several ranks on one device). nccl carries no CPU tensor, and the group
+is not given a second backend for them: the device rule of :mod:`thinwire.runtime.comm` (every
+tensor of every call on the run's device) holds on every backend, so a run that passes on CPU
+hands nccl only CUDA tensors. Every collective carries the configured timeout, so a dead or
+stuck peer ends the job with an error instead of a hang.
 
 Under thinwire's own launcher the workers reach the launcher's store (torch's "agent store",
 ``TORCHELASTIC_USE_AGENT_STORE``). That store lives as long as the launcher, across elastic
@@ -56,12 +60,13 @@ def init_from_env(rt: RuntimeConfig) -> torch.device:
     device = pick_device(rt, local_rank)
     if "RANK" in os.environ and not dist.is_initialized():
         timeout = timedelta(seconds=rt.timeout_s)
-        device_id = device if device.type == "cuda" else None
+        backend = pick_backend(rt, device)
+        device_id = device if backend == "nccl" else None  # binds nccl's communicator eagerly
         store = attempt_store(timeout)
         if store is None:
-            dist.init_process_group(pick_backend(rt, device), timeout=timeout, device_id=device_id)
+            dist.init_process_group(backend, timeout=timeout, device_id=device_id)
         else:
-            dist.init_process_group(pick_backend(rt, device), store=store,
+            dist.init_process_group(backend, store=store,
                                     rank=int(os.environ["RANK"]),
                                     world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout,
                                     device_id=device_id)

@@ -6,7 +6,8 @@ replicas. ``Mesh(comm, dp=..., pp=..., tp=...)`` builds one sub-communicator per
 this rank through :class:`torch.distributed.device_mesh.DeviceMesh` (every rank must build the
 mesh, in the same order: group creation is collective); each sub-communicator records into the
 parent's ledger, so one rank's counters hold all of its traffic whatever group carried it. A
-dimension of size 1 is a local communicator (no group, no messages).
+dimension of size 1 is a local communicator (no group, no messages). Each sub-communicator
+holds the parent's run device, so the device rule (:mod:`thinwire.runtime.comm`) holds on all.
 """
 
 from __future__ import annotations
@@ -43,16 +44,17 @@ class Mesh:
         if comm.world_size == 1 or max(pp, tp) == 1:
             for name in DIMS:
                 self._comms[name] = comm if self.shape[name] == comm.world_size else \
-                    Comm.local(comm.ledger)
+                    Comm.local(comm.ledger, device=comm.device)
             return
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, (dp, pp, tp), mesh_dim_names=DIMS)
         for name in DIMS:
             if self.shape[name] == 1:
-                self._comms[name] = Comm.local(comm.ledger)
+                self._comms[name] = Comm.local(comm.ledger, device=comm.device)
             else:
-                self._comms[name] = Comm(mesh.get_group(name), ledger=comm.ledger)
+                self._comms[name] = Comm(mesh.get_group(name), ledger=comm.ledger,
+                                         device=comm.device)
         self.device_mesh = mesh
 
     @property

@@ -36,8 +36,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from thinwire.compression.registry import check_codec
-from thinwire.options import check, opt
+from thinwire.compression.registry import check_codec, codec_names
+from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import (
     Batch,
@@ -64,8 +64,9 @@ BUCKET_CAP = 25 << 20
 
 @dataclass(frozen=True)
 class Options:
-    compressor: str = opt("none", "gradient codec spec, e.g. topk:ratio=0.01, powersgd:rank=2, "
-                          "int8 (see thinwire.compression; none: plain all-reduce)")
+    compressor: str = opt("none", f"gradient codec spec: one of {codec_names()} with its "
+                          "options, e.g. topk:ratio=0.01, powersgd:rank=2 (none: plain "
+                          "all-reduce)")
 
     def __post_init__(self) -> None:
         if self.compressor != "none":
@@ -261,10 +262,24 @@ def _alias(name: str, values: Mapping[str, str]) -> dict[str, str] | None:
     return {"name": "dp", "compressor": spec}
 
 
+def _check_model(cfg: Any, model: nn.Module) -> None:
+    """A codec that cannot compress this model's gradients is refused (one line)."""
+    spec = cfg.method.options.compressor
+    if spec == "none":
+        return
+    from thinwire.compression import build
+
+    why = build(spec).cannot_compress([tuple(p.shape) for p in model.parameters()
+                                       if p.requires_grad])
+    if why:
+        raise OptionError(f"method.compressor: {why}")
+
+
 METHOD = MethodEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
+    check_model=_check_model,
     rescalable=lambda o: o.compressor == "none")
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

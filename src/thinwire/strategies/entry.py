@@ -44,8 +44,8 @@ class MethodEntry:
     - ``run_layout(cfg, model, example)``: the :class:`~thinwire.strategies.traffic.Layout`
       the traffic formula reads for a run, when it needs more than the model's parameters (a
       pipeline's stage plan, tensor-parallel activation shapes), from the config, the built
-      model and one input batch (None: the model's layout); the planner's
-      :func:`~thinwire.planner.runs.predict_traffic` prices a run with it;
+      model and one input batch (None: the model's layout);
+      :func:`thinwire.measure.predict.run_layout` and ``run_traffic`` price a run with it;
     - ``memory``: the memory options of ``[memory]`` the method runs (``zero``, ``recompute``;
       :mod:`thinwire.strategies.memory`), others are a one-line error;
     - ``alias(name, values)``: method options for a shorthand name (``topk`` -> dp with the
@@ -58,6 +58,9 @@ class MethodEntry:
       checkpoint, so every rank of the new run loads rank 0's state. False (the default) for
       state that is partitioned or private per rank (IST's subnets and store, codec residuals,
       model-parallel shards);
+    - ``parallel``: the model-parallel degrees of ``[parallel]`` the method runs (``pp``,
+      ``tp``); a degree above 1 that the method does not take is a one-line error, never
+      silently ignored;
     - ``for_model(options, ist)``: the options with the model's own defaults filled in, given
       the model's IST adapter class or plan (anything with ``default_local_steps``; None when
       the model has none), e.g. IST's automatic K -> the model family's K. The config's
@@ -82,6 +85,7 @@ class MethodEntry:
     planned: bool = True
     rescalable: Callable[[Any], bool] = lambda options: False
     memory: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
     for_model: Callable[[Any, Any], Any] | None = None
     defaults: Mapping[str, str] = field(default_factory=dict)
     model_kinds: tuple[str, ...] = ()

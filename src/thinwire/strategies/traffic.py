@@ -76,7 +76,7 @@ class Layout:
     """Indices into ``params`` in the order gradients become ready (default: reverse order)."""
     ist: ISTPlan | None = None
     pipeline: Any = None
-    """A pipeline run's stage plan (:class:`thinwire.strategies.pipeline.method.PipelinePlan`),
+    """A pipeline run's stage plan (:class:`thinwire.strategies.pipeline.plan.PipelinePlan`),
     for the traffic formula of methods that cut the model into stages."""
     tensor: Any = None
     """A tensor-parallel run's shapes (:class:`thinwire.strategies.tensor.TensorLayout`)."""

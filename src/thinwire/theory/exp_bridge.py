@@ -2,8 +2,8 @@
 
 On quadratics IST's iterates settle at x_inf != x*, and a smaller step size does not remove
 the gap (the bias floor). This experiment asks whether the real torch IST strategy
-(:mod:`thinwire.strategies.ist.strategy`, several processes joined by gloo, started by
-:func:`thinwire.commands.common.run_config`) shows the same thing on a neural network, against
+(:mod:`thinwire.strategies.ist.method`, several processes joined by gloo, started by
+:func:`thinwire.run.run_config`) shows the same thing on a neural network, against
 local SGD on the same shards. Steps:
   1. the problem: digits, an MLP 64-32-10 with plain linear layers (``model.norm = none``), and
      weight decay lambda, so the objective f(theta) = mean train cross-entropy + lambda/2

@@ -206,7 +206,19 @@ class LowRank(BoundaryCodec):
         rows, width, r = self._dims(shape)
         return (Part(rows * r, torch.float32), Part(width * r, torch.float32))
 
+    def check_compresses(self, shape: tuple[int, ...]) -> None:
+        """A one-line OptionError when the factors of a ``shape`` boundary are no smaller than
+        the tensor itself (r (rows + width) >= rows width): such a rank cannot compress."""
+        rows, width, r = self._dims(shape)
+        if r * (rows + width) >= rows * width:
+            most = (rows * width - 1) // (rows + width)
+            fix = f"use rank <= {most}" if most >= 1 else "use another codec"
+            raise OptionError(f"codec lowrank:rank={self.rank}: its factors of a [{rows}, "
+                              f"{width}] boundary hold {r * (rows + width)} values, no fewer "
+                              f"than the tensor's {rows * width}, so it cannot compress; {fix}")
+
     def encode(self, x: torch.Tensor, key: Key) -> Payload:
+        self.check_compresses(tuple(x.shape))
         rows, width, r = self._dims(tuple(x.shape))
         m = x.detach().reshape(rows, width).float()
         # 1. the previous micro-batch's error, within this step
@@ -214,8 +226,8 @@ class LowRank(BoundaryCodec):
                 and self.error.shape == m.shape:
             m = m + self.error
         # 2. shared Q0; 3. P, Q
-        q0 = torch.randn(width, r, generator=generator(self.seed, key.step, key.micro)
-                         ).to(m.device)
+        q0 = torch.randn(width, r, generator=generator(self.seed, key.step, key.micro),
+                         device="cpu").to(m.device)
         p = torch.linalg.qr(m @ q0).Q.contiguous()
         q = (m.T @ p).contiguous()
         if self.lep:  # 5. what the factors do not carry
@@ -376,7 +388,10 @@ def bottleneck(spec: str, width: int, seed: int, boundary: int) -> tuple[nn.Modu
       the projection of h. Nothing of the constrained output is lost on the wire.
     Both are drawn from (seed, boundary), so every rank builds the same modules."""
     name, o = bottleneck_options(spec)
-    k = min(o.dim, width)
+    if o.dim >= width:
+        raise OptionError(f"codec {spec}: dim {o.dim} is not below the width {width} of "
+                          f"boundary {boundary}, so it cannot compress; use dim < {width}")
+    k = o.dim
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(mix_seed(seed, boundary, 0xB07) % 2**63)
         if name == "ae":
@@ -429,6 +444,15 @@ OWN: dict[str, tuple[type, Any]] = {
 
 BOTTLENECKS = ("ae", "subspace")
 """Specs that are bottleneck modules, not wire codecs (:func:`bottleneck`)."""
+
+
+def boundary_names(*, forward: bool) -> str:
+    """The boundary codecs for an option's help: every codec of
+    :data:`thinwire.compression.CODECS`, the pipeline's own (:data:`OWN`) and, forward, the
+    bottlenecks (read from the tables, so a new codec appears in the help)."""
+    from thinwire.compression.registry import CODECS
+
+    return ", ".join([*CODECS.names(), *OWN, *(BOTTLENECKS if forward else ())])
 
 
 def bottleneck_options(spec: str) -> tuple[str, BottleneckOptions]:

@@ -30,30 +30,23 @@ which evaluates the whole model (with the boundaries' bottleneck modules, when t
 with T > 1 each stage first all-gathers its slices on its tensor rank 0 (control), whose ranks
 then carry the exchange.
 
-Traffic (:func:`traffic`, equal to the ledger): per step, stage s sends M forward payloads over
-boundary s and M backward payloads over boundary s - 1 (each the codec's
-``payload_bytes`` of the micro-batch's boundary shape, the uncompressed size where
-``uncompressed_first`` or ``epilogue_only`` leave a message plain) and receives the mirror image;
-with dp > 1 one all-reduce of 4 P_s bytes (P_s: the stage's parameters), ring estimate
-2 (dp - 1) / dp of it on the wire (P_s: the rank's slices with T > 1); with clipping one
-all-reduce of 4 bytes over the S stages; with T > 1, per micro-batch and region of the stage,
-an all-reduce over the T ranks of the region input's gradient (backward f) and of each row
-layer's output (forward g), each [b / M, L, d] float32, ring 2 (T - 1) / T on the wire.
-The formula needs the run's :class:`PipelinePlan` (boundary shapes, stage sizes, the stages'
-tensor-parallel sums), which :func:`pipeline_layout` probes from the model and one input.
+The method's traffic formula, equal to the ledger, is :mod:`.traffic`; it reads the run's
+:class:`~thinwire.strategies.pipeline.plan.PipelinePlan` (boundary shapes, stage sizes, the
+stages' tensor-parallel sums), which :func:`~thinwire.strategies.pipeline.plan.pipeline_layout`
+probes from the model and one input (:mod:`.plan`, with the model's chain).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from thinwire.compression.registry import check_codec
+from thinwire.compression.registry import check_codec, codec_names
 from thinwire.errors import UsageError
 from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import CONTROL, Comm
@@ -69,43 +62,36 @@ from thinwire.strategies.base import (
 )
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.grads import flatten, grads_of, unflatten_into
-from thinwire.strategies.pipeline.codecs import (
-    bottleneck_options,
-    build_boundary,
-    check_spec,
-    is_bottleneck,
-)
+from thinwire.strategies.pipeline.codecs import boundary_names, check_spec
+from thinwire.strategies.pipeline.plan import TP_USER, chain_of, pipeline_layout
 from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
+from thinwire.strategies.pipeline.traffic import traffic
 from thinwire.strategies.tp import (
     Exchange,
     Sharded,
     check_split,
     gather_full,
     shard,
-    split_dims,
     tensor_plan,
     within,
 )
-from thinwire.strategies.tp import (
-    collectives as tp_collectives,
-)
-from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce, wire
 
 
 @dataclass(frozen=True)
 class Options:
     schedule: str = opt("1f1b", "pipeline schedule", choices=SCHEDULES)
     micro_batches: int = opt(4, "micro-batches a step (must divide train.batch_size)")
-    codec_fwd: str = opt("none", "codec of activations: a compression codec (int8, topk:ratio="
-                         "0.1, randk, fp16, ...), int4, aqsgd:bits=4, or a bottleneck ae:dim=k / "
-                         "subspace:dim=k")
-    codec_bwd: str = opt("none", "codec of activation gradients: a compression codec, int4, or "
-                         "lowrank:rank=r (Optimus-CC)")
+    codec_fwd: str = opt("none", f"codec of activations: one of {boundary_names(forward=True)} "
+                         "with its options, e.g. int8, aqsgd:bits=4, ae:dim=16 (ae, subspace: "
+                         "bottlenecks)")
+    codec_bwd: str = opt("none", "codec of activation gradients: one of "
+                         f"{boundary_names(forward=False)} with its options, e.g. "
+                         "lowrank:rank=8 (Optimus-CC)")
     uncompressed_first: int = opt(0, "send the first n boundaries uncompressed")
     epilogue_only: bool = opt(False, "compress gradients only in the 1F1B cool-down (Optimus-CC)")
     overrides: str = opt("", "per-boundary codecs 'b@fwd|bwd;...', e.g. '2@int4|lowrank:rank=4'")
     tp_codec: str = opt("none", "with --parallel.tp > 1: codec on the tensor-parallel sums inside "
-                        "stages, e.g. int8 (see thinwire.compression; none: exact)")
+                        f"stages: one of {codec_names()} with its options (none: exact)")
 
     def __post_init__(self) -> None:
         check(self.micro_batches >= 1, "method.micro_batches",
@@ -138,22 +124,6 @@ def parse_overrides(text: str) -> tuple[tuple[int, str, str], ...]:
         check_spec(bwd.strip(), f"method.overrides ({item})", forward=False)
         out.append((int(where), fwd.strip(), bwd.strip()))
     return tuple(out)
-
-
-def chain_of(cfg: Any, model: nn.Module) -> list[nn.Module]:
-    """The model's chain from its registry entry, or a one-line error."""
-    from thinwire.models import MODELS
-
-    entry = MODELS.get(cfg.model.name)
-    if entry.chain is None:
-        cut_able = [n for n, e in MODELS.entries() if e.chain is not None]
-        raise UsageError(f"model {cfg.model.name} is not a chain of stages; the pipeline cuts "
-                         f"{', '.join(cut_able)}")
-    return entry.chain(model)
-
-
-TP_USER = "parallel.tp > 1 in the pipeline"
-"""Who asks for a tensor-parallel plan (named in its one-line errors)."""
 
 
 def check_model(cfg: Any, model: nn.Module) -> None:
@@ -288,7 +258,8 @@ class PipelineParallel(Strategy):
         for p, g in zip(params, grads):
             p.grad = g
         self.opt.step()  # 4.
-        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64)
+        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
+                           device=self.ctx.device)
         self.pp.broadcast(out, src=self.S - 1, tag=CONTROL)
         return float(out)
 
@@ -378,158 +349,11 @@ class PipelineParallel(Strategy):
         return memory_of(self.pipe.parameters(), self.opt)
 
 
-# --- traffic ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PipelinePlan:
-    """What the traffic formula knows of a pipeline run: stages S, replicas dp, the per-replica
-    batch, the per-sample shape leaving each stage but the last, each stage's parameter count
-    on one rank (without bottlenecks; its tensor slices with tp > 1) and whether gradients are
-    clipped; with tensor parallelism the degree ``tp`` and, per stage, the per-sample elements
-    of each of its group sums (a region's input in backward, each row layer's output in
-    forward)."""
-
-    stages: int
-    dp: int
-    batch: int
-    widths: tuple[tuple[int, ...], ...]
-    stage_params: tuple[int, ...]
-    clip: bool = False
-    tp: int = 1
-    tp_sums: tuple[tuple[int, ...], ...] = ()
-
-
-def pipeline_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
-    """The model's :class:`Layout` with the run's :class:`PipelinePlan` (``example``: inputs of
-    the dataset; shapes found on a copy of the model on the meta device)."""
-    S, tp = cfg.parallel.pp, cfg.parallel.tp
-    links = chain_of(cfg, model)
-    cuts = cut(len(links), S)
-    split: dict[str, int] = {}
-    meta = copy.deepcopy(model).to("meta")
-    sums: list[list[int]] = [[] for _ in range(S)]
-    at = [0]  # the stage being probed
-    if tp > 1:
-        plan = tensor_plan(cfg, model, TP_USER)
-        split = split_dims(model, plan)
-        for region in plan.regions:
-            module = meta.get_submodule(region.path)
-            module.register_forward_pre_hook(
-                lambda _m, args: sums[at[0]].append(args[0][0].numel()))
-            for name in region.row:
-                module.get_submodule(name).register_forward_hook(
-                    lambda _m, _a, out: sums[at[0]].append(out[0].numel()))
-    probe = chain_of(cfg, meta)
-    h = example[:1].to("meta")
-    widths: list[tuple[int, ...]] = []
-    with torch.no_grad():
-        for s, (a, b) in enumerate(cuts):
-            at[0] = s
-            for link in probe[a:b]:
-                h = link(h)
-            if s < S - 1:
-                widths.append(tuple(h.shape[1:]))
-    name_of = {id(p): n for n, p in model.named_parameters()}
-    sizes = tuple(sum(p.numel() // (tp if name_of.get(id(p)) in split else 1)
-                      for p in nn.Sequential(*links[a:b]).parameters()) for a, b in cuts)
-    pp_plan = PipelinePlan(S, cfg.dp_degree, cfg.train.batch_size, tuple(widths), sizes,
-                           cfg.train.clip_norm > 0, tp,
-                           tuple(tuple(x) for x in sums) if tp > 1 else ())
-    return replace(Layout.of_model(model), pipeline=pp_plan)
-
-
-def _bottleneck_params(spec: str, width: int) -> tuple[int, int]:
-    """(encoder, decoder) parameters a bottleneck adds to the sending and receiving stage."""
-    if not is_bottleneck(spec):
-        return 0, 0
-    name, o = bottleneck_options(spec)
-    k = min(o.dim, width)
-    return ((width * k + k, k * width + width) if name == "ae" else (0, 0))
-
-
-def message_bytes(plan: PipelinePlan, options: Options
-                  ) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """Per boundary b, the encoded bytes of micro-batch m's activation (``fwd[b][m]``) and of
-    its gradient (``bwd[b][m]``), each the boundary codec's ``payload_bytes`` of the message's
-    shape; and the parameters each stage's bottleneck halves add (for the all-reduce)."""
-    S, M = plan.stages, options.micro_batches
-    bounds = options.boundaries()
-    rows = plan.batch // M
-    plain = build_boundary("none")
-    fwd_bytes, bwd_bytes = [], []
-    extra = [0] * S
-    for b in range(S - 1):
-        f, g = bounds.specs(b)
-        shape = (rows, *plan.widths[b])
-        if is_bottleneck(f):
-            enc, dec = _bottleneck_params(f, shape[-1])
-            extra[b] += enc
-            extra[b + 1] += dec
-            shape = (*shape[:-1], min(bottleneck_options(f)[1].dim, shape[-1]))
-            f = "none"
-        fwd_bytes.append([build_boundary(f).payload_bytes(shape)] * M)
-        codec = build_boundary(g)
-        bwd_bytes.append([codec.payload_bytes(shape)
-                          if bounds.compressed_backward(b, m, S, M) else plain.payload_bytes(shape)
-                          for m in range(M)])
-    return fwd_bytes, bwd_bytes, extra
-
-
-def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
-            optimizer_states: int = 0) -> Traffic:
-    """The ledger's totals per rank after ``steps`` steps (module docstring)."""
-    del seed, optimizer_states
-    plan = layout.pipeline
-    if not isinstance(plan, PipelinePlan):
-        raise UsageError("the pipeline's traffic needs the run's stage plan: build the layout "
-                         "with thinwire.strategies.pipeline.method.pipeline_layout")
-    S, dp, T, M = plan.stages, plan.dp, plan.tp, options.micro_batches
-    if S * dp * T != workers:
-        raise UsageError(f"{workers} workers are not {dp} replicas x {S} stages x {T} "
-                         "tensor slices")
-    comp = None
-    if options.tp_codec != "none":
-        from thinwire.compression import build
-
-        comp = build(options.tp_codec)
-    rows = plan.batch // M
-    fwd_bytes, bwd_bytes, extra = message_bytes(plan, options)
-    sent, recv, pay = [], [], []
-    calls: dict[str, tuple[int, int]] = {}
-    for r in range(workers):
-        s = (r // T) % S
-        out = (sum(fwd_bytes[s]) if s < S - 1 else 0) + (sum(bwd_bytes[s - 1]) if s > 0 else 0)
-        into = (sum(fwd_bytes[s - 1]) if s > 0 else 0) + (sum(bwd_bytes[s]) if s < S - 1 else 0)
-        p2p_calls = (M if s < S - 1 else 0) + (M if s > 0 else 0)
-        grad = 4 * (plan.stage_params[s] + extra[s])
-        ar = ring_all_reduce(grad, dp) if dp > 1 else 0
-        clip = ring_all_reduce(4, S) if plan.clip and S > 1 else 0
-        # tensor parallelism: per micro-batch, each of the stage's group sums (an all-reduce,
-        # or the codec's collectives)
-        tp_calls = [c for n in (plan.tp_sums[s] if T > 1 else ())
-                    for c in tp_collectives(comp, "sum", rows * n, T)]
-        tp_wire = [(op, b if op == "all_to_all" else wire(op, b, T)) for op, b in tp_calls]
-        tp = M * sum(w for _, w in tp_wire)
-        n_ar = (dp > 1) + (plan.clip and S > 1)
-        sent.append(steps * (out + ar + clip + tp))
-        recv.append(steps * (into + ar + clip + tp))
-        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)
-                            + M * sum(b for _, b in tp_calls)))
-        if r == 0:
-            calls = {"send": (steps * p2p_calls, steps * out)}
-            if n_ar:
-                calls["all_reduce"] = (steps * n_ar, steps * (ar + clip))
-            for op, w in tp_wire:
-                c, b = calls.get(op, (0, 0))
-                calls[op] = (c + steps * M, b + steps * M * w)
-    return Traffic(tuple(sent), tuple(recv), tuple(pay), calls)
-
-
 METHOD = MethodEntry(
     name="pipeline",
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
-    run_layout=pipeline_layout, planned=False)
+    run_layout=pipeline_layout, planned=False, parallel=("pp", "tp"))
 
-__all__ = ["METHOD", "Options", "PipelineParallel", "PipelinePlan", "message_bytes",
-           "pipeline_layout", "traffic"]
+__all__ = ["METHOD", "Options", "PipelineParallel", "check_config", "check_model"]

@@ -78,7 +78,8 @@ def shard(model: nn.Module, plan: TensorPlan, ex: Exchange, *,
                 raise UsageError(f"tensor: {region.path}.{name} has {rows // region.unit} units, "
                                  f"not divisible by parallel.tp={n}; choose a tp dividing it")
             lo, hi = t * rows // n, (t + 1) * rows // n
-            new = nn.Linear(lin.in_features, hi - lo, bias=lin.bias is not None)
+            new = nn.Linear(lin.in_features, hi - lo, bias=lin.bias is not None,
+                            device=lin.weight.device, dtype=lin.weight.dtype)
             with torch.no_grad():
                 new.weight.copy_(lin.weight[lo:hi])
                 if lin.bias is not None:
