@@ -60,6 +60,9 @@ DLRM = {"model.name": "dlrm", "data.name": "clicks", "data.tables": 3, "data.row
         "data.train": 512, "data.test": 128, "model.dim": 4, "model.bottom": "8",
         "model.top": "8"}
 """A small DLRM on the synthetic click log."""
+XMLP = {"model.name": "xmlp", "data.name": "xc-synth", "data.labels": 200, "data.features": 300,
+        "data.proto": 8, "data.train": 1024, "data.test": 256, "model.hidden": 16}
+"""A small extreme-classification MLP on synthetic multi-label data (SLIDE's)."""
 
 P2P = Exempt("its calls include point-to-point messages, which gloo does not carry for CUDA "
              "tensors; its CUDA path runs in the nccl test")
@@ -179,6 +182,20 @@ CASES: dict[str, dict[str, Any]] = {
         "device": {"dct": {**DLRM, "method.dct": True, "method.every": 2}},
         "gloo_cuda": P2P,
         "gpu": Exempt("it trains the DLRM only; its CUDA path is the device case's nccl run"),
+    },
+    "slide": {
+        "resume": Exempt("tests/slide/test_slide_method.py resumes it bit for bit, hash tables "
+                         "included, on the extreme-classification model it needs"),
+        "ledger": Exempt("tests/slide/test_slide_method.py holds its ledger equal to its "
+                         "traffic formula on the extreme-classification model it needs"),
+        "models": Exempt("it shards a wide output layer (xmlp's), not a replicated model"),
+        "restart": Exempt("its checkpoint round trip is held by tests/slide/; the restart "
+                          "machinery is the method-independent one held by dp, localsgd and "
+                          "ist"),
+        "device": {"small": {**XMLP, "method.K": 4, "method.L": 8, "method.active": 0.1,
+                             "method.rebuild_first": 1}},
+        "gloo_cuda": True,
+        "gpu": Exempt("it trains the xmlp only; its CUDA path is the device case's runs"),
     },
 }
 """method name -> kind -> {variant: case} or Exempt (module docstring)."""

@@ -8,6 +8,31 @@ whose one-line message names the option and the fix.
 A :class:`Registry` maps names to entries that live in their own modules (``"module:attr"``),
 imported on first use, so a new method, model or dataset is one file plus one registry line and
 nothing else in the library names it.
+
+Why not a CLI/config library. jsonargparse 4.53 and tyro 1.0.16 were tried on a two-method
+miniature of ``[method]`` (frozen option dataclasses, a per-method option given to the wrong
+method, a bad value, a value that ``__post_init__`` rejects); neither keeps what this module and
+:mod:`thinwire.config` promise:
+
+- errors: jsonargparse prints the usage, a tip and a nested 3-4 line error ("Parser key
+  "method": Problem with given class_path ...: Option 'local_steps' is not accepted", never which
+  method owns the option); tyro prints a 10-15 line boxed panel. Ours is one line naming the
+  option, its owner and the fix (``method.local_steps is an option of method ist, not of dp;
+  drop it or choose --method.name ist``), exit 2, for the command line and TOML files alike;
+- per-method scoping: tyro scopes a Union of dataclasses by subcommands (``method:ist
+  --method.local-steps 20``, order-sensitive, kebab-case), which would change every documented
+  command, and jsonargparse by ``class_path`` (``--method IST``); both need every method's class
+  imported up front, where :class:`Registry` imports an entry on first use (``thinwire plan`` and
+  ``thinwire theory`` start without torch.distributed); jsonargparse also accepted
+  ``local_steps=0`` at parse time (the class validates only when instantiated later);
+- neither parses the spec syntax of ``--method ist:local_steps=20`` and ``--methods
+  dp,ist:local_steps=20,topk`` (:func:`parse_spec`, :func:`split_top`), nor merges a TOML file
+  with overrides the way a resumed run's ``config.toml`` needs (:func:`thinwire.config.merge`).
+So the hand-written parsing stays: ``opt`` fields carry help and choices, ``check`` gives the one
+line, :mod:`thinwire.commands.common` turns the fields into ``--section.option`` arguments.
+The theory lab's parameters (:mod:`thinwire.theory.params`) are a second, smaller system because
+they need what ``opt`` lacks (numeric bounds, comma-separated tuples of values with a maximum
+count, a derived parameter, d = q n).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every config option is a ``--section.option`` argument, grouped by section; the 
 registry entry (a model's, a method's, a dataset's) are grouped under it, each listed once with
 the entries that take it. Defaults are shown once, enumerations list their choices. Values are
 validated by the config itself (:mod:`thinwire.config`), so a bad one is the config's one-line
-error with exit code 2.
+error with exit code 2. (Why this is not jsonargparse or tyro: :mod:`thinwire.options`.)
 """
 
 from __future__ import annotations

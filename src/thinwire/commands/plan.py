@@ -30,7 +30,8 @@ from thinwire.planner.search import search
 from thinwire.planner.specs import (
     ATTENTION,
     DTYPE_BYTES,
-    RECOMPUTE,
+    FROM_RUN_RECOMPUTE,
+    MEGATRON_RECOMPUTE,
     ClusterSpec,
     MLPSpec,
     ModelSpec,
@@ -43,8 +44,10 @@ _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 CALIBRATE_MODEL = "mlp-784-512-512-10"
 
 
-def parse_rate(text: str) -> float:
-    """'10gbit', '100Mb/s', '25GB/s', '1.25e9' (bytes/s) -> bytes per second.
+def parse_bandwidth(text: str) -> float:
+    """'10gbit', '100Mb/s', '25GB/s', '1.25e9' (bytes/s) -> bytes per second, the planner's
+    unit of bandwidth (a link *rate*, :func:`thinwire.testbed.rates.parse_rate`, is in bits/s as
+    tc takes it).
 
     bits: 'bit', 'b/s', 'bps' (lower-case b); bytes: 'B', 'B/s', 'Bps' or no unit.
     """
@@ -63,6 +66,10 @@ def parse_rate(text: str) -> float:
 def _where(parser: argparse.ArgumentParser) -> None:
     """The model and the cluster."""
     g = parser.add_argument_group("what and where")
+    g.add_argument("--config", metavar="CONFIG.toml",
+                   help="price a thinwire train config as written (e.g. RUN_DIR/config.toml): "
+                   "every rank's bytes from its method's formula; with --cluster also the "
+                   "planner's step time and memory of its layout on that cluster")
     g.add_argument("--model", help="preset name, mlp-W0-W1-...-WL, or FILE.toml")
     g.add_argument(
         "--cluster", help="preset name (a100-80gb, h100, h200, cpu-1gbe, ...) or FILE.toml"
@@ -88,7 +95,7 @@ def _strategy_flags(parser: argparse.ArgumentParser) -> None:
         ("--zero", "ZeRO stage 0-3"),
     ):
         s.add_argument(flag, type=int, help=help_)
-    s.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    s.add_argument("--recompute", choices=MEGATRON_RECOMPUTE, default="none")
     s.add_argument("--sp", action="store_true", help="sequence parallelism")
     s.add_argument("--attention", choices=ATTENTION, default="fused",
                    help="fused (SDPA / flash: no attention scores stored) or materialized")
@@ -184,7 +191,7 @@ def _cluster(args: argparse.Namespace) -> ClusterSpec:
     if args.devices is not None:
         cluster = cluster.with_devices(args.devices)
     if args.bandwidth:
-        cluster = dataclasses.replace(cluster, inter_bandwidth=parse_rate(args.bandwidth))
+        cluster = dataclasses.replace(cluster, inter_bandwidth=parse_bandwidth(args.bandwidth))
     return cluster
 
 
@@ -268,6 +275,89 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
     return plan_report(model, cluster, pred)
 
 
+def _method_spec(cfg: Any) -> str:
+    """The run's method as the planner's ``--method`` spec: its name and the options that
+    differ from their defaults (values with commas in parentheses); "" where the planner's own
+    layout describes the run: a method with ``planned=False`` (its pipeline and tensor degrees
+    are the layout's) and ZeRO (the planner shards its data-parallel layout itself)."""
+    from thinwire.strategies import METHODS
+
+    entry = METHODS.get(cfg.method.name)
+    if not entry.planned or cfg.memory.zero:
+        return ""
+    o = cfg.method.options
+    defaults = type(o)()
+    items = []
+    for f in dataclasses.fields(o):
+        v = getattr(o, f.name)
+        if v == getattr(defaults, f.name):
+            continue
+        text = str(v).lower() if isinstance(v, bool) else str(v)
+        items.append(f"{f.name}=({text})" if "," in text else f"{f.name}={text}")
+    return cfg.method.name + (":" + ",".join(items) if items else "")
+
+
+def config_strategy(cfg: Any, model: ModelSpec) -> StrategySpec:
+    """The planner's :class:`StrategySpec` of a thinwire run: its degrees (dp = workers /
+    (pp tp)), per-worker batch as micro-batches (the pipeline's ``micro_batches`` where it has
+    them), ``[memory]`` (``recompute`` by :data:`FROM_RUN_RECOMPUTE`), fp32, the run's
+    optimizer, and its method (:func:`_method_spec`)."""
+    m = int(getattr(cfg.method.options, "micro_batches", 1) or 1) if cfg.parallel.pp > 1 else 1
+    optimizer = {"adamw": "adam", "adam": "adam"}.get(cfg.train.optimizer) or (
+        "momentum" if cfg.train.momentum else "sgd")
+    return StrategySpec(
+        dp=cfg.dp_degree, tp=cfg.parallel.tp, pp=cfg.parallel.pp,
+        micro_batch_size=max(1, cfg.train.batch_size // m), micro_batches=m,
+        zero=cfg.memory.zero, recompute=FROM_RUN_RECOMPUTE[cfg.memory.recompute],
+        offload=cfg.memory.offload != "none", dtype="fp32", optimizer=optimizer,
+        method=_method_spec(cfg))
+
+
+def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
+    """``--config``: the run's bytes per rank (its method's own formula, equal to the ledger:
+    :mod:`thinwire.measure.predict`), and with ``--cluster`` the planner's prediction of its
+    layout there (devices = the run's workers unless --nodes/--devices say otherwise)."""
+    from thinwire import config as config_mod
+    from thinwire.builders import build_model, load_data
+    from thinwire.measure.predict import run_layout, run_traffic, summary_bytes
+    from thinwire.planner.presets import model_spec_from_module
+    from thinwire.report.tables import fmt_bytes
+
+    for flag in ("model", "search", "crossover", "scaling"):
+        if getattr(args, flag):
+            raise UsageError(f"--config prices the run as written; drop --{flag}")
+    path = Path(args.config)
+    if not path.is_file():
+        raise UsageError(f"--config {path}: no such file; give a train config such as "
+                         "RUN_DIR/config.toml")
+    cfg = config_mod.load(path)
+    dataset = load_data(cfg)
+    traffic = run_traffic(cfg, run_layout(cfg, dataset))
+    label = config_mod.label(cfg)
+    steps, n = cfg.train.steps, cfg.runtime.workers
+    out: dict[str, Any] = {"config": str(path), "method": label, "workers": n, "steps": steps,
+                           "bytes": summary_bytes(traffic),
+                           "rank0_calls": {k: {"calls": c, "wire_bytes": b}
+                                           for k, (c, b) in traffic.rank0_calls.items()}}
+    lines = [f"{label} on {n} workers, {steps} steps ({path})",
+             f"sent per worker: mean {fmt_bytes(traffic.sent_mean)}, max "
+             f"{fmt_bytes(max(traffic.sent))}; {fmt_bytes(traffic.sent_mean / max(steps, 1))} "
+             "a step (the method's formula: what every rank's ledger will hold)"]
+    lines += [f"  rank 0 {op}: {c} calls, {fmt_bytes(b)} on the wire"
+              for op, (c, b) in sorted(traffic.rank0_calls.items())]
+    text = "\n".join(lines) + "\n"
+    if args.cluster:
+        model = model_spec_from_module(build_model(cfg, dataset), cfg.model.name)
+        if args.nodes is None and args.devices is None:
+            args = argparse.Namespace(**{**vars(args), "devices": n})
+        cluster = _cluster(args)
+        pred = predict(model, cluster, config_strategy(cfg, model))
+        if args.json:
+            out["plan"] = prediction_json(model, cluster, pred)
+        text += "\n" + plan_report(model, cluster, pred)
+    return out if args.json else text
+
+
 def _fit_command(args: argparse.Namespace) -> str:
     """A convergence fit's provenance: the command that re-runs it."""
     if not args.convergence:
@@ -279,7 +369,9 @@ def _fit_command(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``thinwire plan``; returns the exit code."""
     _check_calibrate_only(args)
-    if args.validate:
+    if args.config:
+        _print(config_mode(args))
+    elif args.validate:
         _print(_validate(args))
     elif args.convergence and not args.crossover:
         _print(convergence_mode(args.convergence, target=args.target or "", out=args.out,

@@ -36,6 +36,7 @@ from thinwire.compression.registry import (
     build,
     build_codec,
     check_codec,
+    codec_names,
     codec_options,
 )
 from thinwire.compression.sign import ScaledSign
@@ -44,6 +45,6 @@ from thinwire.compression.sparse import RandK, TopK
 __all__ = [
     "CODECS", "QSGD", "Cast", "CodecEntry", "Collective", "Compressor", "ErrorFeedback",
     "HookState", "Identity", "Int8", "Part", "Payload", "PowerSGD", "RandK", "ScaledSign",
-    "TopK", "average_async", "build", "build_codec", "check_codec", "codec_options", "compressed_hook", "ddp_hook",
+    "TopK", "average_async", "build", "build_codec", "check_codec", "codec_names", "codec_options", "compressed_hook", "ddp_hook",
     "register",
 ]

@@ -47,10 +47,17 @@ CODECS: Registry[CodecEntry] = Registry("codec", {
     "randk": "thinwire.compression.sparse:RANDK",
     "qsgd": "thinwire.compression.quantize:QSGD_ENTRY",
     "int8": "thinwire.compression.quantize:INT8",
+    "fp4": "thinwire.compression.fp4:FP4_ENTRY",
     "sign": "thinwire.compression.sign:SIGN",
     "powersgd": "thinwire.compression.powersgd:POWERSGD",
 })
 """Every codec by name."""
+
+
+def codec_names() -> str:
+    """The registered codecs for an option's help: ``"none, fp16, ..."`` (read from
+    :data:`CODECS`, so a new codec appears in every such help)."""
+    return ", ".join(CODECS.names())
 
 
 def codec_options(spec: str, **options: Any) -> tuple[CodecEntry, Any]:

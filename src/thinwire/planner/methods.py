@@ -126,7 +126,7 @@ def partitioned(method: Method) -> bool:
     return not issubclass(getattr(importlib.import_module(module), cls), ReplicatedStrategy)
 
 
-def mlp_plan_of(model: MLPSpec) -> ISTPlan:
+def mlp_ist_plan(model: MLPSpec) -> ISTPlan:
     """The IST plan of an MLP spec (:func:`thinwire.models.mlp.mlp_plan`)."""
     from thinwire.models.mlp import mlp_plan
 
@@ -134,10 +134,10 @@ def mlp_plan_of(model: MLPSpec) -> ISTPlan:
     return mlp_plan(w[0], w[1:-1], w[-1], norm=model.norm)
 
 
-def plan_of(model: ModelSpec) -> ISTPlan | None:
+def ist_plan(model: ModelSpec) -> ISTPlan | None:
     """The IST plan of a spec: an MLP's, a counted module's adapter plan, else None."""
     if isinstance(model, MLPSpec):
-        return mlp_plan_of(model)
+        return mlp_ist_plan(model)
     if isinstance(model, CountedSpec):
         return model.ist  # type: ignore[no-any-return]
     return None
@@ -164,7 +164,7 @@ def layout_of(model: ModelSpec, tp: int = 1, pp: int = 1) -> Layout:
     """Step 2: the layout the method's traffic function reads (module docstring)."""
     from thinwire.strategies.traffic import Layout
 
-    plan = plan_of(model)
+    plan = ist_plan(model)
     if plan is not None:
         return Layout.from_shapes([(t.name, t.shape) for t in plan.tensors if not t.buffer],
                                   ist=plan)
@@ -223,7 +223,7 @@ def worker_params(model: ModelSpec, workers: int) -> float:
     ``workers`` (round 0's subnets, the mean over workers; the whole model for one worker)."""
     if workers <= 1:
         return float(model.params)
-    plan = plan_of(model)
+    plan = ist_plan(model)
     if plan is None:
         raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs and for "
                          "modules counted with their adapter only")
@@ -238,6 +238,6 @@ def worker_params(model: ModelSpec, workers: int) -> float:
 
 def worker_widths(model: MLPSpec, workers: int) -> tuple[float, ...]:
     """Step 4: the widths a worker's subnet has on average (each group's units / workers)."""
-    plan = mlp_plan_of(model)
+    plan = mlp_ist_plan(model)
     w = model.widths
     return (float(w[0]), *(g.size / workers for g in plan.groups), float(w[-1]))

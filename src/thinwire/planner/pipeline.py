@@ -6,7 +6,7 @@ The method's traffic formula (:func:`thinwire.strategies.pipeline.traffic.traffi
 here the plan comes from a transformer's dimensions instead, so the planner prices a pipeline run
 before it exists, with the very formula the tests hold equal to the ledger:
 
-1. :func:`plan_of`: S stages, dp replicas, M micro-batches of b sequences of length T, d_model
+1. :func:`pipeline_plan`: S stages, dp replicas, M micro-batches of b sequences of length T, d_model
    h: every boundary carries one [b, T, h] activation forward and its gradient backward per
    micro-batch (a transformer's blocks keep their width);
 2. :func:`traffic`: the method's formula on that plan, so each message costs the boundary codec's
@@ -92,7 +92,7 @@ class PipelineShape:
         return self.micro_batches * self.micro_batch
 
 
-def plan_of(shape: PipelineShape) -> PipelinePlan:
+def pipeline_plan(shape: PipelineShape) -> PipelinePlan:
     """Step 1: the method's stage plan for a transformer of these dimensions."""
     from thinwire.strategies.pipeline.plan import PipelinePlan
 
@@ -118,7 +118,7 @@ def traffic(shape: PipelineShape, options: Any, steps: int = 1) -> Traffic:
     if options.micro_batches != shape.micro_batches:
         raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
                          f"shape {shape.micro_batches}; give the same M to both")
-    layout = replace(Layout.from_shapes([]), pipeline=plan_of(shape))
+    layout = replace(Layout.from_shapes([]), pipeline=pipeline_plan(shape))
     return method_traffic(layout, options, shape.stages * shape.dp, steps, 0, 0)
 
 
@@ -291,7 +291,7 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     if options.micro_batches != M:
         raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
                          f"shape {M}; give the same M to both")
-    fwd, bwd, _ = message_bytes(plan_of(replace(shape, dp=1)), options)
+    fwd, bwd, _ = message_bytes(pipeline_plan(replace(shape, dp=1)), options)
     bounds = options.boundaries()
 
     def cpu(s: int, kind: str, m: int) -> float:
@@ -402,5 +402,5 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     return Simulated(total, tuple(busy), sync, tuple(timeline))
 
 
-__all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "plan_of",
+__all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "pipeline_plan",
            "simulate", "step_time", "traffic"]

@@ -19,7 +19,13 @@ from typing import Any
 
 from thinwire.errors import UsageError
 
-RECOMPUTE = ("none", "selective", "full")
+MEGATRON_RECOMPUTE = ("none", "selective", "full")
+"""The planner's recomputation modes, Korthikanti et al.'s (2022): ``full`` recomputes every
+transformer layer, ``selective`` only the attention core. A thinwire run's ``[memory]
+recompute`` (:data:`thinwire.config.RECOMPUTE`) names the same choices by what it recomputes:
+:data:`FROM_RUN_RECOMPUTE` maps one onto the other."""
+FROM_RUN_RECOMPUTE = {"none": "none", "block": "full", "selective": "selective"}
+"""A run's ``memory.recompute`` -> the planner's mode (``block``: each block, i.e. full)."""
 ATTENTION = ("fused", "materialized")
 MLP_NORMS = ("none", "layer", "batch")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}

@@ -20,8 +20,8 @@ from thinwire.errors import UsageError
 from thinwire.planner.specs import (
     ATTENTION,
     DTYPE_BYTES,
+    MEGATRON_RECOMPUTE,
     OPTIMIZERS,
-    RECOMPUTE,
     ClusterSpec,
     CountedSpec,
     MLPSpec,
@@ -29,7 +29,7 @@ from thinwire.planner.specs import (
     TransformerSpec,
 )
 
-_CHOICES = (("recompute", RECOMPUTE), ("attention", ATTENTION), ("optimizer", OPTIMIZERS),
+_CHOICES = (("recompute", MEGATRON_RECOMPUTE), ("attention", ATTENTION), ("optimizer", OPTIMIZERS),
             ("accounting", ("megatron", "zero")))
 
 

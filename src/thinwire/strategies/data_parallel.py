@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from thinwire.compression.registry import check_codec
+from thinwire.compression.registry import check_codec, codec_names
 from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import (
@@ -64,8 +64,9 @@ BUCKET_CAP = 25 << 20
 
 @dataclass(frozen=True)
 class Options:
-    compressor: str = opt("none", "gradient codec spec, e.g. topk:ratio=0.01, powersgd:rank=2, "
-                          "int8 (see thinwire.compression; none: plain all-reduce)")
+    compressor: str = opt("none", f"gradient codec spec: one of {codec_names()} with its "
+                          "options, e.g. topk:ratio=0.01, powersgd:rank=2 (none: plain "
+                          "all-reduce)")
 
     def __post_init__(self) -> None:
         if self.compressor != "none":

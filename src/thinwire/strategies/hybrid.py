@@ -212,7 +212,7 @@ class _Vectors(torch.autograd.Function):
         return (None, None, *ctx.ex.backward_vectors(grad.contiguous(), ctx.kept))
 
 
-def plan_of(cfg: Any, model: nn.Module) -> EmbeddingPlan:
+def embedding_plan(cfg: Any, model: nn.Module) -> EmbeddingPlan:
     from thinwire.models import MODELS
 
     entry = MODELS.get(cfg.model.name)
@@ -230,7 +230,7 @@ class Hybrid(Strategy):
         super().__init__(ctx, model)
         o: Options = ctx.options
         self.o = o
-        self.plan = plan_of(self.cfg, model)
+        self.plan = embedding_plan(self.cfg, model)
         self.model = model.to(ctx.device)
         self.ex = TableExchange(self.comm, self.plan, o)
         self.tables: list[nn.Embedding] = []
@@ -367,7 +367,7 @@ def _check(cfg: Any) -> None:
 
 
 def _check_model(cfg: Any, model: nn.Module) -> None:
-    plan_of(cfg, model)
+    embedding_plan(cfg, model)
 
 
 METHOD = MethodEntry(

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from thinwire.compression.registry import codec_names
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
@@ -91,8 +92,9 @@ from thinwire.strategies.traffic import Layout, Traffic, wire
 class Options:
     sequence_parallel: bool = opt(False, "run LayerNorms and residuals on 1/tp of the sequence "
                                   "(all-gather / reduce-scatter instead of all-reduce)")
-    codec: str = opt("none", "codec on the tensor-parallel activations and their gradients, "
-                     "e.g. int8, fp16, topk:ratio=0.1 (see thinwire.compression; none: exact)")
+    codec: str = opt("none", "codec on the tensor-parallel activations and their gradients: "
+                     f"one of {codec_names()} with its options, e.g. topk:ratio=0.1 (none: "
+                     "exact)")
 
     def __post_init__(self) -> None:
         if self.codec != "none":

@@ -45,7 +45,9 @@ class Link:
 
 
 def parse_rate(text: str) -> float | None:
-    """``"100mbit"`` -> 1e8 bit/s; ``"unlimited"`` -> None; anything else -> UsageError."""
+    """A link rate in bits/s, as tc takes it: ``"100mbit"`` -> 1e8; ``"unlimited"`` -> None;
+    anything else -> UsageError (a planner *bandwidth* is in bytes/s:
+    ``thinwire.commands.plan.parse_bandwidth``)."""
     t = text.strip().lower().removesuffix("/s")
     if t in UNLIMITED:
         return None

@@ -446,6 +446,15 @@ BOTTLENECKS = ("ae", "subspace")
 """Specs that are bottleneck modules, not wire codecs (:func:`bottleneck`)."""
 
 
+def boundary_names(*, forward: bool) -> str:
+    """The boundary codecs for an option's help: every codec of
+    :data:`thinwire.compression.CODECS`, the pipeline's own (:data:`OWN`) and, forward, the
+    bottlenecks (read from the tables, so a new codec appears in the help)."""
+    from thinwire.compression.registry import CODECS
+
+    return ", ".join([*CODECS.names(), *OWN, *(BOTTLENECKS if forward else ())])
+
+
 def bottleneck_options(spec: str) -> tuple[str, BottleneckOptions]:
     name, values = parse_spec(spec, "codec")
     if name not in BOTTLENECKS:

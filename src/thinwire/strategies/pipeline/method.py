@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from thinwire.compression.registry import check_codec
+from thinwire.compression.registry import check_codec, codec_names
 from thinwire.errors import UsageError
 from thinwire.options import OptionError, check, opt
 from thinwire.runtime.comm import CONTROL, Comm
@@ -62,9 +62,7 @@ from thinwire.strategies.base import (
 )
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.grads import flatten, grads_of, unflatten_into
-from thinwire.strategies.pipeline.codecs import (
-    check_spec,
-)
+from thinwire.strategies.pipeline.codecs import boundary_names, check_spec
 from thinwire.strategies.pipeline.plan import TP_USER, chain_of, pipeline_layout
 from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
 from thinwire.strategies.pipeline.traffic import traffic
@@ -83,16 +81,17 @@ from thinwire.strategies.tp import (
 class Options:
     schedule: str = opt("1f1b", "pipeline schedule", choices=SCHEDULES)
     micro_batches: int = opt(4, "micro-batches a step (must divide train.batch_size)")
-    codec_fwd: str = opt("none", "codec of activations: a compression codec (int8, topk:ratio="
-                         "0.1, randk, fp16, ...), int4, aqsgd:bits=4, or a bottleneck ae:dim=k / "
-                         "subspace:dim=k")
-    codec_bwd: str = opt("none", "codec of activation gradients: a compression codec, int4, or "
-                         "lowrank:rank=r (Optimus-CC)")
+    codec_fwd: str = opt("none", f"codec of activations: one of {boundary_names(forward=True)} "
+                         "with its options, e.g. int8, aqsgd:bits=4, ae:dim=16 (ae, subspace: "
+                         "bottlenecks)")
+    codec_bwd: str = opt("none", "codec of activation gradients: one of "
+                         f"{boundary_names(forward=False)} with its options, e.g. "
+                         "lowrank:rank=8 (Optimus-CC)")
     uncompressed_first: int = opt(0, "send the first n boundaries uncompressed")
     epilogue_only: bool = opt(False, "compress gradients only in the 1F1B cool-down (Optimus-CC)")
     overrides: str = opt("", "per-boundary codecs 'b@fwd|bwd;...', e.g. '2@int4|lowrank:rank=4'")
     tp_codec: str = opt("none", "with --parallel.tp > 1: codec on the tensor-parallel sums inside "
-                        "stages, e.g. int8 (see thinwire.compression; none: exact)")
+                        f"stages: one of {codec_names()} with its options (none: exact)")
 
     def __post_init__(self) -> None:
         check(self.micro_batches >= 1, "method.micro_batches",

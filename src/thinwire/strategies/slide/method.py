@@ -139,7 +139,7 @@ class Slide(Strategy):
         self.shards = shards if shards is not None else n
         if n > 1 and self.shards != n:
             raise ValueError("shards must equal the world size on a process group")
-        self.model = model.to(ctx.device)
+        self.model: Any = model.to(ctx.device)  # its ``features`` and ``wide`` (checked above)
         C, H = wide.out_features, wide.in_features
         self.C, self.H = C, H
         mine = [self.comm.rank] if n > 1 else list(range(self.shards))
@@ -181,6 +181,7 @@ class Slide(Strategy):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 3: a shard's logits [G, A] and the indicator of its label slots."""
         local = part.local_labels(y)
+        assert local is not None  # training batches carry labels
         if self.o.full:
             z = part.dense(h)
             t = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
