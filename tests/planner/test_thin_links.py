@@ -1,15 +1,22 @@
 """The demo's thin-link table: time to target modelled from loopback runs, on hand-built runs
-whose compute, bytes and crossing steps are known."""
+whose compute, bytes and crossing steps are known; the choice between measured (testbed) and
+modelled figures, its labels, and the testbed runs' stopping rule."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pytest
 from conv_runs import ramp, write_run
 
+from thinwire import config as config_mod
+from thinwire.commands import compare
 from thinwire.report.tables import load_run
+from thinwire.testbed import netns
+from thinwire.testbed import thin_links as tl
 from thinwire.testbed.modelled import FRAME_EFFICIENCY
-from thinwire.testbed.thin_links import report
+from thinwire.testbed.thin_links import modelled_report as report
 
 STEPS = 100
 
@@ -63,3 +70,104 @@ def test_the_fastest_changes_with_the_link(tmp_path):
     text, _ = report([dp, ist], 0.8, tmp_path / "r", links="100mbit,10gbit")
     assert "fastest to the target: 100mbit ist; 10gbit dp" in text
     assert "every link" not in text
+
+
+NOT_ROOT = "not root: network namespaces and tc need CAP_NET_ADMIN (run as root)"
+
+
+def test_source_is_measured_only_when_asked_and_available():
+    assert tl.choose_source("auto", None) == ("measured", "")
+    kind, why = tl.choose_source("auto", NOT_ROOT)
+    assert kind == "modelled" and NOT_ROOT in why
+    kind, why = tl.choose_source("auto", "'tc' not found: install iproute2")
+    assert kind == "modelled" and "install iproute2" in why
+    kind, why = tl.choose_source("modelled", None)  # available, but modelled was asked for
+    assert kind == "modelled" and "--thin-links modelled" in why
+    with pytest.raises(ValueError):
+        tl.choose_source("measured", None)
+
+
+def test_testbed_stops_where_the_loopback_run_reached_the_target(tmp_path):
+    run = _run(tmp_path / "dp", "dp", {0.7: 30, 0.8: 50}, 10.0, 1e6)
+    assert tl.testbed_steps(run, 0.8) == 50
+    assert tl.testbed_steps(run, 0.7) == 30
+    assert tl.testbed_steps(run, 0.9) == STEPS  # never reached: all its steps
+    big = config_mod.load(None, {"train.steps": 100, "method.name": "ist",
+                                 "method.local_steps": 20, "run.out": str(tmp_path)})
+    (c,) = tl.testbed_configs([big], [run], 0.9, tl.parse_links("1gbit"), tmp_path / "t")["1gbit"]
+    assert c.train.steps == 100  # never more than the loopback run's steps
+    cfg = config_mod.load(None, {"train.steps": 600, "train.lr": 0.03, "run.out": str(tmp_path),
+                                 "run.name": "dp", "method.name": "ist",
+                                 "method.local_steps": 20})
+    groups = tl.testbed_configs([cfg], [run], 0.8, tl.parse_links("100mbit,1gbit"),
+                                tmp_path / "thin_links")
+    assert list(groups) == ["100mbit", "1gbit"]
+    for label, (c,) in groups.items():
+        assert c.train.steps == 60  # 50, rounded up to whole periods of K = 20
+        assert c.run.out == str(tmp_path / "thin_links" / label) and c.run.name == "dp"
+        assert (c.train.lr, c.method, c.model, c.data) == (cfg.train.lr, cfg.method, cfg.model,
+                                                           cfg.data)
+
+
+def _two_runs(tmp_path):
+    return [_run(tmp_path / "dp", "dp", {0.8: 20}, 10.0, 1e9),
+            _run(tmp_path / "ist", "ist", {0.8: 80}, 10.0, 1e6)]
+
+
+def test_labels_follow_the_source(tmp_path):
+    runs = _two_runs(tmp_path)
+    links = tl.parse_links(tl.THIN_LINKS)
+    mod = tl.modelled(runs, links)
+    text, _ = tl.report(mod, 0.8, tmp_path / "m", "no thin-wire testbed here (" + NOT_ROOT + ")")
+    assert "(modelled)" in text and "(measured)" not in text
+    assert f"Modelled, not measured: no thin-wire testbed here ({NOT_ROOT})." in text
+    meas = [dataclasses.replace(r, kind="measured") for r in mod]
+    text, _ = tl.report(meas, 0.8, tmp_path / "t")
+    assert "(measured)" in text and "odelled" not in text
+    assert "Measured on the thin-wire testbed" in text
+
+
+def _compare_thin_links(tmp_path, monkeypatch, unavailable, measured=None, requested="auto"):
+    runs = _two_runs(tmp_path)
+    calls = []
+    monkeypatch.setattr(netns, "unavailable_reason", lambda: unavailable)
+
+    def fake_measured(cfgs, runs_, target, links, out, deadline):
+        calls.append((target, [lk.label for lk in links], out))
+        return measured(runs_, links)
+
+    monkeypatch.setattr(tl, "measured", fake_measured)
+    report_dir = tmp_path / "out" / "report"
+    report_dir.mkdir(parents=True)
+    compare._thin_links([None, None], runs, None, report_dir, requested, 60.0)
+    return (report_dir / "thin_links.md").read_text(), calls
+
+
+def test_compare_models_without_the_testbed_and_says_why(tmp_path, monkeypatch, capsys):
+    text, calls = _compare_thin_links(tmp_path, monkeypatch, NOT_ROOT)
+    assert calls == []  # the testbed was not tried
+    assert "(modelled)" in text and NOT_ROOT in text
+    assert NOT_ROOT in capsys.readouterr().out
+    assert (tmp_path / "out" / "report" / "accuracy_vs_time_thin_links.png").is_file()
+
+
+def test_compare_measures_on_the_testbed_when_it_can(tmp_path, monkeypatch):
+    def on_testbed(runs, links):  # the testbed's results, as thinwire.testbed.bench labels them
+        return [dataclasses.replace(r, kind="measured") for r in tl.modelled(runs, links)], ""
+
+    text, calls = _compare_thin_links(tmp_path, monkeypatch, None, on_testbed)
+    assert calls == [(0.8, ["100mbit", "1gbit"], tmp_path / "out" / "thin_links")]
+    assert "(measured)" in text and "odelled" not in text
+    text, calls = _compare_thin_links(tmp_path / "m", monkeypatch, None, on_testbed,
+                                      requested="modelled")
+    assert calls == [] and "(modelled)" in text and "--thin-links modelled" in text
+
+
+def test_compare_falls_back_when_the_testbed_stops(tmp_path, monkeypatch):
+    def stopped(runs, links):
+        return [], "wall-clock limit reached after 60 s in this run; all workers killed"
+
+    text, calls = _compare_thin_links(tmp_path, monkeypatch, None, stopped)
+    assert len(calls) == 1
+    assert "(modelled)" in text
+    assert "the testbed stopped early (wall-clock limit reached after 60 s" in text
