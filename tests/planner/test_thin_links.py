@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 from conv_runs import ramp, write_run
@@ -104,6 +105,8 @@ def test_testbed_stops_where_the_loopback_run_reached_the_target(tmp_path):
     assert list(groups) == ["100mbit", "1gbit"]
     for label, (c,) in groups.items():
         assert c.train.steps == 60  # 50, rounded up to whole periods of K = 20
+        # threads 0 means cores / workers over loopback; alone in a namespace it must stay that
+        assert c.runtime.threads == max(1, (os.cpu_count() or 1) // cfg.runtime.workers)
         assert c.run.out == str(tmp_path / "thin_links" / label) and c.run.name == "dp"
         assert (c.train.lr, c.method, c.model, c.data) == (cfg.train.lr, cfg.method, cfg.model,
                                                            cfg.data)

@@ -23,6 +23,7 @@ testbed when it can be built, else modelled from the same runs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -64,17 +65,25 @@ def testbed_configs(cfgs: Sequence[Config], runs: Sequence[Run], target: float,
                     links: Sequence[Link], out: Path) -> dict[str, list[Config]]:
     """Step 2's configs: per link label, each loopback config with its steps cut to
     :func:`testbed_steps` (rounded up to a whole number of the method's synchronisation periods,
-    at most the loopback run's steps) and its run directory under ``out/<link>``."""
+    at most the loopback run's steps), the loopback run's threads per worker, and its run
+    directory under ``out/<link>``."""
     groups: dict[str, list[Config]] = {}
     for link in links:
         groups[link.label] = [
             config_mod.build(config_mod.merge(config_mod.to_dict(cfg), {
                 "train.steps": _whole_periods(testbed_steps(run, target), cfg),
                 "run.out": str(out / link.label),
+                "runtime.threads": _threads(cfg),
                 "run.name": cfg.run_name, "run.resume": False, "run.overwrite": cfg.run.overwrite,
                 "run.progress": False}))
             for cfg, run in zip(cfgs, runs)]
     return groups
+
+
+def _threads(cfg: Config) -> int:
+    """The loopback run's torch threads per worker (``0``: cores / workers), made explicit: in
+    the testbed each worker is alone on its host, so ``0`` would give each one every core."""
+    return cfg.runtime.threads or max(1, (os.cpu_count() or 1) // cfg.runtime.workers)
 
 
 def _whole_periods(steps: int, cfg: Config) -> int:
