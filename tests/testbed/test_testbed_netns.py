@@ -178,3 +178,29 @@ def test_ctrl_c_tears_down(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 130, out
     assert not [ns for ns in list_namespaces() if ns.startswith(prefix)]
+
+
+def test_thin_links_rerun_each_method_until_its_loopback_target_step(tmp_path: Path) -> None:
+    """compare's measured thin links: the config reruns on the testbed for the steps its loopback
+    run needed (here a recorded run that reached 0.6 at step 20 of 40), labelled measured."""
+    from planner.conv_runs import write_run
+
+    from thinwire.report.tables import load_run
+    from thinwire.testbed import thin_links
+
+    cfg = config_mod.load(None, {
+        "data.name": "teacher", "model.hidden": "32", "method.name": "localsgd",
+        "method.period": 1, "train.steps": 40, "train.eval_every": 20, "runtime.workers": 2,
+        "runtime.threads": 1, "run.out": str(tmp_path / "loop"), "run.progress": False})
+    loop = write_run(tmp_path / "loop" / "localsgd", {"name": "localsgd"}, [(20, 0.6), (40, 0.7)],
+                     workers=2)
+    run = load_run(loop)
+    results, stopped = thin_links.measured([cfg], [run], 0.6, [Link(RATE)], tmp_path / "tl",
+                                           time.monotonic() + 60)
+    assert stopped == ""
+    (res,) = results
+    assert res.kind == "measured" and res.link == Link(RATE)
+    assert res.run.path == tmp_path / "tl" / "4mbit" / "localsgd"
+    assert [s for s, _, _ in res.curve][-1] == 20 and int(res.run.summary["steps"]) == 20
+    assert (res.run.path / "wire.json").is_file()
+    assert leftovers() == ([], [])
