@@ -183,6 +183,32 @@ CASES: dict[str, dict[str, Any]] = {
         "gloo_cuda": P2P,
         "gpu": Exempt("it trains the DLRM only; its CUDA path is the device case's nccl run"),
     },
+    "sparseloco": {
+        "resume": Exempt("tests/loco/test_sparseloco.py resumes it exactly (outer momentum, "
+                         "error-feedback accumulator) at lower cost than a run of 20 steps"),
+        "ledger": Exempt("tests/loco/test_sparseloco.py holds its ledger equal to its traffic "
+                         "formula over the model's layout, rank by rank"),
+        "models": {"period2": {"method.period": 2, "method.chunk": 64, "method.topk": 8}},
+        "restart": Exempt("its checkpoint round trip is held by tests/loco/; the restart "
+                          "machinery is the method-independent one held by dp, localsgd and "
+                          "ist"),
+        "device": {"plain": {**MLP, "method.period": 2, "method.chunk": 64, "method.topk": 8}},
+        "gloo_cuda": True,
+        "gpu": {"plain": {"method.period": 10}},
+    },
+    "demo": {
+        "resume": Exempt("tests/loco/test_demo.py resumes it exactly (its local momenta) at "
+                         "lower cost than a run of 20 steps"),
+        "ledger": Exempt("tests/loco/test_demo.py holds its ledger equal to its traffic formula "
+                         "over the model's layout, rank by rank"),
+        "models": {"plain": {"method.topk": 8, "method.chunk": 16}},
+        "restart": Exempt("its checkpoint round trip is held by tests/loco/; the restart "
+                          "machinery is the method-independent one held by dp, localsgd and "
+                          "ist"),
+        "device": {"plain": {**MLP, "method.topk": 8, "method.chunk": 16}},
+        "gloo_cuda": True,
+        "gpu": {"plain": {}},
+    },
     "slide": {
         "resume": Exempt("tests/slide/test_slide_method.py resumes it bit for bit, hash tables "
                          "included, on the extreme-classification model it needs"),
