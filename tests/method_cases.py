@@ -60,6 +60,9 @@ DLRM = {"model.name": "dlrm", "data.name": "clicks", "data.tables": 3, "data.row
         "data.train": 512, "data.test": 128, "model.dim": 4, "model.bottom": "8",
         "model.top": "8"}
 """A small DLRM on the synthetic click log."""
+XMLP = {"model.name": "xmlp", "data.name": "xc-synth", "data.labels": 200, "data.features": 300,
+        "data.proto": 8, "data.train": 1024, "data.test": 256, "model.hidden": 16}
+"""A small extreme-classification MLP on synthetic multi-label data (SLIDE's)."""
 
 P2P = Exempt("its calls include point-to-point messages, which gloo does not carry for CUDA "
              "tensors; its CUDA path runs in the nccl test")
@@ -98,16 +101,53 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "diloco": {
         "resume": {"adamw": {**MLP, "model.norm": "none", "method.period": 5,
-                             "train.optimizer": "adamw", "train.lr": 0.01}},
+                             "train.optimizer": "adamw", "train.lr": 0.01},
+                   "streaming-fp4": {**MLP, "model.norm": "none", "method.period": 10,
+                                     "method.fragments": 2, "method.delay": 2,
+                                     "method.alpha": 0.5, "method.compressor": "fp4"}},
         "ledger": {"plain": {**MLP, "method.period": 5, "model.hidden": "40,24",
-                             "train.optimizer": "adamw", "train.lr": 0.001}},
-        "models": {"period2": {"method.period": 2}},
+                             "train.optimizer": "adamw", "train.lr": 0.001},
+                   "streaming-int8": {**MLP, "method.period": 10, "model.hidden": "40,24",
+                                      "method.fragments": 2, "method.delay": 1,
+                                      "method.compressor": "int8"}},
+        "models": {"period2": {"method.period": 2},
+                   "overlap-fp4": {"method.period": 2, "method.delay": 1,
+                                   "method.compressor": "fp4"}},
         "restart": Exempt("its checkpoint round trip is held bit for bit by its resume case, "
                           "and the restart machinery (agent, store, rewound metrics) is the "
                           "method-independent one held by dp, localsgd and ist"),
-        "device": {"plain": {**MLP, "method.period": 2, "train.optimizer": "adamw"}},
+        "device": {"plain": {**MLP, "method.period": 2, "train.optimizer": "adamw"},
+                   "streaming-fp4": {**MLP, "method.period": 2, "method.fragments": 2,
+                                     "method.compressor": "fp4"}},
         "gloo_cuda": True,
         "gpu": {"plain": {"method.period": 10}},
+    },
+    "sparseloco": {
+        "resume": {"adamw": {**MLP, "model.norm": "none", "method.period": 5,
+                             "method.chunk": 256, "method.topk": 8,
+                             "train.optimizer": "adamw", "train.lr": 0.01}},
+        "ledger": {"plain": {**MLP, "method.period": 5, "model.hidden": "40,24",
+                             "method.chunk": 512, "method.topk": 16}},
+        "models": {"period2": {"method.period": 2, "method.chunk": 64, "method.topk": 4}},
+        "restart": Exempt("its checkpoint round trip is held bit for bit by its resume case, "
+                          "and the restart machinery (agent, store, rewound metrics) is the "
+                          "method-independent one held by dp, localsgd and ist"),
+        "device": {"plain": {**MLP, "method.period": 2, "method.chunk": 64, "method.topk": 4}},
+        "gloo_cuda": True,
+        "gpu": {"plain": {"method.period": 10}},
+    },
+    "demo": {
+        "resume": {"plain": {**MLP, "model.norm": "none", "train.lr": 0.005,
+                             "method.topk": 8, "method.chunk": 8}},
+        "ledger": {"plain": {**MLP, "model.hidden": "40,24", "train.lr": 0.005}},
+        "models": {"k8": {"method.topk": 8, "method.chunk": 16}},
+        "restart": Exempt("its checkpoint round trip (the decoupled momenta in the optimizer's "
+                          "state) is held bit for bit by its resume case, and the restart "
+                          "machinery is the method-independent one held by dp, localsgd and "
+                          "ist"),
+        "device": {"plain": {**MLP, "method.topk": 8, "method.chunk": 8}},
+        "gloo_cuda": True,
+        "gpu": {"plain": {"train.lr": 0.002}},
     },
     "ist": {
         "resume": {"reindex": {**MLP, "method.local_steps": 5, "model.norm": "batch",
@@ -179,6 +219,20 @@ CASES: dict[str, dict[str, Any]] = {
         "device": {"dct": {**DLRM, "method.dct": True, "method.every": 2}},
         "gloo_cuda": P2P,
         "gpu": Exempt("it trains the DLRM only; its CUDA path is the device case's nccl run"),
+    },
+    "slide": {
+        "resume": Exempt("tests/slide/test_slide_method.py resumes it bit for bit, hash tables "
+                         "included, on the extreme-classification model it needs"),
+        "ledger": Exempt("tests/slide/test_slide_method.py holds its ledger equal to its "
+                         "traffic formula on the extreme-classification model it needs"),
+        "models": Exempt("it shards a wide output layer (xmlp's), not a replicated model"),
+        "restart": Exempt("its checkpoint round trip is held by tests/slide/; the restart "
+                          "machinery is the method-independent one held by dp, localsgd and "
+                          "ist"),
+        "device": {"small": {**XMLP, "method.K": 4, "method.L": 8, "method.active": 0.1,
+                             "method.rebuild_first": 1}},
+        "gloo_cuda": True,
+        "gpu": Exempt("it trains the xmlp only; its CUDA path is the device case's runs"),
     },
 }
 """method name -> kind -> {variant: case} or Exempt (module docstring)."""

@@ -68,7 +68,7 @@ def test_import_thinwire_is_light_and_exports_the_public_api() -> None:
             "print(all(hasattr(thinwire, n) for n in thinwire.__all__))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
-    from thinwire.strategies.ist import IST
+    from thinwire.strategies.ist.core import IST
 
     assert thinwire.IST is IST
 

@@ -6,9 +6,12 @@ lab for IST on quadratics. Use it from the ``thinwire`` command or in your own t
 (after ``torch.distributed.init_process_group``, e.g. under ``torchrun``)::
 
     import thinwire
-    ist = thinwire.IST(model, optimizer, local_steps=10)          # any stack of nn.Linear
+    ist = thinwire.IST(model, optimizer, local_steps=10)          # cut from the model's graph
     ist = thinwire.IST(gpt, optimizer, adapter=thinwire.GPTAdapter(gpt))  # heads, FFN neurons
     with thinwire.LocalSGD(model, optimizer, sync_every=10): ...   # torchft's shape
+    with thinwire.DiLoCo(model, inner, outer, sync_every=100, fragments=4): ...  # Streaming
+    with thinwire.SparseLoCo(model, inner, sync_every=50): ...     # top-k 2-bit, local EF
+    opt = thinwire.DeMo(model.parameters(), lr=1e-3)               # DCT top-k of momenta
     thinwire.register_codec(ddp_model, "powersgd", rank=2)         # a DDP comm hook
     comm = thinwire.Comm(); comm.ledger.totals()                   # every byte, counted
 
@@ -28,12 +31,15 @@ _EXPORTS: dict[str, str] = {
     "ISTAdapter": "thinwire.models.adapter:ISTAdapter",
     "ISTPlan": "thinwire.models.adapter:ISTPlan",
     "linear_stack": "thinwire.models.adapter:linear_stack",
+    "derive_adapter": "thinwire.models.graph_adapter:derive_adapter",
     "GPTAdapter": "thinwire.models.gpt:GPTAdapter",
     "ResISTAdapter": "thinwire.models.resnet:ResISTAdapter",
     "GISTAdapter": "thinwire.models.gcn:GISTAdapter",
     # local methods
-    "LocalSGD": "thinwire.strategies.local_sgd:LocalSGD",
+    "LocalSGD": "thinwire.strategies.averaging:LocalSGD",
     "DiLoCo": "thinwire.strategies.diloco:DiLoCo",
+    "SparseLoCo": "thinwire.strategies.sparseloco:SparseLoCo",
+    "DeMo": "thinwire.strategies.demo:DeMo",
     # pipeline model parallelism with compressed boundaries
     "Pipeline": "thinwire.strategies.pipeline.schedule:Pipeline",
     "Boundaries": "thinwire.strategies.pipeline.schedule:Boundaries",

@@ -19,7 +19,9 @@ the property-based ``tests/reliability/test_fuzz_inputs.py``):
 - A failed write (ENOSPC, EDQUOT, EROFS...) is a one-line CheckpointError naming the errno and
   the file; the temporary file is removed and earlier checkpoints are untouched.
 - :func:`require_resumable` turns "resume, but there is no checkpoint" into a one-line error
-  instead of a silent fresh start.
+  instead of a silent fresh start, and refuses to resume a run whose newest checkpoint is at
+  or beyond the run's ``train.steps`` (a finished run: resuming it would only rewrite its
+  results; ``tests/reliability/test_data_loss.py``).
 """
 
 from __future__ import annotations
@@ -193,16 +195,16 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
         raise CheckpointError(f"run.resume: no complete checkpoint in {run_dir / 'checkpoints'}; "
                               "start the run without --resume (checkpoints are written every "
                               "--run.checkpoint_every steps and at the end)")
+    _check_world(run_dir, step, world_size, rescalable)
+    if check_ranks:
+        for rank in range(world_size):
+            load_rank(run_dir, step, rank, world_size, rescalable=rescalable)
     if steps is not None and step >= steps:
         state = (f"is complete: it trained all {step} steps" if step == steps else
                  f"has trained {step} steps, more than --train.steps {steps}")
         raise CheckpointError(f"run.resume: {run_dir} {state}, so there is nothing to resume and "
                               f"its results are kept; pass --steps above {step} to continue it, "
                               "or choose another --run.name for a new run")
-    _check_world(run_dir, step, world_size, rescalable)
-    if check_ranks:
-        for rank in range(world_size):
-            load_rank(run_dir, step, rank, world_size, rescalable=rescalable)
     return step
 
 

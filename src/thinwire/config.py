@@ -359,15 +359,16 @@ def build(values: Mapping[str, Mapping[str, Any]]) -> Config:
             raise ConfigError(f"{section}: expected a table of options")
     method_name = values.get("method", {}).get("name", MethodConfig().name)
     if method_name in methods():  # the method's own defaults for options left unset
-        values = {s: dict(v) for s, v in values.items()}
+        own: dict[str, dict[str, Any]] = {s: dict(v) for s, v in values.items()}
         entry = methods().get(method_name)
         for dotted, value in entry.defaults.items():
             section, _, key = dotted.partition(".")
-            values.setdefault(section, {}).setdefault(key, value)
-        if entry.model_kinds and "name" not in values.get("model", {}):
+            own.setdefault(section, {}).setdefault(key, value)
+        if entry.model_kinds and "name" not in own.get("model", {}):
             fit = [n for n, m in models().entries() if set(m.data_kinds) & set(entry.model_kinds)]
             if fit:
-                values.setdefault("model", {})["name"] = fit[0]
+                own.setdefault("model", {})["name"] = fit[0]
+        values = own
     sections = {s: _build_section(s, values.get(s, {})) for s in SECTIONS}
     if not sections["data"].name:  # the model's default dataset
         content = dict(values.get("data", {}))

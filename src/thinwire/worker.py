@@ -245,8 +245,9 @@ def _run(path: Path) -> int:
 
 def claim_run_dir(run_dir: Path) -> Any:
     """One job per run directory, under any launcher: rank 0 takes the run's lock
-    (:func:`thinwire.rundir.take_lock`) unless thinwire's own launcher of this worker, or this
-    process itself, holds it (its pid is the lock's); a job already running there is a one-line error. Returns the
+    (:func:`thinwire.rundir.take_lock`) unless the job that started this worker holds it
+    (thinwire's launcher, the testbed's runner: the parent or ``THINWIRE_LAUNCHER_PID``) or this
+    process itself does (its pid is the lock's); a job already running there is a one-line error. Returns the
     :class:`~thinwire.rundir.Lock` taken (None when not taken here)."""
     from thinwire import rundir
 
@@ -255,8 +256,9 @@ def claim_run_dir(run_dir: Path) -> Any:
     where = run_dir.resolve()
     launcher = os.environ.get(LAUNCHER_PID_ENV, "")
     held = rundir.lock_holder(rundir.lock_path(where.parent, where.name))
-    if held is not None and (held == os.getpid() or (launcher.isdigit() and held == int(launcher))):
-        return None  # held by this process (in-process use) or by thinwire's launcher of it
+    ours = {os.getpid(), os.getppid()} | ({int(launcher)} if launcher.isdigit() else set())
+    if held is not None and held in ours:
+        return None  # held by this process (in-process use) or by the job that started it
     return rundir.take_lock(where.parent, where.name)
 
 

@@ -11,8 +11,8 @@ from thinwire.compression import CODECS, base, build, quantize, sign, sparse
 
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.3", "randk:ratio=0.1",
          "randk:ratio=0.1,ef=false", "qsgd", "qsgd:levels=127", "int8", "int8:chunk=100",
-         "sign", "powersgd:rank=2"]
-BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8", "powersgd"}
+         "fp4", "fp4:chunk=100", "sign", "powersgd:rank=2"]
+BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8", "fp4", "powersgd"}
 
 
 def _off_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

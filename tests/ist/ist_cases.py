@@ -196,3 +196,185 @@ def block_owner(t: TensorPlan, plan: ISTPlan, held: dict[str, tuple[np.ndarray, 
         along = along.view(view).expand(t.shape)
         owner = torch.where(owner == -2, along, torch.where(owner == along, owner, -1))
     return owner
+
+
+# --- models users write from stock torch modules, cut by the graph-derived adapter --------------
+class ResidualCNN(nn.Module):
+    """A small residual CNN: conv + BatchNorm stem, one residual block with an identity skip, a
+    GroupNorm layer, global pooling and a Linear head."""
+
+    def __init__(self, c: int = 8, classes: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, c, 3, padding=1, bias=False), nn.BatchNorm2d(c),
+                                  nn.ReLU())
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.wide = nn.Conv2d(c, 2 * c, 3, stride=2, padding=1)
+        self.gn = nn.GroupNorm(4, 2 * c)
+        self.head = nn.Linear(2 * c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        h = F.relu(h + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(h))))))
+        h = F.relu(self.gn(self.wide(h)))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
+class Conv1dNet(nn.Module):
+    """A Conv1d feature extractor over sequences of 3 channels, then a Linear chain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm1d(8)
+        self.fc1 = nn.Linear(8 * 6, 12)
+        self.ln = nn.LayerNorm(12)
+        self.fc2 = nn.Linear(12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn(self.conv(x)))
+        return self.fc2(F.relu(self.ln(self.fc1(h.flatten(1)))))
+
+
+class EncoderClassifier(nn.Module):
+    """Token embedding + learned positions, an nn.TransformerEncoder, mean pooling, a head."""
+
+    def __init__(self, vocab: int = 9, d: int = 16, heads: int = 4, ff: int = 24,
+                 layers: int = 2, context: int = 6, classes: int = 3) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(context, d) * 0.1)
+        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(self.emb(idx) + self.pos)
+        return self.head(h.mean(1))
+
+
+class CharTransformer(nn.Module):
+    """A character LM on nn.Transformer (encoder-decoder; the decoder reads the shifted
+    sequence with a causal mask, the encoder the same context)."""
+
+    def __init__(self, vocab: int = 11, d: int = 16, heads: int = 4, ff: int = 24,
+                 context: int = 8) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(context, d)
+        self.core = nn.Transformer(d, heads, 1, 1, ff, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(context),
+                             persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = self.pos(torch.arange(idx.shape[1], device=idx.device))
+        h = self.emb(idx) + pos
+        mask = self.mask[:idx.shape[1], :idx.shape[1]]
+        return self.head(self.core(h, h, src_mask=mask, tgt_mask=mask))
+
+
+class TorchBasicBlock(nn.Module):
+    """torchvision's BasicBlock, written from torch modules."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or c_in != c_out:
+            self.downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False),
+                                            nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class ResNet18(nn.Module):
+    """torchvision's resnet18 layout (stem, four stages of two BasicBlocks, pooling, fc) at a
+    width of our choosing."""
+
+    def __init__(self, width: int = 4, classes: int = 3, in_channels: int = 1) -> None:
+        super().__init__()
+        w = [width, 2 * width, 4 * width, 8 * width]
+        self.conv1 = nn.Conv2d(in_channels, w[0], 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(w[0])
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        c = w[0]
+        for i, width_i in enumerate(w):
+            stride = 1 if i == 0 else 2
+            layer = nn.Sequential(TorchBasicBlock(c, width_i, stride),
+                                  TorchBasicBlock(width_i, width_i))
+            setattr(self, f"layer{i + 1}", layer)
+            c = width_i
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def _momentum_zero(model: nn.Module) -> nn.Module:
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = 0.0
+    return model
+
+
+def _cnn_images(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randn(6, 1, 8, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+
+
+def _seq3(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randn(5, 3, 6, generator=g), torch.randint(0, 4, (5,), generator=g)
+
+
+def _cls_tokens(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randint(0, 9, (4, 6), generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def _r18_images(rank: int, step: int) -> Batch:
+    g = _gen(rank, step)
+    return torch.randn(4, 1, 32, 32, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def derived(make_batch: Callable[[int, int], Batch], **options: object
+            ) -> Callable[[nn.Module], ISTAdapter]:
+    """The graph-derived adapter, traced with the case's own first batch."""
+    from thinwire.models.graph_adapter import derive_adapter
+
+    return lambda model: derive_adapter(model, make_batch(0, 0)[0], min_units=4, **options)
+
+
+GRAPH_CASES: dict[str, Case] = {
+    "g_mlp": Case("g_mlp", _mlp, derived(_mlp_batch), _mlp_batch),
+    "g_gpt": Case("g_gpt", _gpt, derived(_tokens), _tokens),
+    "g_cnn": Case("g_cnn", lambda: _momentum_zero(_seeded(ResidualCNN)), derived(_cnn_images),
+                  _cnn_images),
+    "g_cnn_blocks": Case("g_cnn_blocks", lambda: _momentum_zero(_seeded(lambda: ResNet18(2))),
+                         derived(_r18_images, residual="blocks"), _r18_images),
+    "g_conv1d": Case("g_conv1d", lambda: _momentum_zero(_seeded(Conv1dNet)), derived(_seq3),
+                     _seq3),
+    "g_encoder": Case("g_encoder", lambda: _seeded(EncoderClassifier), derived(_cls_tokens),
+                      _cls_tokens),
+    "g_encoder_cut": Case("g_encoder_cut", lambda: _seeded(EncoderClassifier),
+                          derived(_cls_tokens, embeddings="cut"), _cls_tokens),
+    "g_transformer": Case("g_transformer", lambda: _seeded(CharTransformer), derived(_tokens),
+                          _tokens),
+}
+CASES.update(GRAPH_CASES)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 from harness import run_workers
-from ist_cases import CASES, block_owner, state
+from ist_cases import CASES, GRAPH_CASES, block_owner, state
 
 from thinwire.runtime.comm import Comm, Ledger
 from thinwire.strategies.ist.core import IST
@@ -32,7 +32,7 @@ from thinwire.strategies.ist.partition import partition_groups
 
 K = 2
 LR = 0.05
-ADAPTED = ["mlp", "gpt", "resnet", "gcn", "fused"]
+ADAPTED = ["mlp", "gpt", "resnet", "gcn", "fused", *GRAPH_CASES]
 
 
 def _steps(comm: Comm, case, model, opt, first: int) -> None:  # noqa: ANN001

@@ -315,7 +315,7 @@ def _user_loop(comm: Comm, steps: int, k: int) -> dict:
 
 def test_ist_wraps_a_users_sequential_and_optimizer() -> None:
     out = run_workers(_user_loop, 2, 8, 4)
-    assert out[0]["groups"] == ["hidden.0", "hidden.1"]
+    assert out[0]["groups"] == ["0", "3"]  # derived at the first forward: named by the layer
     full = out[0]["full"]
     ref = _user_net().state_dict()
     assert set(full) == set(ref)
@@ -371,11 +371,21 @@ def test_a_step_without_a_forward_is_one_clear_error() -> None:
 def test_models_ist_cannot_cut_are_refused_in_one_line() -> None:
     conv = nn.Sequential(nn.Linear(D, 8), nn.Unflatten(1, (1, 8)), nn.Conv1d(1, 1, 3),
                          nn.Flatten(), nn.Linear(6, C))
-    with pytest.raises(UsageError, match="Conv1d"):
-        IST(conv, torch.optim.SGD(conv.parameters(), lr=0.1), comm=Comm.local())
+    x, _ = batch(0, 0)
+    with pytest.raises(UsageError, match="no unit to cut"):  # Unflatten is not followed
+        IST(conv, torch.optim.SGD(conv.parameters(), lr=0.1), comm=Comm.local(),
+            example_input=x)
+    ist = IST(conv, torch.optim.SGD(conv.parameters(), lr=0.1), comm=Comm.local())
+    with pytest.raises(UsageError, match="no unit to cut"):  # traced at the first forward
+        conv(x)
+    del ist
     narrow = nn.Sequential(nn.Linear(D, 3), nn.ReLU(), nn.Linear(3, C))
     with pytest.raises(UsageError, match="3 units"):
-        IST(narrow, torch.optim.SGD(narrow.parameters(), lr=0.1), comm=_FakeComm(4))
+        IST(narrow, torch.optim.SGD(narrow.parameters(), lr=0.1), comm=_FakeComm(4),
+            adapter=linear_stack(narrow))
+    with pytest.raises(UsageError, match="no unit to cut"):  # 3 neurons for 4 workers: shared
+        IST(narrow, torch.optim.SGD(narrow.parameters(), lr=0.1), comm=_FakeComm(4),
+            example_input=x)
 
 
 class _FakeComm(Comm):

@@ -141,3 +141,28 @@ def test_a_workers_gpt_subnet_is_counted_from_the_adapter():
     shared = vocab * d + ctx * d + 2 * d + d * vocab           # embeddings, ln_f, head
     assert worker_params(spec, 4) == 2 * (block + block_shared) + shared
     assert worker_params(spec, 1) == spec.params
+
+
+@pytest.mark.parametrize("name", ["gpt", "gcn"])
+def test_ist_step_on_an_adapted_module_computes_a_workers_share(name):
+    """A module counted with its adapter: IST's step is predicted (not refused), its compute
+    the worker's share of the full model's, and an unadapted count is still refused."""
+    import dataclasses
+
+    from thinwire.errors import UsageError
+    from thinwire.planner.methods import worker_params
+    from thinwire.planner.presets import load_cluster
+    from thinwire.planner.step import predict
+    from thinwire.planner.strategy import StrategySpec
+
+    spec = _adapted(name)
+    cluster = load_cluster("cpu-1gbe").with_devices(4)
+    dp = predict(spec, cluster, StrategySpec(dp=4, micro_batch_size=8, dtype="fp32"))
+    ist = predict(spec, cluster, StrategySpec(dp=4, micro_batch_size=8, dtype="fp32",
+                                              method="ist"))
+    share = worker_params(spec, 4) / spec.params
+    assert 0 < share < 1
+    assert ist.breakdown.compute == pytest.approx(share * dp.breakdown.compute, rel=1e-6)
+    with pytest.raises(UsageError, match="cuts the model into units"):
+        predict(dataclasses.replace(spec, ist=None), cluster,
+                StrategySpec(dp=4, micro_batch_size=8, dtype="fp32", method="ist"))

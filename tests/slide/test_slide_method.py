@@ -152,3 +152,34 @@ def test_training_beats_most_frequent_label() -> None:
     trivial = float(ds.extra["label_counts"].max()) / len(ds.y_train)
     assert res["precision@1"] > 3 * trivial, (res, trivial)
     assert res["precision@1"] <= ds.extra["best_p1"] + 0.03, res
+
+
+def test_plan_equals_the_run() -> None:
+    """The plan's parameters, Adam state and table bytes equal one rank's measured ones (two
+    shards in one process: the first shard's), its bytes the traffic formula's."""
+    from thinwire.strategies.slide.method import plan
+
+    cfg = load(None, {**SMALL, "runtime.workers": 2, "method.rebuild_first": 50})
+    ds = load_data(cfg)
+    task = task_for(ds)
+    strat = Slide(Context(cfg, Comm.local(), torch.device("cpu"), task.loss),
+                  build_model(cfg, ds), shards=2)
+    stream = make_stream(cfg, ds, 0, 1)
+    strat.train_step(stream.batch(0), 0)
+    o = cfg.method.options
+    p = plan(features=300, hidden=16, labels=200, batch=16, workers=2, nnz=8,
+             label_cols=ds.y_train.shape[1], active=o.active, K=o.K, L=o.L)
+    part = strat.parts[0]
+    lower = sum(q.numel() for q in strat.lower)
+    assert p.params == 4 * (lower + sum(q.numel() for q in part.parameters()))
+    st = strat.wide_opt.state
+    held = sum(v.numel() * 4 for q in part.parameters() for k, v in st[q].items()
+               if k != "step")
+    held += sum(v.numel() * 4 for q in strat.lower for k, v in strat.opt.state[q].items()
+                if k != "step")
+    assert p.optimizer == held
+    assert p.tables == 8 * (part.tables.sorted.numel() + part.tables.offsets.numel())
+    assert p.bytes_per_step == traffic_of(16, 16, ds.y_train.shape[1], lower, 2, 1).sent[0]
+    dense = plan(features=300, hidden=16, labels=200, batch=16, workers=2, nnz=8,
+                 label_cols=ds.y_train.shape[1], active=o.active, full=True)
+    assert dense.flops_per_step > p.flops_per_step and dense.tables == 0

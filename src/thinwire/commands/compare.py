@@ -12,6 +12,8 @@ options of other sections take their dotted name: ``ist:train.schedule=cosine``.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from thinwire.commands.common import add_common, add_config_options, overrides
 
@@ -48,4 +50,18 @@ def run(args: argparse.Namespace) -> int:
     write_text(report_dir / "compare.md", table + "\n")
     for p in plot_runs(runs, report_dir):
         print(f"wrote {p}")
+    _thin_links(runs, args.target, report_dir)
     return 0
+
+
+def _thin_links(runs: list[Any], target: float | None, report_dir: Path) -> None:
+    """Beside the table: time to the target at 100 Mbit/s and 1 Gbit/s, modelled from these
+    runs (:mod:`thinwire.testbed.thin_links`), and the metric against that time."""
+    from thinwire.report.tables import common_target
+    from thinwire.rundir import write_text
+    from thinwire.testbed.thin_links import report
+
+    text, plot = report(runs, common_target(runs) if target is None else target, report_dir)
+    print(f"\n{text}")
+    write_text(report_dir / "thin_links.md", text + "\n")
+    print(f"wrote {plot}")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
-from thinwire.planner.modes import crossover_mode, scaling_mode
+from thinwire.planner.modes import convergence_mode, crossover_mode, scaling_mode
 from thinwire.planner.presets import list_presets, load_cluster, load_model
 from thinwire.planner.report import plan_report, prediction_json, search_report
 from thinwire.planner.search import search
@@ -122,6 +122,12 @@ def _mode_flags(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--crossover", action="store_true",
                    help="when thinwire's methods beat data parallelism, per link speed")
     a.add_argument("--penalty", default="", help="extra-steps factors, e.g. ist=2,localsgd=1.5")
+    a.add_argument("--convergence", nargs="+", metavar="SRC",
+                   help="steps to target per method: run directories (or folders of them) to "
+                   "fit, a table written by --out FILE.json, or a shipped table's name; alone, "
+                   "prints the fit; with --crossover, time to target per link")
+    a.add_argument("--target", help="--convergence: target values of the runs' metric, e.g. "
+                   "0.8,0.83 (default: the table's)")
     a.add_argument("--scaling", action="store_true",
                    help="step time and throughput vs workers (PNG)")
     a.add_argument("--max-workers", type=int, default=256)
@@ -257,7 +263,8 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
     base = _strategy(args, model, cluster)
     if args.crossover:
         return crossover_mode(model, cluster, base, method=args.method, penalty=args.penalty,
-                              as_json=args.json)
+                              as_json=args.json, convergence=args.convergence or (),
+                              target=args.target or "", command_line=_fit_command(args))
     if args.scaling:
         return scaling_mode(model, cluster, base, out=args.out, max_workers=args.max_workers,
                             global_batch=args.global_batch, weak=args.weak, method=args.method,
@@ -351,6 +358,14 @@ def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
     return out if args.json else text
 
 
+def _fit_command(args: argparse.Namespace) -> str:
+    """A convergence fit's provenance: the command that re-runs it."""
+    if not args.convergence:
+        return ""
+    return shlex.join(["thinwire", "plan", "--convergence", *args.convergence]
+                      + (["--target", args.target] if args.target else []))
+
+
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``thinwire plan``; returns the exit code."""
     _check_calibrate_only(args)
@@ -358,11 +373,17 @@ def run(args: argparse.Namespace) -> int:
         _print(config_mode(args))
     elif args.validate:
         _print(_validate(args))
+    elif args.convergence and not args.crossover:
+        _print(convergence_mode(args.convergence, target=args.target or "", out=args.out,
+                                as_json=args.json, command_line=_fit_command(args)))
     elif args.calibrate:
         _print(calibrate_mode(args))
     elif args.list:
         print("models:   " + ", ".join(list_presets("model")) + ", mlp-W0-W1-...-WL")
         print("clusters: " + ", ".join(list_presets("cluster")))
+        from thinwire.planner.convergence import shipped
+
+        print("convergence tables (--convergence NAME): " + ", ".join(shipped()))
     else:
         _print(_plan(args))
     return 0

@@ -102,7 +102,7 @@ class PowerSGD(Compressor):
     def cannot_compress(self, shapes: Shapes) -> str:
         """'' when rank r compresses at least one matrix of ``shapes`` (r (n + m) < n m), else
         the reason and the largest rank that would."""
-        mats = [(s[0], math.prod(s) // s[0]) for s in shapes if len(s) >= 2 and math.prod(s)]
+        mats = [(s[0], math.prod(s) // s[0]) for s in shapes if len(s) >= 2 and math.prod(s) > 0]
         if any(self.compressible(n, m) for n, m in mats):
             return ""
         best = max(((n * m - 1) // (n + m) for n, m in mats if n > 1 and m > 1), default=0)

@@ -47,6 +47,7 @@ CODECS: Registry[CodecEntry] = Registry("codec", {
     "randk": "thinwire.compression.sparse:RANDK",
     "qsgd": "thinwire.compression.quantize:QSGD_ENTRY",
     "int8": "thinwire.compression.quantize:INT8",
+    "fp4": "thinwire.compression.fp4:FP4_ENTRY",
     "sign": "thinwire.compression.sign:SIGN",
     "powersgd": "thinwire.compression.powersgd:POWERSGD",
 })

@@ -20,6 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,7 +75,8 @@ def load_shakespeare_words(source: DataSource, options: Options, seed: int) -> D
     plays = [words_of(p) for p in find_plays(source.dir)]
     vocab = sorted({w for play in plays for w in play})
     index = {w: i for i, w in enumerate(vocab)}
-    c, parts = options.context, {"train": ([], []), "test": ([], [])}
+    c = options.context
+    parts: dict[str, tuple[list[Any], list[Any]]] = {"train": ([], []), "test": ([], [])}
     for play in plays:
         ids = np.array([index[w] for w in play], dtype=np.int64)
         if len(ids) <= c:

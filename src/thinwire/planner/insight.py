@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from thinwire.errors import UsageError
-from thinwire.planner.specs import ClusterSpec, MLPSpec, ModelSpec
+from thinwire.planner.specs import ClusterSpec, CountedSpec, MLPSpec, ModelSpec
 from thinwire.planner.step import predict
 from thinwire.planner.strategy import StrategySpec
 
@@ -86,7 +86,9 @@ def method_variants(model: ModelSpec, base: StrategySpec, extra: Sequence[str] =
         if spec not in extra and not resolve(spec).entry.planned:
             continue
         cuts = partitioned(resolve(spec))
-        if cuts and (not isinstance(model, MLPSpec) or base.tp > 1 or base.pp > 1):
+        has_plan = isinstance(model, MLPSpec) or (isinstance(model, CountedSpec)
+                                                   and model.ist is not None)
+        if cuts and (not has_plan or base.tp > 1 or base.pp > 1):
             continue
         out[spec] = dataclasses.replace(plain, method=spec)
     return out

@@ -112,8 +112,8 @@ def search_report(preds: list[Prediction], top: int, cluster: ClusterSpec) -> st
 
 def _beats(w: float) -> str:
     if math.isinf(w):
-        return "on every link modelled (up to 8 Tb/s)"
-    return "on no link modelled (down to 800 kb/s)" if w == 0 else f"below {rate(w)}"
+        return "on all links modelled (800 kb/s to 8 Tb/s)"
+    return "on no link modelled (800 kb/s to 8 Tb/s)" if w == 0 else f"below {rate(w)}"
 
 
 def crossover_report(
@@ -134,10 +134,12 @@ def crossover_report(
         "penalty = extra steps to reach the same loss (--penalty; 1 = per-step comparison)",
     )
     lines = [
-        f"{label} (penalty {penalties.get(m, 1.0):g}x steps) beats data parallel "
-        f"{_beats(cross[m])}"
+        f"per step x {penalties.get(m, 1.0):g} (--penalty), {label} is faster than data "
+        f"parallel {_beats(cross[m])}"
         for m, label in zip(methods, labels)
     ]
+    lines.append("(a per-step comparison, not time to a target: --convergence RUNS|FILE|NAME "
+                 "gives each method's measured steps to a target and the winner per link)")
     return text + "\n\n" + "\n".join(lines) + "\n"
 
 

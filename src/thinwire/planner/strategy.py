@@ -23,6 +23,7 @@ from thinwire.planner.specs import (
     MEGATRON_RECOMPUTE,
     OPTIMIZERS,
     ClusterSpec,
+    CountedSpec,
     MLPSpec,
     ModelSpec,
     TransformerSpec,
@@ -165,17 +166,20 @@ def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> Non
 
 
 def check_partition(model: ModelSpec, s: StrategySpec) -> None:
-    """A method cutting the model into units: a model whose IST plan the planner has (an MLP),
-    over the dp workers only, every hidden width >= workers."""
+    """A method cutting the model into units: a model whose IST plan the planner has (an MLP,
+    or a module counted with its adapter), over the dp workers only, every hidden width of an
+    MLP >= workers."""
     if not s.partitioned:
         return
-    if not isinstance(model, MLPSpec):
+    counted = isinstance(model, CountedSpec) and model.ist is not None
+    if not isinstance(model, MLPSpec) and not counted:
         raise UsageError(f"--method {s.method} cuts the model into units; the planner has their "
-                         "plan for MLP specs (mlp-W0-...-WL) only")
+                         "plan for MLP specs (mlp-W0-...-WL) and for modules counted with their "
+                         "adapter (model_spec_from_module(m, adapter=))")
     if s.tp > 1 or s.pp > 1:
         raise UsageError(f"--method {s.method} cuts the model over the dp workers; use --tp 1 "
                          "--pp 1")
-    if min(model.widths[1:-1]) < s.dp:
+    if isinstance(model, MLPSpec) and min(model.widths[1:-1]) < s.dp:
         raise UsageError(f"--method {s.method} cuts every hidden layer of {model.name} into "
                          f"{s.dp} parts; use widths >= {s.dp} or fewer workers")
 

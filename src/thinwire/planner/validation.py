@@ -242,6 +242,57 @@ def held_out_table(cluster: ClusterSpec) -> str:
     )
 
 
+@dataclass(frozen=True)
+class SamePlan:
+    """One configuration both papers measured: the same model dimensions and, per pipeline,
+    the same t, p, b, m, v and recomputation (only d differs)."""
+
+    label: str
+    seconds: tuple[float, float]
+    """Measured iteration seconds (Korthikanti's; Narayanan's from TFLOP/s by Eq. 3)."""
+    predicted: tuple[float, float]
+    """The planner's iteration seconds (the preset's compute_efficiency)."""
+
+
+def _same(a: PublishedRun, b: PublishedRun) -> bool:
+    dims = ("layers", "hidden", "heads", "seq", "vocab")
+    keys = ("tp", "pp", "micro_batch_size", "micro_batches", "interleave", "recompute")
+    return (all(getattr(a.model, k) == getattr(b.model, k) for k in dims)
+            and all(getattr(a.strategy, k) == getattr(b.strategy, k) for k in keys))
+
+
+def seconds_of(run: PublishedRun, metric_value: float) -> float:
+    """Iteration seconds of a run's metric value (TFLOP/s per GPU by Narayanan's Eq. 3)."""
+    if run.metric == "iteration_s":
+        return metric_value
+    flops = run.model.flops_per_step(run.strategy.global_batch(), "full")
+    return flops / (metric_value * 1e12 * run.strategy.devices)
+
+
+def same_plans(cluster: ClusterSpec) -> list[SamePlan]:
+    """Configurations measured in both papers: what a held-out fit across papers is up
+    against (any prediction from the configuration gives both the same time but for d)."""
+    out = []
+    for a in korthikanti_times():
+        for b in narayanan_table1():
+            if _same(a, b):
+                out.append(SamePlan(
+                    f"{a.label} (d=1) / {b.label} (d={b.strategy.dp})",
+                    (a.measured, seconds_of(b, b.measured)),
+                    (predicted_metric(a, cluster), seconds_of(b, predicted_metric(b, cluster)))))
+    return out
+
+
+def same_plans_table(cluster: ClusterSpec) -> str:
+    rows = [[p.label, f"{p.seconds[0]:.2f}", f"{p.seconds[1]:.2f}",
+             pct(p.seconds[1] / p.seconds[0] - 1), pct(p.predicted[1] / p.predicted[0] - 1)]
+            for p in same_plans(cluster)]
+    return table(["same configuration (t, p, b, m, v, recompute)", "Korthikanti s",
+                  "Narayanan s", "measured diff.", "predicted diff."], rows,
+                 "Measured in both papers: Narayanan's seconds from its TFLOP/s (Eq. 3); only "
+                 "the data-parallel degree d differs")
+
+
 def _notes(sm: dict[str, float]) -> str:
     """The fit and the mean / max errors under the step-time table."""
     return "\n".join([
@@ -272,4 +323,5 @@ def render_validation(cluster: ClusterSpec | None = None) -> str:
         _step_rows(records),
         "Step time on a100-80gb: iteration seconds (Korthikanti) / TFLOP/s per GPU (Narayanan)",
     )
-    return "\n\n".join([mem, zero, steps, _notes(sm), held_out_table(cluster)]) + "\n"
+    return "\n\n".join([mem, zero, steps, _notes(sm), held_out_table(cluster),
+                        same_plans_table(cluster)]) + "\n"

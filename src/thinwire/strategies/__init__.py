@@ -14,6 +14,8 @@ METHODS: Registry[MethodEntry] = Registry("method", {
     "dp": "thinwire.strategies.data_parallel:METHOD",
     "localsgd": "thinwire.strategies.local_sgd:METHOD",
     "diloco": "thinwire.strategies.diloco:METHOD",
+    "sparseloco": "thinwire.strategies.sparseloco:METHOD",
+    "demo": "thinwire.strategies.demo:METHOD",
     "ist": "thinwire.strategies.ist.method:METHOD",
     "pipeline": "thinwire.strategies.pipeline.method:METHOD",
     "tensor": "thinwire.strategies.tensor:METHOD",

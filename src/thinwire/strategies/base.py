@@ -9,7 +9,7 @@ ranks of a pipeline or tensor group share one), which rank's loss is logged (``l
 which rank evaluates (the one whose ``eval_model`` is not None).
 
 Most methods wrap the model and optimizer with the public objects a user would use in their own
-loop (DDP with a ledger hook, :class:`~thinwire.strategies.local_sgd.LocalSGD`,
+loop (DDP with a ledger hook, :class:`~thinwire.strategies.averaging.LocalSGD`,
 :class:`~thinwire.strategies.ist.core.IST`) and run :meth:`Strategy.standard_step`: the schedule's
 learning rate, forward, the task's loss, backward, optional clipping, the optimizer step.
 """

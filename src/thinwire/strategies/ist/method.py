@@ -245,8 +245,8 @@ class ISTStrategy(Strategy):
     name = "ist"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
+        from thinwire.strategies.averaging import LocalSGD
         from thinwire.strategies.ist.core import IST
-        from thinwire.strategies.local_sgd import LocalSGD
 
         super().__init__(ctx, model)
         o: Options = ctx.options

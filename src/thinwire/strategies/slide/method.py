@@ -139,7 +139,7 @@ class Slide(Strategy):
         self.shards = shards if shards is not None else n
         if n > 1 and self.shards != n:
             raise ValueError("shards must equal the world size on a process group")
-        self.model = model.to(ctx.device)
+        self.model: Any = model.to(ctx.device)  # its ``features`` and ``wide`` (checked above)
         C, H = wide.out_features, wide.in_features
         self.C, self.H = C, H
         mine = [self.comm.rank] if n > 1 else list(range(self.shards))
@@ -181,6 +181,7 @@ class Slide(Strategy):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 3: a shard's logits [G, A] and the indicator of its label slots."""
         local = part.local_labels(y)
+        assert local is not None  # training batches carry labels
         if self.o.full:
             z = part.dense(h)
             t = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
@@ -357,6 +358,48 @@ def traffic_of(batch: int, hidden: int, label_cols: int, lower_params: int, work
     return Traffic((per * steps,) * n, (per * steps,) * n, (pay * steps,) * n, calls)
 
 
+@dataclass(frozen=True)
+class SlidePlan:
+    """What one rank of a slide run holds and moves (:func:`plan`)."""
+
+    params: int
+    """Bytes of parameters: the lower layers and the rank's shard of the wide layer."""
+    optimizer: int
+    """Bytes of Adam's two moments of both (SparseAdam keeps them dense for the shard)."""
+    tables: int
+    """Bytes of the shard's hash tables (sorted ids and bucket offsets, int64)."""
+    bytes_per_step: int
+    """Wire bytes a rank sends a step (:func:`traffic_of`)."""
+    flops_per_step: float
+    """Multiply-adds x 2 of a step on one rank: lower layers, hashing, active logits."""
+
+    def step_seconds(self, flops_per_s: float, link_bytes_per_s: float) -> float:
+        """Compute and communication added (no overlap: the step's messages are sequential)."""
+        return self.flops_per_step / flops_per_s + self.bytes_per_step / link_bytes_per_s
+
+
+def plan(*, features: int, hidden: int, labels: int, batch: int, workers: int, nnz: int,
+         label_cols: int, active: float, K: int = 8, L: int = 50, full: bool = False,
+         lower: str = "average") -> SlidePlan:
+    """A slide run's memory, bytes and step work per rank from its shapes, the active fraction
+    an input (``full``: every neuron, dense-mp). ``features`` x ``hidden`` is the lower layers'
+    input matrix, ``labels`` the wide layer's width, ``nnz`` the non-zeros of an input row."""
+    n, b, H = workers, batch, hidden
+    G = n * b
+    width = labels // n + (1 if labels % n else 0)
+    lower_params = features * H + H
+    shard = width * (H + 1)
+    A = width if full else budget_of(Options(active=active, K=K, L=L), width) + label_cols
+    rows = G if lower == "replicate" else b
+    flops = 2.0 * 3 * rows * nnz * H  # the input matrix, forward and backward
+    flops += 0 if full else 2.0 * G * H * K * L  # SimHash codes of the G rows
+    flops += 2.0 * 3 * G * A * H  # active logits, their weight and hidden gradients
+    t = traffic_of(b, H, label_cols, lower_params, n, 1, lower=lower, input_cols=nnz)
+    return SlidePlan(params=4 * (lower_params + shard), optimizer=8 * (lower_params + shard),
+                     tables=0 if full else 8 * L * (width + (1 << K) + 1),
+                     bytes_per_step=t.sent[0], flops_per_step=flops)
+
+
 def _label(o: Options) -> str:
     name = "dense-mp" if o.full else f"slide({o.family},K={o.K},L={o.L},active={o.active:g})"
     return name + ("[replicate]" if o.lower == "replicate" else "")
@@ -395,4 +438,4 @@ METHOD = MethodEntry(
     check=_check, check_model=_check_model, alias=_alias, planned=False,
     defaults={"train.optimizer": "adamw", "train.lr": "0.001"}, model_kinds=("extreme",))
 
-__all__ = ["METHOD", "Options", "Slide", "shard_range", "traffic_of"]
+__all__ = ["METHOD", "Options", "Slide", "SlidePlan", "plan", "shard_range", "traffic_of"]

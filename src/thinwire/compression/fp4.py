@@ -1,0 +1,100 @@
+"""4-bit floating point (E3M0) with one fp32 absmax scale per chunk: Streaming DiLoCo's outer
+gradients on the wire.
+
+Douillard et al., "Streaming DiLoCo with overlapping communication" (arXiv 2501.18512), section
+2.3: the outer gradients are sent as 4-bit floats with 1 sign bit, 3 exponent bits and no
+mantissa (E3M0), and accumulated in fp32. Here:
+  1. cut x into chunks of ``chunk`` elements; per chunk, scale s = max |x_i| (fp32 on the wire);
+  2. m_i = |x_i| / s in [0, 1]; the representable magnitudes are 0 and 2^(c - 7) for the
+     exponent codes c = 1..7 (1/64 .. 1); m_i goes to the nearest of them: c = 0 below 2^-7,
+     else c = clamp(floor(log2(m_i / 0.75)) + 7, 1, 7) (0.75 2^j is the midpoint of 2^(j-1)
+     and 2^j);
+  3. the nibble (sign << 3) | c, two to a byte (the first element in the high nibble):
+     ceil(d / 2) bytes;
+  4. decode x_hat_i = (-1)^sign s 2^(c - 7) (0 for c = 0).
+Not linear (scales differ by rank): the exchange all-gathers each rank's bytes and every rank
+decodes and sums them in fp32. Deterministic rounding is biased: error feedback is on by
+default (``ef``). Torch operations throughout (any device).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from thinwire.compression.base import Compressor, Part, Payload, write_out
+from thinwire.compression.registry import CodecEntry
+from thinwire.options import check, opt
+
+
+class FP4(Compressor):
+    """E3M0 4-bit floats against one fp32 absmax scale per chunk (module docstring)."""
+
+    name = "fp4"
+
+    def __init__(self, chunk: int = 256, *, seed: int = 0, rank: int = 0) -> None:
+        super().__init__(seed=seed, rank=rank)
+        if chunk < 1:
+            raise ValueError(f"fp4 chunk must be >= 1, got {chunk}")
+        self.chunk = chunk
+
+    def params(self) -> dict[str, Any]:
+        return {"chunk": self.chunk}
+
+    def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
+        return (Part(math.ceil(numel / 2), torch.uint8),
+                Part(math.ceil(numel / self.chunk), torch.float32))
+
+    def _chunks(self, flat: torch.Tensor) -> torch.Tensor:
+        pad = (-flat.numel()) % self.chunk
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        return flat.view(-1, self.chunk)
+
+    def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
+        flat = x.detach().reshape(-1).float()
+        d = flat.numel()
+        # 1. absmax scale per chunk
+        chunks = self._chunks(flat)
+        scale = chunks.abs().amax(dim=1)
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        # 2. the exponent code of m = |x| / s
+        m = (chunks.abs() / safe[:, None]).reshape(-1)[:d]
+        code = (torch.floor(torch.log2(m / 0.75)) + 7).clamp_(1, 7)
+        code = torch.where(m < 2.0**-7, torch.zeros_like(code), code).to(torch.uint8)
+        # 3. sign and code in a nibble, two to a byte
+        nib = code | (torch.signbit(flat).to(torch.uint8) << 3)
+        if d % 2:
+            nib = torch.cat([nib, nib.new_zeros(1)])
+        pairs = nib.view(-1, 2)
+        return ((pairs[:, 0] << 4) | pairs[:, 1], scale)
+
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        packed, scale = payload
+        nib = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[:numel]
+        code = (nib & 7).float()
+        # 4. (-1)^sign s 2^(c - 7), 0 for c = 0
+        mag = torch.where(code > 0, torch.exp2(code - 7), torch.zeros_like(code))
+        val = torch.where((nib & 8) > 0, -mag, mag)
+        val = (self._chunks(val) * scale[:, None]).reshape(-1)[:numel]
+        return write_out(val, out)
+
+
+@dataclass(frozen=True)
+class FP4Options:
+    """Options of ``fp4``."""
+
+    chunk: int = opt(256, "elements per fp32 absmax scale")
+    ef: bool = opt(True, "error feedback: add back what rounding dropped, next exchange")
+
+    def __post_init__(self) -> None:
+        check(self.chunk >= 1, "fp4.chunk", f"got {self.chunk}; use 1 or more")
+
+
+FP4_ENTRY = CodecEntry(
+    name="fp4", summary="4-bit E3M0 floats with one fp32 absmax scale per chunk, all-gathered",
+    options=FP4Options, factory=lambda o, seed, rank: FP4(o.chunk, seed=seed, rank=rank))

@@ -1,0 +1,230 @@
+"""DeMo (``demo``): decoupled momentum; each step the workers exchange only the top-k of a chunked
+DCT of their momenta and step with the sign of the mean.
+
+Peng, Quesnelle and Kingma, "DeMo: Decoupled Momentum Optimization" (arXiv 2411.19870),
+Algorithm 1. Every worker keeps its own momentum m (zero at first, never averaged); at each step,
+for every parameter with gradient g:
+  1. decoupled weight decay: theta <- (1 - lr wd) theta;
+  2. m <- beta m + lr g;
+  3. q = TopK(DCT(m)): the parameter is viewed as a matrix (rows = its first dimension, a
+     vector as one row) and cut into blocks of s_r x s_c, each the largest divisor of its
+     dimension <= ``chunk`` (the reference code's rule); an orthonormal 2-D DCT-II of each
+     block; the ``topk`` coefficients of largest magnitude of each block are kept;
+  4. m <- m - IDCT(q): what was extracted leaves the momentum (the rest is error feedback);
+  5. every rank's q (int16 offsets within the block, fp32 values) of every parameter goes in
+     one all-gather through the ledger (tag ``grad``);
+  6. u = IDCT(mean_r q_r), the coefficients summed in rank order and divided by R;
+  7. theta <- theta - lr sign(u) (signSGD on the shared fast components).
+Replicas stay identical (every rank applies the same u); only the momenta differ.
+
+Per step a rank hands sum over parameters of (blocks x min(topk, block size)) x 6 bytes to the
+all-gather: at the paper's chunk 64 and topk 32, about 6 / (4 x 128) of the dense fp32 gradient
+for matrices whose sides are multiples of 64.
+
+:class:`DeMo` is the optimizer for a user's own loop (the reference code's shape)::
+
+    opt = thinwire.DeMo(model.parameters(), lr=1e-3, topk=32, chunk=64)
+    ...  # loss.backward(); opt.step(); opt.zero_grad()
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from thinwire.compression.base import Part, from_bytes, to_bytes
+from thinwire.errors import UsageError
+from thinwire.options import check, opt
+from thinwire.runtime.comm import Comm
+from thinwire.strategies.base import Batch, Context, ReplicatedStrategy
+from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.traffic import Layout, Traffic
+
+
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is <= ``at_most``."""
+    for d in range(min(n, at_most), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def blocks_of(shape: tuple[int, ...], chunk: int) -> tuple[int, int, int, int]:
+    """Step 3's view of a parameter: (rows, cols, s_r, s_c)."""
+    if len(shape) == 0:
+        rows, cols = 1, 1
+    elif len(shape) == 1:
+        rows, cols = 1, shape[0]
+    else:
+        rows, cols = shape[0], math.prod(shape[1:])
+    return rows, cols, largest_divisor(rows, chunk), largest_divisor(cols, chunk)
+
+
+def kept(shape: tuple[int, ...], chunk: int, topk: int) -> int:
+    """Coefficients a rank sends for a parameter of ``shape``."""
+    rows, cols, sr, sc = blocks_of(shape, chunk)
+    return (rows // sr) * (cols // sc) * min(topk, sr * sc)
+
+
+def dct_matrix(n: int, device: torch.device) -> torch.Tensor:
+    """The orthonormal DCT-II matrix D (n x n): coefficients y = D x, inverse x = D^T y."""
+    k = torch.arange(n, dtype=torch.float64, device=device)[:, None]
+    i = torch.arange(n, dtype=torch.float64, device=device)[None, :]
+    d = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
+    d[0] /= math.sqrt(2.0)
+    return d.to(torch.float32)
+
+
+class DeMo(torch.optim.Optimizer):
+    """DeMo (module docstring) over ``params``: ``step()`` runs steps 1-7 with one all-gather
+    through ``comm`` (default ``Comm()``)."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, *, beta: float = 0.999,
+                 topk: int = 32, chunk: int = 64, weight_decay: float = 0.0,
+                 comm: Comm | None = None, tag: str = "grad") -> None:
+        if lr <= 0 or not 0 <= beta < 1 or topk < 1 or not 1 <= chunk <= 181:
+            raise UsageError(f"DeMo needs lr > 0, beta in [0, 1), topk >= 1 and chunk in "
+                             f"[1, 181] (int16 offsets), got lr={lr}, beta={beta}, "
+                             f"topk={topk}, chunk={chunk}")
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+        self.beta, self.topk, self.chunk = beta, topk, chunk
+        self.comm = comm if comm is not None else Comm()
+        self.tag = tag
+        self._dct: dict[tuple[int, str], torch.Tensor] = {}
+
+    def _d(self, n: int, device: torch.device) -> torch.Tensor:
+        key = (n, str(device))
+        if key not in self._dct:
+            self._dct[key] = dct_matrix(n, device)
+        return self._dct[key]
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """x as (blocks, s_r, s_c)."""
+        rows, cols, sr, sc = blocks_of(tuple(x.shape), self.chunk)
+        b = x.reshape(rows // sr, sr, cols // sc, sc).permute(0, 2, 1, 3)
+        return b.reshape(-1, sr, sc)
+
+    def _unblocks(self, b: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        rows, cols, sr, sc = blocks_of(tuple(shape), self.chunk)
+        x = b.reshape(rows // sr, cols // sc, sr, sc).permute(0, 2, 1, 3)
+        return x.reshape(shape)
+
+    def _dct2(self, x: torch.Tensor) -> torch.Tensor:
+        b = self._blocks(x)
+        dr, dc = self._d(b.shape[1], x.device), self._d(b.shape[2], x.device)
+        return (dr @ b @ dc.T).reshape(b.shape[0], -1)
+
+    def _idct2(self, coef: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        _, _, sr, sc = blocks_of(tuple(shape), self.chunk)
+        dr, dc = self._d(sr, coef.device), self._d(sc, coef.device)
+        return self._unblocks(dr.T @ coef.reshape(-1, sr, sc) @ dc, shape)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # noqa: ANN401 - the Optimizer signature
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        items: list[tuple[torch.Tensor, float, int]] = []
+        idx_parts, val_parts = [], []
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                # 1. decoupled weight decay
+                if wd:
+                    p.mul_(1 - lr * wd)
+                state = self.state[p]
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(p, dtype=torch.float32)
+                m = state["momentum"]
+                # 2. m <- beta m + lr g
+                m.mul_(self.beta).add_(p.grad.float(), alpha=lr)
+                # 3. top-k of each block's DCT
+                coef = self._dct2(m)
+                k = min(self.topk, coef.shape[1])
+                _, idx = torch.topk(coef.abs(), k, dim=1)
+                val = coef.gather(1, idx)
+                # 4. the extracted part leaves the momentum
+                sparse = torch.zeros_like(coef).scatter_(1, idx, val)
+                m.sub_(self._idct2(sparse, m.shape))
+                idx_parts.append(idx.reshape(-1).to(torch.int16))
+                val_parts.append(val.reshape(-1))
+                items.append((p, lr, coef.shape[0] * k))
+        if not items:
+            return loss
+        # 5. one all-gather of every parameter's coefficients
+        wire = to_bytes((torch.cat(idx_parts), torch.cat(val_parts)))
+        total = sum(n for _, _, n in items)
+        spec = (Part(total, torch.int16), Part(total, torch.float32))
+        rows = self.comm.all_gather(wire, tag=self.tag)
+        decoded = [from_bytes(r, spec) for r in rows]
+        at = 0
+        for p, lr, n in items:
+            _, _, sr, sc = blocks_of(tuple(p.shape), self.chunk)
+            nblocks, k = n // min(self.topk, sr * sc), min(self.topk, sr * sc)
+            # 6. the coefficients summed in rank order, over R; u = IDCT
+            acc = torch.zeros(nblocks, sr * sc, dtype=torch.float32, device=p.device)
+            for idx, val in decoded:
+                acc.scatter_add_(1, idx[at:at + n].long().view(nblocks, k),
+                                 val[at:at + n].view(nblocks, k))
+            acc.div_(len(decoded))
+            u = self._idct2(acc, p.shape)
+            # 7. signSGD on u
+            p.add_(torch.sign(u).to(p.dtype), alpha=-lr)
+            at += n
+        return loss
+
+
+@dataclass(frozen=True)
+class Options:
+    beta: float = opt(0.999, "momentum decay (the reference code's compression_decay)")
+    topk: int = opt(32, "DCT coefficients kept per block")
+    chunk: int = opt(64, "largest block side (a divisor of each dimension <= this)")
+
+    def __post_init__(self) -> None:
+        check(0 <= self.beta < 1, "method.beta", "must be in [0, 1)")
+        check(self.topk >= 1, "method.topk", "must be >= 1")
+        check(1 <= self.chunk <= 181, "method.chunk", "must be in [1, 181] (int16 offsets)")
+
+
+class DeMoStrategy(ReplicatedStrategy):
+    name = "demo"
+
+    def __init__(self, ctx: Context, model: nn.Module) -> None:
+        super().__init__(ctx, model)
+        o: Options = ctx.options
+        t = self.cfg.train
+        self.opt = DeMo(self.model.parameters(), lr=t.lr, beta=o.beta, topk=o.topk,
+                        chunk=o.chunk, weight_decay=t.weight_decay, comm=self.comm)
+
+    def train_step(self, batch: Batch, step: int) -> float:
+        return self.standard_step(self.model, self.opt, batch, step)
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    """One all-gather a step of 6 bytes (int16 offset, fp32 value) per kept coefficient."""
+    del seed, optimizer_states
+    payload = 6 * sum(kept(p.shape, options.chunk, options.topk) for p in layout.params)
+    return Traffic.uniform(workers, "all_gather", [payload] * steps)
+
+
+def _check(cfg: Any) -> None:
+    if cfg.train.optimizer != "sgd" or cfg.train.momentum:
+        raise UsageError("method demo is its own optimizer (decoupled momentum, sign step): "
+                         "leave train.optimizer at sgd and train.momentum at 0")
+
+
+METHOD = MethodEntry(
+    name="demo",
+    summary="DeMo: local momenta, all-gather of the top-k of their chunked DCT, sign step",
+    strategy="thinwire.strategies.demo:DeMoStrategy", options=Options,
+    label=lambda o: f"demo(k={o.topk}/{o.chunk}x{o.chunk})", traffic=traffic,
+    check=_check, memory=("recompute",))

@@ -1,0 +1,310 @@
+"""Graph-derived IST adapters (thinwire.models.graph_adapter) beyond the invariants every adapter
+passes in test_ist_invariants.py (the GRAPH_CASES there: lr-0 rounds bit for bit, untrained
+blocks untouched, ledger = formula, n = 1 = plain training, at 2 and 4 gloo ranks):
+
+- the derived plan equals the hand adapters' plans for thinwire's MLP, GPT and ResNet, up to the
+  names of the groups;
+- a subnet's forward equals the full model's forward restricted to the units held (every
+  element of an unheld unit zeroed) with the inverted-dropout factors on the layers it feeds;
+- a user's model trains under ``IST(model, opt)`` with no adapter (traced at the first training
+  forward) and with ``example_input``; the full model's loss falls;
+- one-line errors: a forward the tracer cannot follow names the module and the fixes, and
+  ``shared=`` is the escape hatch; a model with nothing to cut is refused; a shared tensor ends
+  at the mean of the workers' updates (with the derived plan).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import run_workers
+from ist_cases import CASES, GRAPH_CASES, EncoderClassifier, ResidualCNN, ResNet18, state
+from torch import nn
+
+from thinwire.errors import UsageError
+from thinwire.models.adapter import ISTPlan, linear_stack
+from thinwire.models.gpt import GPTAdapter
+from thinwire.models.graph_adapter import derive_adapter
+from thinwire.models.resnet import ResISTAdapter
+from thinwire.runtime.comm import Comm, Ledger
+from thinwire.strategies.ist.core import IST
+from thinwire.strategies.ist.layout import element_index
+
+
+def _canonical(plan: ISTPlan) -> tuple:
+    """The plan with groups renamed by their first appearance among the tensors (a derived
+    adapter names a group after the layer that makes it, a hand adapter after its role)."""
+    rename: dict[str, str] = {}
+    for t in plan.tensors:
+        for c in t.cuts:
+            rename.setdefault(c.group, f"g{len(rename)}")
+        if t.unit is not None:
+            rename.setdefault(t.unit[0], f"g{len(rename)}")
+    groups = sorted((rename[g.name], g.size, g.kind) for g in plan.groups)
+    tensors = sorted((t.name, t.shape, t.buffer, t.dtype,
+                      tuple((rename[c.group], c.dim, c.per_unit, c.segments) for c in t.cuts),
+                      None if t.unit is None else (rename[t.unit[0]], t.unit[1]))
+                     for t in plan.tensors)
+    scaled = sorted((m, rename[g]) for m, g in plan.scaled_inputs)
+    return groups, tensors, scaled, plan.batch_normalised
+
+
+@pytest.mark.parametrize("norm", ["none", "batch", "layer"])
+def test_derived_plan_equals_the_mlp_adapter(norm: str) -> None:
+    from thinwire.models import build_mlp
+
+    model = build_mlp(12, (16, 12), 5, norm=norm, seed=0)
+    derived = derive_adapter(model, torch.randn(4, 12))
+    assert _canonical(derived.plan) == _canonical(linear_stack(model).plan)
+
+
+def test_derived_plan_equals_the_gpt_adapter() -> None:
+    """Heads: the q, k, v projections' widths are split into (heads, head_dim) by a view and
+    meet in scaled_dot_product_attention, so a head (head_dim rows) is the unit, as in
+    GPTAdapter; d_model stays whole (embeddings shared)."""
+    model = CASES["gpt"].build()
+    derived = derive_adapter(model, CASES["gpt"].batch(0, 0)[0])
+    assert _canonical(derived.plan) == _canonical(GPTAdapter(model).plan)
+
+
+def test_derived_blocks_equal_resist() -> None:
+    """residual="blocks": the shape-keeping residual blocks of each stage are its dealt units,
+    everything else shared, as ResISTAdapter. The difference: ResIST's evaluation-time branch
+    scaling needs a hook inside the block (thinwire's ResNet has one), so the derived adapter
+    offers scale "none" only."""
+    model = CASES["resnet"].build()
+    derived = derive_adapter(model, CASES["resnet"].batch(0, 0)[0], residual="blocks")
+    assert _canonical(derived.plan) == _canonical(ResISTAdapter(model).plan)
+    assert derived.scales == ("none",)
+
+
+def test_derived_channels_of_a_residual_cnn() -> None:
+    """Both sides of the skip share the stem's channel group (conv2's rows, bn2, conv1's and
+    wide's input channels); GroupNorm(4, 16) makes a unit of 4 channels; the head's rows (the
+    model's output) are shared."""
+    model = ResidualCNN()
+    plan = derive_adapter(model, torch.randn(2, 1, 8, 8)).plan
+    cuts = {t.name: [(c.group, c.dim, c.per_unit) for c in t.cuts] for t in plan.tensors}
+    assert cuts["conv2.weight"] == [("stem.0", 0, 1), ("conv1", 1, 1)]
+    assert cuts["bn2.running_mean"] == [("stem.0", 0, 1)]
+    assert cuts["wide.weight"] == [("wide", 0, 4), ("stem.0", 1, 1)]
+    assert cuts["gn.weight"] == [("wide", 0, 4)]
+    assert cuts["head.weight"] == [("wide", 1, 4)]
+    assert cuts["head.bias"] == []
+    assert {g.name: g.size for g in plan.groups} == {"stem.0": 8, "conv1": 8, "wide": 4}
+
+
+# --- a subnet's forward is the full model's restricted to the units held ------------------------
+def _restricted(model: nn.Module, plan: ISTPlan, held: dict[str, np.ndarray],
+                factors: dict[str, float]) -> nn.Module:
+    """The full model with every element of an unheld unit zeroed, and the columns of each
+    layer fed by a cut group multiplied by its factor (inverted dropout on its input)."""
+    out = copy.deepcopy(model)
+    tensors = {**dict(out.named_parameters()), **dict(out.named_buffers())}
+    with torch.no_grad():
+        for t in plan.tensors:
+            x = tensors[t.name]
+            for c in t.cuts:
+                size = plan.group(c.group).size
+                keep = element_index(c, size, torch.as_tensor(held[c.group]))
+                mask = torch.zeros(x.shape[c.dim], dtype=torch.bool)
+                mask[keep] = True
+                view = [1] * x.dim()
+                view[c.dim] = -1
+                if not t.buffer or "running_mean" in t.name:
+                    x.mul_(mask.view(view).to(x.dtype))
+        for mod, group in plan.scaled_inputs:
+            for t in plan.tensors:
+                owner = t.name.rsplit(".", 1)[0]
+                hit = (owner == mod or (t.name == f"{mod}.in_proj_weight"))
+                for c in t.cuts:
+                    if hit and c.group == group and c.dim >= 1:
+                        tensors[t.name].mul_(factors[group])
+    return out
+
+
+def _subnet(model: nn.Module, adapter, held: dict[str, np.ndarray]) -> nn.Module:  # noqa: ANN001
+    sub = copy.deepcopy(model)
+    tensors = {**dict(sub.named_parameters()), **dict(sub.named_buffers())}
+    with torch.no_grad():
+        for t in adapter.plan.tensors:
+            x = tensors[t.name].data
+            for c in t.cuts:
+                size = adapter.plan.group(c.group).size
+                x = x.index_select(c.dim, element_index(c, size, torch.as_tensor(held[c.group])))
+            tensors[t.name].data = x.clone()
+    adapter.configure(sub, held)
+    return sub
+
+
+@pytest.mark.parametrize("name", ["g_mlp", "g_gpt", "g_cnn", "g_encoder", "g_transformer"])
+def test_subnet_forward_equals_the_restricted_full_model(name: str) -> None:
+    """Tolerance: the subnet sums fewer terms in another order (float32 reassociation, ~1e-6
+    here); a wrong cut, a missing factor or a head of the wrong width is off by O(1)."""
+    case = GRAPH_CASES[name]
+    model = case.build()
+    adapter = case.adapter(model)
+    rng = np.random.default_rng(0)
+    held = {g.name: np.sort(rng.choice(g.size, max(1, g.size // 2), replace=False))
+            for g in adapter.plan.groups}
+    factors = {g.name: g.size / len(held[g.name]) for g in adapter.plan.groups}
+    x, _ = case.batch(0, 0)
+    sub = _subnet(model, adapter, held)
+    handles = adapter.install_scaling(
+        sub, [(m, factors[g]) for m, g in adapter.plan.scaled_inputs])
+    full = _restricted(model, adapter.plan, held, factors)
+    sub.train()
+    full.train()
+    got, want = sub(x), full(x)
+    for h in handles:
+        h.remove()
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (got - want).abs().max()
+    assert not torch.allclose(want, model(x), rtol=1e-3, atol=1e-3)
+
+
+# --- a user's loop with no adapter ---------------------------------------------------------------
+def _user_loop(comm: Comm, kind: str) -> dict:
+    torch.manual_seed(0)
+    if kind == "cnn":
+        model = ResidualCNN()
+        batch = (torch.randn(16, 1, 8, 8, generator=torch.Generator().manual_seed(1)),
+                 torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(2)))
+        kwargs: dict = {}
+    elif kind == "resnet18":
+        model = ResNet18(4)
+        batch = (torch.randn(8, 1, 32, 32, generator=torch.Generator().manual_seed(1)),
+                 torch.randint(0, 3, (8,), generator=torch.Generator().manual_seed(2)))
+        kwargs = {"example_input": batch[0]}
+    else:
+        model = EncoderClassifier()
+        batch = (torch.randint(0, 9, (16, 6), generator=torch.Generator().manual_seed(1)),
+                 torch.randint(0, 3, (16,), generator=torch.Generator().manual_seed(2)))
+        kwargs = {"example_input": batch[0]}
+    before = F.cross_entropy(model(batch[0]), batch[1]).item()  # eval before: model whole
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    ist = IST(model, opt, comm=Comm(ledger=Ledger(comm.rank)), local_steps=2, **kwargs)
+    for _ in range(8):
+        opt.zero_grad()
+        F.cross_entropy(model(batch[0]), batch[1]).backward()
+        opt.step()
+    full = ist.full_model()
+    after = None
+    if full is not None:
+        full.train()
+        with torch.no_grad():
+            after = F.cross_entropy(full(batch[0]), batch[1]).item()
+    return {"before": before, "after": after, "groups": [g.name for g in ist.plan.groups]}
+
+
+@pytest.mark.parametrize("kind,n", [("cnn", 2), ("encoder", 4), ("resnet18", 2)])
+def test_user_models_train_with_no_adapter(kind: str, n: int) -> None:
+    """Four rounds on one batch: the assembled model's loss falls (training-mode statistics:
+    the BatchNorm running statistics of a few steps are not the point here)."""
+    out = run_workers(_user_loop, n, kind)
+    assert out[0]["after"] < out[0]["before"] - 0.05, out[0]
+    assert out[0]["groups"] and all(o["groups"] == out[0]["groups"] for o in out)
+
+
+def _shared_mean(comm: Comm) -> dict:
+    model = copy.deepcopy(GRAPH_CASES["g_encoder"].build())
+    x, y = GRAPH_CASES["g_encoder"].batch(0, 0)
+    init = state(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 if comm.rank == 0 else 0.0)
+    local: dict[str, torch.Tensor] = {}
+    opt.register_step_post_hook(lambda *_: local.update(
+        {k: v.detach().clone() for k, v in model.named_parameters()}))
+    ist = IST(model, opt, comm=Comm(ledger=Ledger(comm.rank)), local_steps=1, example_input=x)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    full = ist.full_model()
+    shared = [t.name for t in ist.plan.tensors if t.shared and not t.buffer]
+    return {"init": init, "local": local, "full": None if full is None else state(full),
+            "shared": shared}
+
+
+def test_shared_tensors_of_a_derived_plan_move_by_the_mean_update() -> None:
+    """The embedding, the LayerNorms and the head of the encoder are shared: with rank 1 frozen
+    they end at init + half of rank 0's update (float32 rounding of the halving)."""
+    out = run_workers(_shared_mean, 2)
+    o = out[0]
+    assert "emb.weight" in o["shared"] and "head.weight" in o["shared"]
+    for name in o["shared"]:
+        init, trained = o["init"][name], o["local"][name]
+        want = init + (trained - init) / 2
+        assert torch.allclose(o["full"][name], want, rtol=1e-6, atol=1e-7), name
+    assert any(not torch.equal(o["local"][n], o["init"][n]) for n in o["shared"])
+
+
+# --- errors ---------------------------------------------------------------------------------------
+class _Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent: no tracer follows it
+            return self.fc(x)
+        return -self.fc(x)
+
+
+class _Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 8)
+        self.gate = _Gate()
+        self.hidden = nn.Linear(8, 16)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.hidden(self.gate(self.inp(x)))))
+
+
+def test_untraceable_module_is_one_line_naming_it_and_shared_is_the_escape_hatch() -> None:
+    model = _Gated()
+    with pytest.raises(UsageError) as e:
+        derive_adapter(model, torch.randn(3, 4))
+    msg = str(e.value)
+    assert "\n" not in msg and "gate (_Gate)" in msg and "shared=('gate',)" in msg
+    plan = derive_adapter(model, torch.randn(3, 4), shared=("gate",)).plan
+    cuts = {t.name: [c.group for c in t.cuts] for t in plan.tensors}
+    assert cuts["gate.fc.weight"] == [] and cuts["inp.weight"] == []  # touches the shared gate
+    assert cuts["hidden.weight"] == ["hidden"] and cuts["out.weight"] == ["hidden"]
+
+
+def test_a_model_with_nothing_to_cut_is_refused_and_bad_options_are_one_line() -> None:
+    with pytest.raises(UsageError, match="no unit to cut"):
+        derive_adapter(nn.Sequential(nn.Linear(4, 3)), torch.randn(2, 4))
+    with pytest.raises(UsageError, match="residual"):
+        derive_adapter(ResidualCNN(), torch.randn(2, 1, 8, 8), residual="depth")
+    with pytest.raises(UsageError, match="not submodules"):
+        derive_adapter(ResidualCNN(), torch.randn(2, 1, 8, 8), shared=("nope",))
+
+
+class _FixedHeads(nn.Module):
+    """Attention whose forward hard-codes its head count in a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.proj = nn.Linear(8, 6)
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (f(x).view(b, n, 2, 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, 8)
+        return self.out(F.relu(self.proj(y)))
+
+
+def test_a_forward_that_fixes_a_cut_width_is_caught_at_derivation() -> None:
+    with pytest.raises(UsageError, match="fixes a width") as e:
+        derive_adapter(_FixedHeads(), torch.randn(2, 5, 8))
+    assert "\n" not in str(e.value)
+    plan = derive_adapter(_FixedHeads(), torch.randn(2, 5, 8), shared=("q",)).plan
+    assert all(not t.cuts for t in plan.tensors if t.name.startswith(("q.", "k.", "v.")))
+    assert [g.name for g in plan.groups] == ["proj"]
