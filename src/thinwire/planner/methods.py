@@ -22,8 +22,8 @@ method; every fact comes from the method's registry entry:
    first round moves no optimizer state), per step / S (:func:`per_step`);
 4. what a worker trains: the whole model for methods whose Strategy is a
    :class:`~thinwire.strategies.base.ReplicatedStrategy`; otherwise the part the model's IST
-   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`), which
-   needs a plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the
+   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`, IST's
+   declared ``worker_numel``), which needs a plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the
    compute and activation model of a subnet) is the MLP's.
 
 torch is imported on use only (the registry's modules and the adapters need it).
@@ -117,13 +117,8 @@ def default_methods() -> list[str]:
 
 def partitioned(method: Method) -> bool:
     """Step 4: whether a worker trains only a part of the model (its Strategy is not a
-    ReplicatedStrategy)."""
-    import importlib
-
-    from thinwire.strategies.base import ReplicatedStrategy
-
-    module, _, cls = method.entry.strategy.partition(":")
-    return not issubclass(getattr(importlib.import_module(module), cls), ReplicatedStrategy)
+    ReplicatedStrategy; :meth:`~thinwire.strategies.entry.MethodEntry.partitioned`)."""
+    return method.entry.partitioned()
 
 
 def mlp_ist_plan(model: MLPSpec) -> ISTPlan:
@@ -227,13 +222,9 @@ def worker_params(model: ModelSpec, workers: int) -> float:
     if plan is None:
         raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs and for "
                          "modules counted with their adapter only")
-    from thinwire.strategies.ist import pieces
-    from thinwire.strategies.ist.partition import partition_groups
+    from thinwire.strategies import METHODS
 
-    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
-    total = sum(pieces.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
-                for w in range(workers))
-    return total / workers
+    return float(METHODS.get("ist").formula("worker_numel")(plan, workers))
 
 
 def worker_widths(model: MLPSpec, workers: int) -> tuple[float, ...]:

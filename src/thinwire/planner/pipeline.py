@@ -57,8 +57,15 @@ from typing import TYPE_CHECKING, Any
 from thinwire.errors import UsageError
 
 if TYPE_CHECKING:
-    from thinwire.strategies.pipeline.plan import PipelinePlan
+    from thinwire.strategies.entry import MethodEntry
     from thinwire.strategies.traffic import Traffic
+
+
+def _method() -> MethodEntry:
+    """The pipeline method's registry entry: its options, traffic and declared ``formulas``."""
+    from thinwire.strategies import METHODS
+
+    return METHODS.get("pipeline")
 
 
 @dataclass(frozen=True)
@@ -92,28 +99,27 @@ class PipelineShape:
         return self.micro_batches * self.micro_batch
 
 
-def pipeline_plan(shape: PipelineShape) -> PipelinePlan:
-    """Step 1: the method's stage plan for a transformer of these dimensions."""
-    from thinwire.strategies.pipeline.plan import PipelinePlan
-
+def pipeline_plan(shape: PipelineShape) -> Any:
+    """Step 1: the method's stage plan (its declared ``plan`` class) for a transformer of these
+    dimensions."""
     S = shape.stages
-    return PipelinePlan(S, shape.dp, shape.batch, ((shape.seq, shape.d_model),) * (S - 1),
+    return _method().formula("plan")(S, shape.dp, shape.batch, ((shape.seq, shape.d_model),) * (S - 1),
                         shape.stage_params or (0,) * S, shape.clip)
 
 
 def options_of(codec_fwd: str = "none", codec_bwd: str = "none", **more: Any) -> Any:
     """The pipeline method's options (defaults, the two codecs, any other option by name); a bad
     spec is a one-line error."""
-    from thinwire.strategies.pipeline.method import Options
-
-    return Options(codec_fwd=codec_fwd, codec_bwd=codec_bwd, **more)
+    return _method().options(codec_fwd=codec_fwd, codec_bwd=codec_bwd, **more)
 
 
 def traffic(shape: PipelineShape, options: Any, steps: int = 1) -> Traffic:
     """Step 2: the ledger's totals per rank after ``steps`` steps (rank r is stage r % S of
     replica r // S), from the method's own formula. ``options.micro_batches`` must be M."""
-    from thinwire.strategies.pipeline.traffic import traffic as method_traffic
     from thinwire.strategies.traffic import Layout
+
+    method_traffic = _method().traffic
+    assert method_traffic is not None
 
     if options.micro_batches != shape.micro_batches:
         raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
@@ -288,8 +294,8 @@ def _inputs(shape: PipelineShape, options: Any, forward: Sequence[float],
             backward: Sequence[float], bandwidth: float, codec_seconds: Any,
             optimizer_seconds: Any, cores: int | None, burst: float) -> _Inputs:
     """:func:`simulate`'s arguments checked (one-line errors) and turned into :class:`_Inputs`."""
-    from thinwire.strategies.pipeline.schedule import order
-    from thinwire.strategies.pipeline.traffic import message_bytes
+    order = _method().formula("order")
+    message_bytes = _method().formula("message_bytes")
 
     S, M = shape.stages, shape.micro_batches
     for name, v in (("forward", forward), ("backward", backward)):

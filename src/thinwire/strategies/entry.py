@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from thinwire.errors import UsageError
 from thinwire.options import NoOptions
 
 if TYPE_CHECKING:
@@ -68,7 +69,13 @@ class MethodEntry:
     - ``defaults``: dotted options of other sections (``train.lr``) this method runs with
       when the config does not set them;
     - ``model_kinds``: the dataset kinds the method trains on (empty: any); a config that
-      names no model gets the first registered model that takes one of them.
+      names no model gets the first registered model that takes one of them;
+    - ``formulas``: further pure functions of the method by name, which the planner prices it
+      with beyond ``traffic`` (:meth:`formula`): e.g. dp's ``buckets`` (DDP's bucket traffic),
+      ``owners`` (ZeRO-1's parameter owners) and ``codec`` (the codec spec of its options), the
+      pipeline's ``plan`` (its stage plan's class), ``message_bytes`` and ``order`` (its
+      schedule's pass order), IST's ``worker_numel`` (elements a worker's subnet trains); the
+      planner imports no method's module, only what its entry declares.
     """
 
     name: str
@@ -89,6 +96,25 @@ class MethodEntry:
     for_model: Callable[[Any, Any], Any] | None = None
     defaults: Mapping[str, str] = field(default_factory=dict)
     model_kinds: tuple[str, ...] = ()
+    formulas: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+
+    def formula(self, name: str) -> Callable[..., Any]:
+        """The method's declared function ``name`` (``formulas``); a one-line error if the
+        method declares none of that name."""
+        f = self.formulas.get(name)
+        if f is None:
+            raise UsageError(f"method {self.name}: declares no {name!r} formula; it has "
+                             f"{', '.join(sorted(self.formulas)) or 'none'}")
+        return f
+
+    def partitioned(self) -> bool:
+        """Whether a worker trains only a part of the model: the method's Strategy is not a
+        :class:`~thinwire.strategies.base.ReplicatedStrategy` (its ``replicated`` is False;
+        imports the method's module)."""
+        import importlib
+
+        module, _, cls = self.strategy.partition(":")
+        return not getattr(importlib.import_module(module), cls).replicated
 
     def options_for(self, options: Any, ist: Any) -> Any:
         """``options`` with the model's defaults filled in (``for_model``; else unchanged)."""
