@@ -22,8 +22,8 @@ method; every fact comes from the method's registry entry:
    first round moves no optimizer state), per step / S (:func:`per_step`);
 4. what a worker trains: the whole model for methods whose Strategy is a
    :class:`~thinwire.strategies.base.ReplicatedStrategy`; otherwise the part the model's IST
-   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`, IST's
-   declared ``worker_numel``), which needs a plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the
+   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`, the
+   ``worker_numel`` its method declares), which needs a plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the
    compute and activation model of a subnet) is the MLP's.
 
 torch is imported on use only (the registry's modules and the adapters need it).
@@ -104,6 +104,18 @@ def _alias(name: str, values: dict[str, str], spec: str) -> tuple[str, dict[str,
             return options.pop("name"), options
     raise UsageError(f"--method {spec}: unknown method {name!r}; use one of "
                      f"{', '.join(METHODS.names())} or a codec name (e.g. topk:ratio=0.01)")
+
+
+def declaring(formula: str) -> MethodEntry:
+    """The first registered method whose entry declares ``formula`` (its ``formulas``): how the
+    planner finds, without naming it, the method a formula of its own prices (ZeRO's owners, a
+    pipeline's stage plan, IST's subnets); a one-line error if none does."""
+    from thinwire.strategies import METHODS
+
+    for _, entry in METHODS.entries():
+        if formula in entry.formulas:
+            return entry
+    raise UsageError(f"no registered method declares the {formula!r} formula")
 
 
 def default_methods() -> list[str]:
@@ -222,9 +234,7 @@ def worker_params(model: ModelSpec, workers: int) -> float:
     if plan is None:
         raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs and for "
                          "modules counted with their adapter only")
-    from thinwire.strategies import METHODS
-
-    return float(METHODS.get("ist").formula("worker_numel")(plan, workers))
+    return float(declaring("worker_numel").formula("worker_numel")(plan, workers))
 
 
 def worker_widths(model: MLPSpec, workers: int) -> tuple[float, ...]:

@@ -62,10 +62,11 @@ if TYPE_CHECKING:
 
 
 def _method() -> MethodEntry:
-    """The pipeline method's registry entry: its options, traffic and declared ``formulas``."""
-    from thinwire.strategies import METHODS
+    """The pipeline method's registry entry (the one declaring its stage ``plan``): its options,
+    traffic and declared ``formulas``."""
+    from thinwire.planner.methods import declaring
 
-    return METHODS.get("pipeline")
+    return declaring("plan")
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,11 @@ if TYPE_CHECKING:
 
 
 def _dp(name: str) -> Any:
-    """Data parallelism's declared formula ``name`` (its registry entry's ``formulas``)."""
-    from thinwire.strategies import METHODS
+    """Data parallelism's declared formula ``name`` (``buckets``, ``owners``: the method that
+    declares them in its registry entry's ``formulas``)."""
+    from thinwire.planner.methods import declaring
 
-    return METHODS.get("dp").formula(name)
+    return declaring(name).formula(name)
 
 
 @dataclass(frozen=True)
