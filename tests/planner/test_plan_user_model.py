@@ -29,8 +29,17 @@ from thinwire.strategies.ist.method import Options, ist_traffic
 from thinwire.strategies.traffic import ring_all_reduce
 
 NET = textwrap.dedent('''
+    from __future__ import annotations
+
+    import dataclasses
+
     import torch
     from torch import nn
+
+
+    @dataclasses.dataclass
+    class Sizes:  # a dataclass needs its module in sys.modules while the file runs
+        width: int = 8
 
 
     class Block(nn.Module):
@@ -46,7 +55,7 @@ NET = textwrap.dedent('''
 
 
     class Net(nn.Module):
-        def __init__(self, width=8, classes=10):
+        def __init__(self, width=Sizes().width, classes=10):
             super().__init__()
             self.stem = nn.Conv2d(1, width, 3, padding=1)
             self.block = Block(width)

@@ -75,9 +75,11 @@ def load_module(ref: str) -> Any:
     if spec is None or spec.loader is None:
         raise UsageError(f"--model {ref}: {path} cannot be loaded as Python; give a .py file")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does: dataclasses and pickling look it up
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's file: any error is theirs, reported in one line
+        sys.modules.pop(spec.name, None)
         raise UsageError(f"--model {ref}: importing {path} failed ({_first_line(exc)}); fix the "
                          "file") from None
     cls = getattr(module, name, None)
