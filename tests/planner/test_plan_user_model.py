@@ -8,6 +8,7 @@ into tmp_path, is priced from the IST plan derived from its graph, without train
   traffic formula on that plan (the formula every rank's ledger equals: a 2-rank IST run on the
   derived plan is checked against it here too), and data parallelism's are a ring all-reduce of
   every parameter;
+- ``--input-tokens V`` gives a model that embeds tokens ids below V;
 - ``--ist-shared`` keeps a submodule the tracer cannot follow whole;
 - bad input (missing file, no such class, a constructor that needs arguments, a bad shape, a
   model the tracer cannot follow, --input without a user model) is one line and exit 2.
@@ -86,6 +87,17 @@ NET = textwrap.dedent('''
 
         def forward(self, x):
             return self.fc2(torch.relu(self.fc1(self.branchy(x))))
+
+
+    class TokenMLP(nn.Module):
+        def __init__(self, vocab=20):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, 8)
+            self.fc1 = nn.Linear(8, 16)
+            self.fc2 = nn.Linear(16, vocab)
+
+        def forward(self, ids):
+            return self.fc2(torch.relu(self.fc1(self.embed(ids))))
 
 
     class NeedsWidth(nn.Module):
@@ -198,3 +210,19 @@ def test_ist_shared_is_the_escape_hatch_for_an_untraceable_submodule(net_file: P
                                    shared=("branchy",))
     assert [g.size for g in spec.ist.groups] == [8]
     assert all(t.shared for t in spec.ist.tensors if t.name.startswith("branchy."))
+
+
+def test_input_tokens_makes_token_ids_for_a_model_that_embeds_them(net_file: Path,
+                                                                   capsys) -> None:
+    """Ids below V (floats would fail the embedding); the hidden neurons are the group, the
+    embedding shared (derive_adapter's default); bytes are the formula's on that plan."""
+    out = _plan_json(capsys, "--model", f"{net_file}:TokenMLP", "--input", "4x5",
+                     "--input-tokens", "20", "--method", "ist:local_steps=2")
+    ids = example_input((4, 5), tokens=20)
+    assert ids.dtype == torch.int64 and int(ids.max()) < 20
+    plan = derive_adapter(load_module(f"{net_file}:TokenMLP"), ids, min_units=2).plan
+    assert [g.size for g in plan.groups] == [16]
+    assert out["traffic_bytes"]["sync"] == pytest.approx(_steady(plan, 2, 2))
+    assert main(["plan", "--cluster", "cpu-1gbe", "--devices", "2", "--model",
+                 f"{net_file}:TokenMLP", "--input", "4x5"]) == 2  # float ids: one line
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
