@@ -150,7 +150,8 @@ def test_ist_and_dp_bytes_are_the_methods_formulas_on_the_derived_plan(net_file:
     assert ist["traffic_bytes"]["sync"] == pytest.approx(busiest) and busiest > 0
     assert dp["traffic_bytes"]["sync"] == pytest.approx(ring_all_reduce(4 * PARAMS, 2))
     assert busiest < dp["traffic_bytes"]["sync"]
-    assert ist["strategy"]["micro_batch_size"] == BATCH  # the example's batch
+    assert ist["strategy"]["micro_batch_size"] == BATCH  # the example's batch, per worker
+    assert ist["global_batch"] == 2 * BATCH and ist["strategy"]["micro_batches"] == 1
     assert ist["step_seconds"]["compute"] > 0
 
 

@@ -280,7 +280,7 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
 def _model(args: argparse.Namespace, cluster: ClusterSpec) -> ModelSpec:
     """--model: a preset, a TOML file, or a user's FILE.py:ClassName counted with the IST plan
     derived on the --input example (groups below the data-parallel degree shared, as IST does
-    on that many workers)."""
+    on that many workers; the default global batch: the example's batch per worker)."""
     if not is_module_ref(args.model):
         if args.input or args.input_tokens is not None:
             raise UsageError("--input and --input-tokens describe the example input of --model "
@@ -298,7 +298,8 @@ def _model(args: argparse.Namespace, cluster: ClusterSpec) -> ModelSpec:
     workers = args.dp or max(1, cluster.devices // ((args.tp or 1) * (args.pp or 1)))
     return model_spec_from_example(module, example_input(shape, args.input_tokens or 0),
                                    min_units=workers, residual=args.ist_residual,
-                                   shared=tuple(filter(None, args.ist_shared.split(","))))
+                                   shared=tuple(filter(None, args.ist_shared.split(","))),
+                                   global_batch=shape[0] * workers)
 
 
 def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:

@@ -144,13 +144,15 @@ def forward_flops(module: Any, example: Any) -> float:
 
 def model_spec_from_example(module: Any, example: Any, *, name: str = "", min_units: int = 2,
                             residual: str = "channels", embeddings: str = "shared",
-                            shared: tuple[str, ...] = ()) -> CountedSpec:
+                            shared: tuple[str, ...] = (), global_batch: int = 0
+                            ) -> CountedSpec:
     """The planner's spec of ``module`` with the IST plan derived from its graph on ``example``
     (a tensor, or a tuple of the forward's positional arguments, batch first), steps 1-3 of the
     module docstring. ``min_units``: a group with fewer units is shared (pass the number of
     workers, as IST does); ``residual``, ``embeddings``, ``shared``: as
     :func:`~thinwire.models.graph_adapter.derive_adapter`. ``name``: the spec's name (default
-    the class name). Nothing is trained; the module is not modified."""
+    the class name); ``global_batch``: its default global batch in samples (0: none). Nothing
+    is trained; the module is not modified."""
     from thinwire.models.graph_adapter import derive_adapter
 
     label = name or type(module).__name__
@@ -163,4 +165,5 @@ def model_spec_from_example(module: Any, example: Any, *, name: str = "", min_un
     if flops <= 0:
         raise UsageError(f"{label}: torch's FLOP counter found no matmul or convolution in its "
                          "forward; describe the model in a TOML file (kind = counted)")
-    return CountedSpec(name=label, params=params, flops_per_sample=flops, ist=adapter.plan)
+    return CountedSpec(name=label, params=params, flops_per_sample=flops,
+                       global_batch=global_batch, ist=adapter.plan)
