@@ -31,7 +31,6 @@ torch is imported on use only (the registry's modules and the adapters need it).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -68,12 +67,14 @@ class Method:
 
     @property
     def codec(self) -> str:
-        """The codec spec the method encodes with ("none": none)."""
-        return str(getattr(self.options, "compressor", "none"))
+        """The codec spec the method encodes with (its declared ``codec``; "none": none)."""
+        codec = self.entry.formulas.get("codec")
+        return str(codec(self.options)) if codec is not None else "none"
 
     def without_codec(self) -> Method:
-        """The same method with its codec switched off (compressed methods only)."""
-        plain = dataclasses.replace(self.options, compressor="none")
+        """The same method with its codec switched off (its declared ``uncompressed``;
+        compressed methods only)."""
+        plain = self.entry.formula("uncompressed")(self.options)
         return Method(self.spec + " (uncompressed)", self.entry, plain)
 
 

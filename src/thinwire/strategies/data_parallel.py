@@ -282,6 +282,7 @@ METHOD = MethodEntry(
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
     check_model=_check_model,
     rescalable=lambda o: o.compressor == "none",
-    formulas={"buckets": bucket_traffic, "owners": deal, "codec": lambda o: o.compressor})
+    formulas={"buckets": bucket_traffic, "owners": deal, "codec": lambda o: o.compressor,
+              "uncompressed": lambda o: dataclasses.replace(o, compressor="none")})
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

@@ -72,7 +72,8 @@ class MethodEntry:
       names no model gets the first registered model that takes one of them;
     - ``formulas``: further pure functions of the method by name, which the planner prices it
       with beyond ``traffic`` (:meth:`formula`): e.g. dp's ``buckets`` (DDP's bucket traffic),
-      ``owners`` (ZeRO-1's parameter owners) and ``codec`` (the codec spec of its options), the
+      ``owners`` (ZeRO-1's parameter owners), a compressed method's ``codec`` (the codec spec
+      of its options) and ``uncompressed`` (its options with the codec off), the
       pipeline's ``plan`` (its stage plan's class), ``message_bytes`` and ``order`` (its
       schedule's pass order), IST's ``worker_numel`` (elements a worker's subnet trains); the
       planner imports no method's module, only what its entry declares.
