@@ -27,6 +27,20 @@ def _one(options: Any) -> int:
 
 
 @dataclass(frozen=True)
+class WorkerShare:
+    """What one worker of a method holds and computes (``MethodEntry.share``)."""
+
+    params: float
+    """Parameters (elements) the worker holds and updates."""
+    flops_per_sample: float
+    """Training FLOPs a step, per sample of the worker's batch."""
+    other_bytes: float = 0.0
+    """Bytes the worker holds beside its parameters' states and activations (hash tables)."""
+    updated: float | None = None
+    """Parameters its optimizer updates a step (sparse updates touch fewer; None: all)."""
+
+
+@dataclass(frozen=True)
 class MethodEntry:
     """One method of distributed training.
 
@@ -68,7 +82,11 @@ class MethodEntry:
     - ``defaults``: dotted options of other sections (``train.lr``) this method runs with
       when the config does not set them;
     - ``model_kinds``: the dataset kinds the method trains on (empty: any); a config that
-      names no model gets the first registered model that takes one of them.
+      names no model gets the first registered model that takes one of them;
+    - ``share(layout, options, workers)``: what one worker holds and computes
+      (:class:`WorkerShare`) for a method that cuts the model its own way (a sharded wide
+      layer), priced by the planner from the layout (None: the whole model, or the IST plan's
+      subnet for methods that cut IST units).
     """
 
     name: str
@@ -89,6 +107,7 @@ class MethodEntry:
     for_model: Callable[[Any, Any], Any] | None = None
     defaults: Mapping[str, str] = field(default_factory=dict)
     model_kinds: tuple[str, ...] = ()
+    share: Callable[[Layout, Any, int], WorkerShare] | None = None
 
     def options_for(self, options: Any, ist: Any) -> Any:
         """``options`` with the model's defaults filled in (``for_model``; else unchanged)."""
