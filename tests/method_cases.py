@@ -101,16 +101,53 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "diloco": {
         "resume": {"adamw": {**MLP, "model.norm": "none", "method.period": 5,
-                             "train.optimizer": "adamw", "train.lr": 0.01}},
+                             "train.optimizer": "adamw", "train.lr": 0.01},
+                   "streaming-fp4": {**MLP, "model.norm": "none", "method.period": 10,
+                                     "method.fragments": 2, "method.delay": 2,
+                                     "method.alpha": 0.5, "method.compressor": "fp4"}},
         "ledger": {"plain": {**MLP, "method.period": 5, "model.hidden": "40,24",
-                             "train.optimizer": "adamw", "train.lr": 0.001}},
-        "models": {"period2": {"method.period": 2}},
+                             "train.optimizer": "adamw", "train.lr": 0.001},
+                   "streaming-int8": {**MLP, "method.period": 10, "model.hidden": "40,24",
+                                      "method.fragments": 2, "method.delay": 1,
+                                      "method.compressor": "int8"}},
+        "models": {"period2": {"method.period": 2},
+                   "overlap-fp4": {"method.period": 2, "method.delay": 1,
+                                   "method.compressor": "fp4"}},
         "restart": Exempt("its checkpoint round trip is held bit for bit by its resume case, "
                           "and the restart machinery (agent, store, rewound metrics) is the "
                           "method-independent one held by dp, localsgd and ist"),
-        "device": {"plain": {**MLP, "method.period": 2, "train.optimizer": "adamw"}},
+        "device": {"plain": {**MLP, "method.period": 2, "train.optimizer": "adamw"},
+                   "streaming-fp4": {**MLP, "method.period": 2, "method.fragments": 2,
+                                     "method.compressor": "fp4"}},
         "gloo_cuda": True,
         "gpu": {"plain": {"method.period": 10}},
+    },
+    "sparseloco": {
+        "resume": {"adamw": {**MLP, "model.norm": "none", "method.period": 5,
+                             "method.chunk": 256, "method.topk": 8,
+                             "train.optimizer": "adamw", "train.lr": 0.01}},
+        "ledger": {"plain": {**MLP, "method.period": 5, "model.hidden": "40,24",
+                             "method.chunk": 512, "method.topk": 16}},
+        "models": {"period2": {"method.period": 2, "method.chunk": 64, "method.topk": 4}},
+        "restart": Exempt("its checkpoint round trip is held bit for bit by its resume case, "
+                          "and the restart machinery (agent, store, rewound metrics) is the "
+                          "method-independent one held by dp, localsgd and ist"),
+        "device": {"plain": {**MLP, "method.period": 2, "method.chunk": 64, "method.topk": 4}},
+        "gloo_cuda": True,
+        "gpu": {"plain": {"method.period": 10}},
+    },
+    "demo": {
+        "resume": {"plain": {**MLP, "model.norm": "none", "train.lr": 0.005,
+                             "method.topk": 8, "method.chunk": 8}},
+        "ledger": {"plain": {**MLP, "model.hidden": "40,24", "train.lr": 0.005}},
+        "models": {"k8": {"method.topk": 8, "method.chunk": 16}},
+        "restart": Exempt("its checkpoint round trip (the decoupled momenta in the optimizer's "
+                          "state) is held bit for bit by its resume case, and the restart "
+                          "machinery is the method-independent one held by dp, localsgd and "
+                          "ist"),
+        "device": {"plain": {**MLP, "method.topk": 8, "method.chunk": 8}},
+        "gloo_cuda": True,
+        "gpu": {"plain": {"train.lr": 0.002}},
     },
     "ist": {
         "resume": {"reindex": {**MLP, "method.local_steps": 5, "model.norm": "batch",

@@ -88,11 +88,15 @@ def test_fused_attention_drops_the_score_term_only():
 
 
 def test_logits_are_bsv_in_the_compute_dtype_plus_an_fp32_copy():
+    """... and the inputs of the final LayerNorm and the output layer, 2 b s h (/t with SP)."""
     gpt = load_model("gpt2-small")
     s = StrategySpec(micro_batch_size=4, tp=2, dtype="bf16")
-    assert logits_bytes(gpt, s, 2.0) == 4 * 1024 * 50257 / 2 * (2 + 4)
+    head = 2 * 4 * 1024 * 768 * 2
+    assert logits_bytes(gpt, s, 2.0) == 4 * 1024 * 50257 / 2 * (2 + 4) + head
+    sp = dataclasses.replace(s, sequence_parallel=True)
+    assert logits_bytes(gpt, sp, 2.0) == 4 * 1024 * 50257 / 2 * (2 + 4) + head / 2
     mem = memory_breakdown(gpt, load_cluster("h100"), dataclasses.replace(s, dp=4))
-    assert mem.logits == 4 * 1024 * 50257 / 2 * 6
+    assert mem.logits == 4 * 1024 * 50257 / 2 * 6 + head
     assert mem.total == pytest.approx(mem.model_states + mem.activations + mem.logits)
     # in a pipeline the last stage holds one micro-batch of its layers and the logits, the
     # first min(m, p): with a small model and a large vocabulary the last one holds more
@@ -100,7 +104,7 @@ def test_logits_are_bsv_in_the_compute_dtype_plus_an_fp32_copy():
     last = memory_breakdown(gpt, load_cluster("h100"), piped)
     per_layer = layer_activation_units(gpt, 1, False, "none") * 1024 * 768
     assert last.activations == pytest.approx(per_layer * 12 / 4)
-    assert last.logits == 1024 * 50257 * (2 + 4)
+    assert last.logits == 1024 * 50257 * (2 + 4) + 2 * 1024 * 768 * 2
     wide = load_model("megatron-22b")
     first = memory_breakdown(wide, A100, dataclasses.replace(piped, tp=8, dp=1))
     assert first.logits == 0.0 and first.activations == pytest.approx(
@@ -165,3 +169,27 @@ def test_zero_and_offload_reduce_device_memory():
     assert states == sorted(states, reverse=True) and states[0] > 7 * states[3]
     off = memory_breakdown(model, cluster, StrategySpec(dp=8, offload=True))
     assert off.optimizer == 0 and off.weights == states[0] * 2 / 18  # bf16 weights of 18 B
+
+
+def test_activations_scale_with_the_dtype_and_drop_the_masks_without_dropout():
+    """Table 2's 34 s*b*h bytes are 16 tensors of 2 bytes and 2 one-byte masks: fp32 keeps
+    16 x 4 + 2 = 66 per s*b*h with dropout, 64 without; materialized scores add a*s/h x
+    (2 elem softmax + 1 mask + 2 elem dropout output) with dropout, 2 elem without."""
+    import dataclasses
+
+    from thinwire.planner.memory import _per_layer
+    from thinwire.planner.specs import TransformerSpec
+    from thinwire.planner.strategy import StrategySpec
+
+    m = TransformerSpec(name="t", layers=2, hidden=64, heads=4, seq=32, vocab=50)
+    sbh = 32 * 2 * 64
+    fused = StrategySpec(dp=1, micro_batch_size=2, dtype="fp32")
+    assert _per_layer(m, fused, 2.0) == 34 * sbh  # the paper's 16-bit figure, unchanged
+    assert _per_layer(m, fused, 4.0) == 66 * sbh
+    no_drop = dataclasses.replace(m, dropout=False)
+    assert _per_layer(no_drop, fused, 4.0) == 64 * sbh
+    mat = dataclasses.replace(fused, attention="materialized")
+    r = 4 * 32 / 64  # a*s/h
+    assert _per_layer(m, mat, 2.0) == pytest.approx((34 + 5 * r) * sbh)
+    assert _per_layer(m, mat, 4.0) == pytest.approx((66 + r * (4 + 1 + 4)) * sbh)
+    assert _per_layer(no_drop, mat, 4.0) == pytest.approx((64 + r * 4) * sbh)

@@ -125,24 +125,53 @@ def layer_activation_units(
     return 10.0 + split / t + attn / t
 
 
-def _per_layer(model: TransformerSpec, s: StrategySpec) -> float:
-    """Activation bytes of one layer and one micro-batch on one device."""
-    units = layer_activation_units(model, s.tp, s.sequence_parallel, s.recompute, s.attention)
-    return units * model.seq * s.micro_batch_size * model.hidden
+def _scores(model: TransformerSpec, t: int, recompute: str, attention: str) -> float:
+    """a*s/(h t): the unit of the attention-score terms (0 where the scores are not stored)."""
+    if recompute != "none" or attention != "materialized":
+        return 0.0
+    return model.heads * model.seq / model.hidden / t
 
 
-def activation_bytes(model: TransformerSpec, s: StrategySpec) -> float:
+def mask_units(model: TransformerSpec, t: int, sp: bool, recompute: str,
+               attention: str = "fused") -> float:
+    """The dropout masks among :func:`layer_activation_units` (one byte per element): the
+    attention output's and the FFN output's, 2 (2/t with SP), and with materialized scores the
+    attention dropout's a*s/(h t); 0 under full recomputation."""
+    if recompute == "full":
+        return 0.0
+    return (2.0 / t if sp else 2.0) + _scores(model, t, recompute, attention)
+
+
+def _per_layer(model: TransformerSpec, s: StrategySpec, elem: float = 2.0) -> float:
+    """Activation bytes of one layer and one micro-batch on one device. Table 2's units are
+    16-bit tensors plus 1-byte dropout masks: the tensors scale to the dtype's ``elem`` bytes;
+    without dropout (``model.dropout`` false) the masks and the attention dropout's output
+    (2 a*s/(h t) of the scores' 5) are not stored."""
+    t, sp, rc, att = s.tp, s.sequence_parallel, s.recompute, s.attention
+    units = layer_activation_units(model, t, sp, rc, att)
+    masks = mask_units(model, t, sp, rc, att)
+    tensors = units - masks
+    if not model.dropout:
+        tensors -= 2.0 * _scores(model, t, rc, att)
+        masks = 0.0
+    return (tensors * elem / 2.0 + masks) * model.seq * s.micro_batch_size * model.hidden
+
+
+def activation_bytes(model: TransformerSpec, s: StrategySpec, elem: float = 2.0) -> float:
     """Activation bytes held by the first pipeline stage at its peak (1F1B, interleaving)."""
     in_flight = min(s.micro_batches, s.pp)
-    total = _per_layer(model, s) * (model.layers / s.pp) * in_flight
+    total = _per_layer(model, s, elem) * (model.layers / s.pp) * in_flight
     if s.interleave > 1:
         total *= 1.0 + (s.pp - 1) / (s.pp * s.interleave)
     return total
 
 
 def logits_bytes(model: TransformerSpec, s: StrategySpec, elem: float) -> float:
-    """The last stage's logits, b*s*V/t in the compute dtype, and their fp32 copy for the loss."""
-    return s.micro_batch_size * model.seq * model.vocab / s.tp * (elem + 4.0)
+    """The last stage's logits, b*s*V/t in the compute dtype, and their fp32 copy for the loss,
+    and the inputs of the final LayerNorm and of the output layer, 2 b*s*h (/t with SP)."""
+    b, q = s.micro_batch_size, model.seq
+    head = 2.0 * b * q * model.hidden * elem / (s.tp if s.sequence_parallel else 1)
+    return b * q * model.vocab / s.tp * (elem + 4.0) + head
 
 
 def transformer_params_per_device(
@@ -165,10 +194,10 @@ def _transformer_memory(model: TransformerSpec, s: StrategySpec, elem: float
                         ) -> tuple[float, float, float]:
     """(parameters, activations, logits) of the more loaded of the first and last stage."""
     psi = transformer_params_per_device(model, s)
-    first = activation_bytes(model, s)
+    first = activation_bytes(model, s, elem)
     if s.pp == 1:
         return psi, first, logits_bytes(model, s, elem)
-    last = _per_layer(model, s) * model.layers / s.pp
+    last = _per_layer(model, s, elem) * model.layers / s.pp
     logits = logits_bytes(model, s, elem)
     if last + logits > first:
         return transformer_params_per_device(model, s, embeddings=False), last, logits

@@ -62,6 +62,9 @@ class TransformerSpec:
     """f, FFN inner width; 0 means 4h."""
     global_batch: int = 0
     """Default global batch B in sequences for this model (0: none; the CLI then asks for it)."""
+    dropout: bool = True
+    """Dropout after attention and the FFN (Megatron's and GPT-2's 0.1): one byte of mask per
+    element is stored for backward; false for a model trained without dropout."""
 
     def __post_init__(self) -> None:
         _positive(self, "layers", "hidden", "heads", "seq", "vocab")

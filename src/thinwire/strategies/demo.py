@@ -73,11 +73,11 @@ def kept(shape: tuple[int, ...], chunk: int, topk: int) -> int:
 
 def dct_matrix(n: int, device: torch.device) -> torch.Tensor:
     """The orthonormal DCT-II matrix D (n x n): coefficients y = D x, inverse x = D^T y."""
-    k = torch.arange(n, dtype=torch.float64)[:, None]
-    i = torch.arange(n, dtype=torch.float64)[None, :]
+    k = torch.arange(n, dtype=torch.float64, device=device)[:, None]
+    i = torch.arange(n, dtype=torch.float64, device=device)[None, :]
     d = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
     d[0] /= math.sqrt(2.0)
-    return d.to(torch.float32).to(device)
+    return d.to(torch.float32)
 
 
 class DeMo(torch.optim.Optimizer):
