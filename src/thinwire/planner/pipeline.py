@@ -246,26 +246,48 @@ class _Link:
         return end
 
 
-def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
-             backward: Sequence[float], *, bandwidth: float, latency: float = 0.0,
-             codec_seconds: Sequence[Sequence[float]] | None = None,
-             optimizer_seconds: float | Sequence[float] = 0.0,
-             cores: int | None = None, burst: float = 0.0,
-             rendezvous: bool = True, acks_queue: bool = False) -> Simulated:
-    """Step 4 (module docstring). ``forward[s]``, ``backward[s]``: stage s's compute seconds of
-    one micro-batch (one core); ``codec_seconds[b]``: boundary b's (activation encode,
-    activation decode, gradient encode, gradient decode) seconds of one message (the CPU its
-    sending and receiving cost, gloo's copies included, belongs in the passes' seconds);
-    ``optimizer_seconds``: the optimizer step (one value, or one a stage);
-    ``bandwidth``: bytes a second of each stage's link; ``latency``: seconds a message;
-    ``cores``: the cores the stages share (None: one each); ``burst``: bytes a link sends at
-    once after idling (a token bucket's depth, as ``tc``'s tbf and clouds' burst credits
-    shape; 0: a plain rate); ``rendezvous``: a message leaves only once its receiver waits for
-    it (gloo's and NCCL's point-to-point: the receiver's posted buffer is the go-ahead), else as
-    soon as it is sent; ``acks_queue``: a transfer into a stage waits until that stage's upload
-    is idle (TCP's acknowledgements queue behind its outgoing data on a FIFO-shaped link, so
-    the incoming, ACK-clocked transfer stalls: the thin-wire testbed's tbf links, home
-    uplinks), else the two directions are independent."""
+@dataclass(frozen=True)
+class _Inputs:
+    """The validated inputs of :func:`simulate`: per stage its passes, their CPU seconds and
+    the bytes of each message it sends."""
+
+    S: int
+    M: int
+    passes: list[list[tuple[str, int]]]
+    """Stage s's passes in the runtime's order, then its optimizer step ``("O", -1)``."""
+    forward: Sequence[float]
+    backward: Sequence[float]
+    codec: list[tuple[float, ...]]
+    opt: list[float]
+    fwd: list[list[int]]
+    bwd: list[list[int]]
+    bounds: Any
+
+    def cpu(self, s: int, kind: str, m: int) -> float:
+        """Stage s's seconds (one core) of pass ``kind`` on micro-batch m: its compute plus the
+        codec work of the messages it reads and writes."""
+        S, M, codec = self.S, self.M, self.codec
+        if kind == "O":
+            return self.opt[s]
+        if kind == "F":
+            t = self.forward[s]
+            if s > 0:  # decode the activation
+                t += codec[s - 1][1]
+            if s < S - 1:  # encode its own
+                t += codec[s][0]
+            return t
+        t = self.backward[s]
+        if s < S - 1 and self.bounds.compressed_backward(s, m, S, M):  # decode the output's gradient
+            t += codec[s][3]
+        if s > 0 and self.bounds.compressed_backward(s - 1, m, S, M):  # encode the input's
+            t += codec[s - 1][2]
+        return t
+
+
+def _inputs(shape: PipelineShape, options: Any, forward: Sequence[float],
+            backward: Sequence[float], bandwidth: float, codec_seconds: Any,
+            optimizer_seconds: Any, cores: int | None, burst: float) -> _Inputs:
+    """:func:`simulate`'s arguments checked (one-line errors) and turned into :class:`_Inputs`."""
     from thinwire.strategies.pipeline.schedule import order
     from thinwire.strategies.pipeline.traffic import message_bytes
 
@@ -292,114 +314,153 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
         raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
                          f"shape {M}; give the same M to both")
     fwd, bwd, _ = message_bytes(pipeline_plan(replace(shape, dp=1)), options)
-    bounds = options.boundaries()
-
-    def cpu(s: int, kind: str, m: int) -> float:
-        if kind == "O":
-            return opt[s]
-        if kind == "F":
-            t = forward[s]
-            if s > 0:  # decode the activation
-                t += codec[s - 1][1]
-            if s < S - 1:  # encode its own
-                t += codec[s][0]
-            return t
-        t = backward[s]
-        if s < S - 1 and bounds.compressed_backward(s, m, S, M):  # decode the output's gradient
-            t += codec[s][3]
-        if s > 0 and bounds.compressed_backward(s - 1, m, S, M):  # encode the input's
-            t += codec[s - 1][2]
-        return t
-
     passes = [order(options.schedule, s, S, M) + [("O", -1)] for s in range(S)]
-    pos, left = [0] * S, [-1.0] * S  # left < 0: no pass in hand
-    busy = [0.0] * S
-    arrive: dict[tuple[str, int, int], float] = {}
-    up = [_Link(bandwidth, burst) for _ in range(S)]
-    down = [_Link(bandwidth, burst) for _ in range(S)]
-    sent_by = [0.0] * S
-    offered: dict[tuple[str, int, int], int] = {}  # posted sends not yet on the wire
-    asked: dict[tuple[str, int, int], float] = {}  # receives a stage waits in
-    unsent = [0] * S
-    began = [0.0] * S
-    timeline: list[tuple[int, str, int, float, float]] = []
-    done: list[float | None] = [None] * S
-    now = 0.0
+    return _Inputs(S, M, passes, forward, backward, codec, opt, fwd, bwd, options.boundaries())
 
-    def needs(s: int) -> float | None:
+
+class _Simulation:
+    """The event loop of :func:`simulate`: the stages' positions in their passes, the links,
+    the messages posted, asked for and in flight, and the clock."""
+
+    def __init__(self, inp: _Inputs, *, bandwidth: float, latency: float, cores: int | None,
+                 burst: float, rendezvous: bool, acks_queue: bool) -> None:
+        S = inp.S
+        self.inp, self.latency, self.cores = inp, latency, cores
+        self.rendezvous, self.acks_queue = rendezvous, acks_queue
+        self.pos, self.left = [0] * S, [-1.0] * S  # left < 0: no pass in hand
+        self.busy = [0.0] * S
+        self.arrive: dict[tuple[str, int, int], float] = {}
+        self.up = [_Link(bandwidth, burst) for _ in range(S)]
+        self.down = [_Link(bandwidth, burst) for _ in range(S)]
+        self.sent_by = [0.0] * S
+        self.offered: dict[tuple[str, int, int], int] = {}  # posted sends not yet on the wire
+        self.asked: dict[tuple[str, int, int], float] = {}  # receives a stage waits in
+        self.unsent = [0] * S
+        self.began = [0.0] * S
+        self.timeline: list[tuple[int, str, int, float, float]] = []
+        self.done: list[float | None] = [None] * S
+        self.now = 0.0
+
+    def needs(self, s: int) -> float | None:
         """When stage s's next pass can start (None: its message is not on the way yet); with
         ``rendezvous``, a receive asked for is a transfer started if its send is posted."""
-        kind, m = passes[s][pos[s]]
+        kind, m = self.inp.passes[s][self.pos[s]]
         key = None
         if kind == "F" and s > 0:
             key, frm = ("F", s - 1, m), s - 1
-        elif kind == "B" and s < S - 1:
+        elif kind == "B" and s < self.inp.S - 1:
             key, frm = ("B", s, m), s + 1
         if key is not None:
-            if key not in asked:
-                asked[key] = now
-                if key in offered:
-                    transfer(frm, s, key)
-            return arrive.get(key)
+            if key not in self.asked:
+                self.asked[key] = self.now
+                if key in self.offered:
+                    self.transfer(frm, s, key)
+            return self.arrive.get(key)
         if kind == "O":
-            return sent_by[s] if unsent[s] == 0 else None
-        return now
+            return self.sent_by[s] if self.unsent[s] == 0 else None
+        return self.now
 
-    def transfer(s: int, to: int, key: tuple[str, int, int]) -> None:
-        nbytes = offered.pop(key)
-        start = max(now, up[to].free) if acks_queue else now
-        end = max(up[s].take(nbytes, start), down[to].take(nbytes, start))
-        arrive[key] = end + latency
-        sent_by[s] = max(sent_by[s], end)
-        unsent[s] -= 1
+    def transfer(self, s: int, to: int, key: tuple[str, int, int]) -> None:
+        """A posted message from s to ``to`` goes on the wire: the sender's upload and the
+        receiver's download (after its upload falls idle, with ``acks_queue``)."""
+        nbytes = self.offered.pop(key)
+        start = max(self.now, self.up[to].free) if self.acks_queue else self.now
+        end = max(self.up[s].take(nbytes, start), self.down[to].take(nbytes, start))
+        self.arrive[key] = end + self.latency
+        self.sent_by[s] = max(self.sent_by[s], end)
+        self.unsent[s] -= 1
 
-    def post(s: int, to: int, key: tuple[str, int, int], nbytes: int) -> None:
-        offered[key] = nbytes
-        unsent[s] += 1
-        if key in asked or not rendezvous:
-            transfer(s, to, key)
+    def post(self, s: int, to: int, key: tuple[str, int, int], nbytes: int) -> None:
+        """A finished pass's send: on the wire now, or (``rendezvous``) once it is asked for."""
+        self.offered[key] = nbytes
+        self.unsent[s] += 1
+        if key in self.asked or not self.rendezvous:
+            self.transfer(s, to, key)
 
-    while any(d is None for d in done):
+    def _start_passes(self) -> list[float]:
+        """Every idle stage whose next pass can start takes it; returns the times the others
+        can (the next events)."""
         wakes = []
-        for s in range(S):
-            if done[s] is None and left[s] < 0:
-                t = needs(s)
-                if t is not None and t <= now:
-                    left[s] = cpu(*((s,) + passes[s][pos[s]]))
-                    began[s] = now
+        for s in range(self.inp.S):
+            if self.done[s] is None and self.left[s] < 0:
+                t = self.needs(s)
+                if t is not None and t <= self.now:
+                    self.left[s] = self.inp.cpu(*((s,) + self.inp.passes[s][self.pos[s]]))
+                    self.began[s] = self.now
                 elif t is not None:
                     wakes.append(t)
-        running = [s for s in range(S) if left[s] >= 0]
-        if not running:
-            if not wakes:  # cannot happen for a valid schedule; a guard against a silent hang
-                raise RuntimeError("pipeline simulation: every stage waits for a message")
-            now = min(wakes)
-            continue
-        rate = min(1.0, cores / len(running)) if cores else 1.0
-        dt = min(left[s] for s in running) / rate
-        if wakes and min(wakes) - now < dt:
-            dt = min(wakes) - now
-        now += dt
-        for s in running:
-            left[s] -= dt * rate
-            busy[s] += dt * rate
-        for s in running:
-            if left[s] > 1e-12:
+        return wakes
+
+    def _finish(self, s: int) -> None:
+        """Stage s ends its pass in hand: logged, its message posted, its step done after the
+        optimizer."""
+        kind, m = self.inp.passes[s][self.pos[s]]
+        self.timeline.append((s, kind, m, self.began[s], self.now))
+        self.left[s] = -1.0
+        self.pos[s] += 1
+        if kind == "F" and s < self.inp.S - 1:
+            self.post(s, s + 1, ("F", s, m), self.inp.fwd[s][m])
+        elif kind == "B" and s > 0:
+            self.post(s, s - 1, ("B", s - 1, m), self.inp.bwd[s - 1][m])
+        elif kind == "O":
+            self.done[s] = self.now
+
+    def run(self) -> list[float]:
+        """Until every stage has stepped: start what can start, advance the clock to the next
+        pass end or arrival (the running passes share the cores equally), finish what ended.
+        Returns each stage's end."""
+        S, cores = self.inp.S, self.cores
+        while any(d is None for d in self.done):
+            wakes = self._start_passes()
+            running = [s for s in range(S) if self.left[s] >= 0]
+            if not running:
+                if not wakes:  # cannot happen for a valid schedule; a guard against a silent hang
+                    raise RuntimeError("pipeline simulation: every stage waits for a message")
+                self.now = min(wakes)
                 continue
-            kind, m = passes[s][pos[s]]
-            timeline.append((s, kind, m, began[s], now))
-            left[s] = -1.0
-            pos[s] += 1
-            if kind == "F" and s < S - 1:
-                post(s, s + 1, ("F", s, m), fwd[s][m])
-            elif kind == "B" and s > 0:
-                post(s, s - 1, ("B", s - 1, m), bwd[s - 1][m])
-            elif kind == "O":
-                done[s] = now
+            rate = min(1.0, cores / len(running)) if cores else 1.0
+            dt = min(self.left[s] for s in running) / rate
+            if wakes and min(wakes) - self.now < dt:
+                dt = min(wakes) - self.now
+            self.now += dt
+            for s in running:
+                self.left[s] -= dt * rate
+                self.busy[s] += dt * rate
+            for s in running:
+                if self.left[s] > 1e-12:
+                    continue
+                self._finish(s)
+        return [d for d in self.done if d is not None]
+
+
+def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
+             backward: Sequence[float], *, bandwidth: float, latency: float = 0.0,
+             codec_seconds: Sequence[Sequence[float]] | None = None,
+             optimizer_seconds: float | Sequence[float] = 0.0,
+             cores: int | None = None, burst: float = 0.0,
+             rendezvous: bool = True, acks_queue: bool = False) -> Simulated:
+    """Step 4 (module docstring). ``forward[s]``, ``backward[s]``: stage s's compute seconds of
+    one micro-batch (one core); ``codec_seconds[b]``: boundary b's (activation encode,
+    activation decode, gradient encode, gradient decode) seconds of one message (the CPU its
+    sending and receiving cost, gloo's copies included, belongs in the passes' seconds);
+    ``optimizer_seconds``: the optimizer step (one value, or one a stage);
+    ``bandwidth``: bytes a second of each stage's link; ``latency``: seconds a message;
+    ``cores``: the cores the stages share (None: one each); ``burst``: bytes a link sends at
+    once after idling (a token bucket's depth, as ``tc``'s tbf and clouds' burst credits
+    shape; 0: a plain rate); ``rendezvous``: a message leaves only once its receiver waits for
+    it (gloo's and NCCL's point-to-point: the receiver's posted buffer is the go-ahead), else as
+    soon as it is sent; ``acks_queue``: a transfer into a stage waits until that stage's upload
+    is idle (TCP's acknowledgements queue behind its outgoing data on a FIFO-shaped link, so
+    the incoming, ACK-clocked transfer stalls: the thin-wire testbed's tbf links, home
+    uplinks), else the two directions are independent."""
+    inp = _inputs(shape, options, forward, backward, bandwidth, codec_seconds,
+                  optimizer_seconds, cores, burst)
+    sim = _Simulation(inp, bandwidth=bandwidth, latency=latency, cores=cores, burst=burst,
+                      rendezvous=rendezvous, acks_queue=acks_queue)
+    finished = sim.run()
     sync = _sync_seconds(shape, bandwidth, latency)
-    finished = [d for d in done if d is not None]
     total = max(max(finished), finished[-1] + latency) + sync  # the loss's broadcast
-    return Simulated(total, tuple(busy), sync, tuple(timeline))
+    return Simulated(total, tuple(sim.busy), sync, tuple(sim.timeline))
 
 
 __all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "pipeline_plan",
