@@ -28,6 +28,20 @@ def _one(options: Any) -> int:
 
 
 @dataclass(frozen=True)
+class WorkerShare:
+    """What one worker of a method holds and computes (``MethodEntry.share``)."""
+
+    params: float
+    """Parameters (elements) the worker holds and updates."""
+    flops_per_sample: float
+    """Training FLOPs a step, per sample of the worker's batch."""
+    other_bytes: float = 0.0
+    """Bytes the worker holds beside its parameters' states and activations (hash tables)."""
+    updated: float | None = None
+    """Parameters its optimizer updates a step (sparse updates touch fewer; None: all)."""
+
+
+@dataclass(frozen=True)
 class MethodEntry:
     """One method of distributed training.
 
@@ -77,6 +91,10 @@ class MethodEntry:
       pipeline's ``plan`` (its stage plan's class), ``message_bytes`` and ``order`` (its
       schedule's pass order), IST's ``worker_numel`` (elements a worker's subnet trains); the
       planner imports no method's module, only what its entry declares.
+    - ``share(layout, options, workers)``: what one worker holds and computes
+      (:class:`WorkerShare`) for a method that cuts the model its own way (a sharded wide
+      layer), priced by the planner from the layout (None: the whole model, or the IST plan's
+      subnet for methods that cut IST units).
     """
 
     name: str
@@ -97,6 +115,7 @@ class MethodEntry:
     for_model: Callable[[Any, Any], Any] | None = None
     defaults: Mapping[str, str] = field(default_factory=dict)
     model_kinds: tuple[str, ...] = ()
+    share: Callable[[Layout, Any, int], WorkerShare] | None = None
     formulas: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
 
     def formula(self, name: str) -> Callable[..., Any]:
