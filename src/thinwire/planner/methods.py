@@ -34,6 +34,7 @@ torch is imported on use only (the registry's modules and the adapters need it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -251,6 +252,8 @@ def work_share(model: ModelSpec, spec: str, workers: int) -> float:
     method does (its ``share``, else its parameters' fraction)."""
     share = method_share(model, spec, workers)
     if share is not None:
+        if isinstance(model, TransformerSpec):
+            raise UsageError(f"{spec}: a worker's share of a transformer's work is not modelled")
         return share.flops_per_sample / model.flops_per_sample
     return worker_params(model, workers) / model.params
 

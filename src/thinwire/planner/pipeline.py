@@ -308,8 +308,8 @@ def _inputs(shape: PipelineShape, options: Any, forward: Sequence[float],
         raise UsageError(f"pipeline cores: got {cores}; use 1 or more, or None")
     if burst < 0:
         raise UsageError(f"pipeline burst: got {burst}; use bytes >= 0")
-    codec = [tuple(c) for c in codec_seconds] if codec_seconds is not None else \
-        [(0.0, 0.0, 0.0, 0.0)] * (S - 1)
+    codec: list[tuple[float, ...]] = ([tuple(c) for c in codec_seconds]
+                                      if codec_seconds is not None else [(0.0,) * 4] * (S - 1))
     if len(codec) != S - 1 or any(len(c) != 4 for c in codec):
         raise UsageError(f"pipeline codec_seconds: give {S - 1} (encode, decode, encode, "
                          "decode) tuples, one a boundary")
