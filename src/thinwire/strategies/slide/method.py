@@ -410,7 +410,7 @@ def _shapes(layout: Layout) -> Any:
     wide = layout.wide
     if wide is None:
         raise UsageError("method slide shards a wide output layer: price it on an extreme-"
-                         "classification model (--model xmlp-amazon-670k or a kind = \"xmlp\" "
+                         "classification model (--model xmlp-amazon-670k or a kind = \"extreme\" "
                          "file)")
     return wide
 
