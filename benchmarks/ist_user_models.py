@@ -99,7 +99,7 @@ class EncoderLM(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         n = idx.shape[1]
         h = self.emb(idx) + self.pos(torch.arange(n, device=idx.device))
-        h = self.encoder(h, mask=self.mask[:n, :n], is_causal=True)
+        h = self.encoder(h, mask=self.get_buffer("mask")[:n, :n], is_causal=True)
         return self.head(self.norm(h))
 
 
@@ -208,7 +208,10 @@ def worker(a: argparse.Namespace) -> None:
         opt.zero_grad()
         task.loss(model(x), y).backward()
         if a.method == "dp":
-            grads = [p.grad for p in model.parameters()]
+            grads = []
+            for p in model.parameters():
+                assert p.grad is not None  # every parameter is used by the loss
+                grads.append(p.grad)
             flat = torch.cat([g.reshape(-1) for g in grads])
             comm.all_reduce(flat, op="avg", tag="grad")
             at = 0

@@ -88,3 +88,70 @@ def test_the_check_finds_a_planted_cycle_and_forbidden_edge(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, str(REPO / "tools" / "imports.py"), "--root",
                           str(clean)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "import graph clean (2 modules)" in out.stdout
+
+
+NEUTRAL = {"thinwire.strategies", "thinwire.strategies.entry", "thinwire.strategies.traffic"}
+"""The method-neutral modules of ``thinwire.strategies`` a planner module may import: the
+registry (``METHODS``), the entry's vocabulary, and the shared Layout/Traffic/wire formulas."""
+
+
+def planner_method_imports(g: dict[str, set[str]]) -> list[str]:
+    """Edges from a planner module into a method's own module (anything of strategies beyond
+    :data:`NEUTRAL`): the planner reads a method only through its registry entry."""
+    return sorted(f"{a} -> {b}" for a in g if imports.part(a, ["thinwire.planner"])
+                  for b in g[a] if imports.part(b, ["thinwire.strategies"]) and b not in NEUTRAL)
+
+
+def test_the_planner_reads_methods_only_through_their_entries() -> None:
+    g = imports.graph()
+    assert any(imports.part(a, ["thinwire.planner"]) and "thinwire.strategies" in g[a]
+               for a in g)  # it does read the registry
+    bad = planner_method_imports(g)
+    assert not bad, "planner imports a method's module: " + "; ".join(bad)
+
+
+def test_the_planner_check_finds_a_planted_method_import(tmp_path: Path) -> None:
+    pkg = _plant(tmp_path, {
+        "__init__.py": "",
+        "planner/__init__.py": "",
+        "planner/a.py": "def f():\n    from thinwire.strategies.ist import pieces\n",
+        "planner/b.py": "from thinwire.strategies import METHODS\n"
+                        "from thinwire.strategies.traffic import Layout\n"
+                        "from ..strategies.entry import MethodEntry\n",
+        "planner/c.py": "from thinwire.strategies.base import ReplicatedStrategy\n",
+        "strategies/__init__.py": "",
+        "strategies/entry.py": "",
+        "strategies/traffic.py": "",
+        "strategies/base.py": "",
+        "strategies/ist/__init__.py": "",
+        "strategies/ist/pieces.py": "",
+    })
+    assert planner_method_imports(imports.graph(pkg)) == [
+        "thinwire.planner.a -> thinwire.strategies.ist",
+        "thinwire.planner.a -> thinwire.strategies.ist.pieces",
+        "thinwire.planner.c -> thinwire.strategies.base"]
+
+
+def test_the_entries_declare_what_the_planner_reads() -> None:
+    """The entry's answers are the method's own: ``partitioned`` is the Strategy's class, the
+    declared formulas are the functions the method runs with, a missing one a one-line error."""
+    import importlib
+
+    import pytest
+
+    from thinwire.errors import UsageError
+    from thinwire.strategies import METHODS
+    from thinwire.strategies.base import ReplicatedStrategy
+
+    for name, entry in METHODS.entries():
+        module, _, cls = entry.strategy.partition(":")
+        strategy = getattr(importlib.import_module(module), cls)
+        assert entry.partitioned() is (not issubclass(strategy, ReplicatedStrategy)), name
+    assert not METHODS.get("dp").partitioned() and METHODS.get("ist").partitioned()
+    from thinwire.strategies.data_parallel import bucket_traffic
+    from thinwire.strategies.memory import deal
+
+    dp = METHODS.get("dp")
+    assert dp.formula("buckets") is bucket_traffic and dp.formula("owners") is deal
+    with pytest.raises(UsageError, match=r"^method dp: declares no 'plan' formula"):
+        dp.formula("plan")

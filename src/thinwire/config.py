@@ -447,7 +447,7 @@ def check_toml_types(values: Mapping[str, Any], path: str | Path) -> None:
             typ = kinds.get(f"{section}.{key}")
             if typ in (int, float, bool) and isinstance(value, str):
                 want = "true or false" if typ is bool else "a number"
-                raise ConfigError(f"config file {path}: [{section}] {key} = {value!r} is a "
+                raise ConfigError(f"config file {path}: {section}.{key} = {value!r} is a "
                                   f"string; write {want} without quotes, e.g. {key} = "
                                   f"{value.strip() or ('true' if typ is bool else '1')}")
 

@@ -86,16 +86,17 @@ def test_run_shape_finds_what_rank_0_trains() -> None:
 def test_a_small_calibration_end_to_end(tmp_path: Path) -> None:
     preimport()
     configs = su.suite_configs(WIDTHS, 2, 10, 8, str(tmp_path))
-    assert [c.run_name for c in configs] == ["dp", "localsgd", "diloco", "ist", "topk_ratio0.01"]
+    assert [c.run_name for c in configs] == ["dp", "localsgd", "diloco", "sparseloco", "demo",
+                                             "ist", "topk_ratio0.01"]
     probe, layout, shapes = su._prepare(configs, WIDTHS, load_dataset("digits"), reps=2)
     assert probe.models == (WIDTHS, (64, 16, 16, 10))
     assert probe.syncs == ((0, 1), (0, 10), (1, 10)) and probe.ddp == (3520,)
-    assert [c.run_name for c in probe.runs] == ["localsgd", "diloco", "ist"]
+    assert [c.run_name for c in probe.runs] == ["localsgd", "diloco", "sparseloco", "ist"]
     assert probe.codecs == (("topk:ratio=0.01", (3520, 880)),)
     cal = calibrate(probe, 2)
     assert set(cal.links) == {"all_reduce", "all_gather", "p2p"}
     assert set(cal.codecs) == {"topk:ratio=0.01"}
-    assert set(cal.sync_overhead_s) == {"localsgd", "diloco", "ist"}
+    assert set(cal.sync_overhead_s) == {"localsgd", "diloco", "sparseloco", "ist"}
     assert set(cal.stragglers) == {"64-32-32-10/1", "64-32-32-10/10", "64-16-16-10/10"}
     assert min(cal.stragglers.values()) >= 1.0
     later = dataclasses.replace(cal, started_at=cal.started_at + 100)

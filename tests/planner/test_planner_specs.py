@@ -31,6 +31,7 @@ def test_every_preset_loads():
         "gpt2-small": 0.124, "gpt2-medium": 0.355, "gpt2-large": 0.774, "gpt2-xl": 1.558,
         "gpt3-175b": 175, "megatron-175b": 175, "megatron-22b": 22, "megatron-530b": 530,
         "megatron-1t": 1008, "mlp-784-2048-2048-10": 0.0058,
+        "xmlp-amazon-670k": 0.1038,  # SLIDE's 135909-128-670091 with biases
     }
     for name in models:
         assert load_model(name).params / 1e9 == pytest.approx(published[name], rel=0.01)

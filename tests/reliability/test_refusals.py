@@ -98,7 +98,7 @@ def test_toml_strings_for_numbers_and_booleans_are_refused(tmp_path: Path, line:
     with pytest.raises(UsageError) as e:
         config_mod.load(f)
     msg = one_line(e)
-    assert f"[{section}] {key}" in msg and "without quotes" in msg, msg
+    assert f"{section}.{key}" in msg and "without quotes" in msg, msg
     f.write_text(f"[{section}]\n{line.replace(chr(34), '')}\n")
     config_mod.load(f)  # the same value unquoted is fine
 

@@ -6,6 +6,7 @@
   thinwire plan --validate
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 8 --method ist
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 8 --crossover
+  thinwire plan --model mynet.py:ResNet --input 32x3x32x32 --cluster cpu-1gbe --nodes 4 --method ist
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 64 --scaling --out runs/plan
   thinwire plan --calibrate --model mlp-784-512-512-10 --workers 4 --steps 100 --out runs/calibrate
 Bad input raises UsageError (the top-level command prints it and exits 2).
@@ -38,6 +39,7 @@ from thinwire.planner.specs import (
 )
 from thinwire.planner.step import predict
 from thinwire.planner.strategy import StrategySpec
+from thinwire.planner.usermodel import is_module_ref
 from thinwire.planner.validation import render_validation, step_time_records
 
 _UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -70,7 +72,23 @@ def _where(parser: argparse.ArgumentParser) -> None:
                    help="price a thinwire train config as written (e.g. RUN_DIR/config.toml): "
                    "every rank's bytes from its method's formula; with --cluster also the "
                    "planner's step time and memory of its layout on that cluster")
-    g.add_argument("--model", help="preset name, mlp-W0-W1-...-WL, or FILE.toml")
+    g.add_argument("--model", help="preset name, mlp-W0-W1-...-WL, FILE.toml, or "
+                   "FILE.py:ClassName (a model of your own, built with its constructor's "
+                   "defaults; give --input)")
+    g.add_argument("--input", metavar="SHAPE",
+                   help="--model FILE.py:ClassName: the example input's shape, batch first, e.g. "
+                   "8x1x28x28; the IST plan is derived from the traced forward on it, and its "
+                   "batch is the micro-batch unless --micro-batch-size says otherwise")
+    g.add_argument("--input-tokens", type=int, metavar="V",
+                   help="with --input: the example is token ids below V (a model that embeds "
+                   "tokens) instead of standard normal floats")
+    g.add_argument("--ist-residual", choices=("channels", "blocks"), default="channels",
+                   help="--model FILE.py:ClassName: both sides of a residual add share one cut "
+                   "channel group (channels) or residual blocks are dealt units (blocks, ResIST)")
+    g.add_argument("--ist-shared", metavar="NAME,...", default="",
+                   help="--model FILE.py:ClassName: submodules kept whole (not traced into, "
+                   "shared by every subnet), as IST's shared=: the escape hatch for a submodule "
+                   "the tracer cannot follow")
     g.add_argument(
         "--cluster", help="preset name (a100-80gb, h100, h200, cpu-1gbe, ...) or FILE.toml"
     )
@@ -253,11 +271,46 @@ def _search(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec
     return search_report(preds, args.top, cluster)
 
 
+def _shape(args: argparse.Namespace) -> tuple[int, ...]:
+    from thinwire.planner.usermodel import parse_shape
+
+    return parse_shape(args.input)
+
+
+def _model(args: argparse.Namespace, cluster: ClusterSpec) -> ModelSpec:
+    """--model: a preset, a TOML file, or a user's FILE.py:ClassName counted with the IST plan
+    derived on the --input example (groups below the data-parallel degree shared, as IST does
+    on that many workers; the default global batch: the example's batch per worker)."""
+    if not is_module_ref(args.model):
+        if args.input or args.input_tokens is not None:
+            raise UsageError("--input and --input-tokens describe the example input of --model "
+                             "FILE.py:ClassName; drop them for a preset or TOML model")
+        return load_model(args.model)
+    from thinwire.planner.usermodel import example_input, load_module, model_spec_from_example
+
+    if not args.input:
+        raise UsageError(f"--model {args.model} needs --input SHAPE, the example input's shape "
+                         "batch first, e.g. --input 8x1x28x28")
+    if args.input_tokens is not None and args.input_tokens < 1:
+        raise UsageError(f"--input-tokens={args.input_tokens}: give the vocabulary size, >= 1")
+    shape = _shape(args)
+    module = load_module(args.model)
+    workers = args.dp or max(1, cluster.devices // ((args.tp or 1) * (args.pp or 1)))
+    return model_spec_from_example(module, example_input(shape, args.input_tokens or 0),
+                                   min_units=workers, residual=args.ist_residual,
+                                   shared=tuple(filter(None, args.ist_shared.split(","))),
+                                   global_batch=shape[0] * workers)
+
+
 def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
     """A plan's prediction, a search, a crossover or a scaling curve."""
     if not args.model or not args.cluster:
-        raise UsageError("give --model NAME|FILE.toml and --cluster NAME|FILE.toml (see --list)")
-    model, cluster = load_model(args.model), _cluster(args)
+        raise UsageError("give --model NAME|FILE.toml|FILE.py:ClassName and --cluster "
+                         "NAME|FILE.toml (see --list)")
+    cluster = _cluster(args)
+    model = _model(args, cluster)
+    if is_module_ref(args.model) and args.micro_batch_size is None:
+        args = argparse.Namespace(**{**vars(args), "micro_batch_size": _shape(args)[0]})
     if args.search:
         return _search(args, model, cluster)
     base = _strategy(args, model, cluster)

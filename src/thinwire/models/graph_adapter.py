@@ -62,7 +62,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -519,7 +519,8 @@ class _Propagate(fx.Interpreter):
             self._attention_groups(f"{name}.{sub}", mha, a, rank)
             out = self._attention_out(f"{name}.{sub}", mha, rank)
             stream = self._join_stream(stream, out, last)
-        lin1, lin2 = m.linear1, m.linear2  # type: ignore[union-attr]
+        lin1: Any = m.linear1  # type: ignore[union-attr]
+        lin2: Any = m.linear2  # type: ignore[union-attr]
         if last in stream:
             self._consume(f"{name}.linear1", stream[last][0], 1, f"{name}.linear1.weight", 1)
         ffn = self._new(lin1.out_features, f"{name}.linear1",
@@ -626,13 +627,14 @@ class _Propagate(fx.Interpreter):
             x = n.args[0]
             start = n.args[1] if len(n.args) > 1 else n.kwargs.get("start_dim", 0)
             end = n.args[2] if len(n.args) > 2 else n.kwargs.get("end_dim", -1)
-            return self._flatten(self._a(x), self.env_shape(x), int(start), int(end))
+            return self._flatten(self._a(x), self.env_shape(x), int(cast(int, start)), int(cast(int, end)))
         if f is operator.getitem:
             return self._getitem(n, out)
         if f is F.scaled_dot_product_attention:
             return self._attend(n)
         if f in (torch.transpose,):
-            return self._transpose(self._a(n.args[0]), int(n.args[1]), int(n.args[2]),
+            return self._transpose(self._a(n.args[0]), int(cast(int, n.args[1])),
+                                   int(cast(int, n.args[2])),
                                    len(self.env_shape(n.args[0])))
         if f in (getattr,):
             return {}
@@ -651,9 +653,10 @@ class _Propagate(fx.Interpreter):
         if name == "flatten":
             start = n.args[1] if len(n.args) > 1 else n.kwargs.get("start_dim", 0)
             end = n.args[2] if len(n.args) > 2 else n.kwargs.get("end_dim", -1)
-            return self._flatten(a, self.env_shape(x), int(start), int(end))
+            return self._flatten(a, self.env_shape(x), int(cast(int, start)), int(cast(int, end)))
         if name in ("transpose",):
-            return self._transpose(a, int(n.args[1]), int(n.args[2]), len(self.env_shape(x)))
+            return self._transpose(a, int(cast(int, n.args[1])), int(cast(int, n.args[2])),
+                                   len(self.env_shape(x)))
         if name in ("view", "reshape") and isinstance(out, torch.Tensor):
             return self._reshape(a, self.env_shape(x), tuple(out.shape))
         if name in _REDUCE and isinstance(out, torch.Tensor):
@@ -1177,11 +1180,11 @@ def _channels_adapter(model: nn.Module, graph: _Graph, named: Sequence[tuple[str
                    for m, g in graph.layer_norms.items() if graph.find(g) in by_root}
     modules = dict(model.named_modules())
     group_norms = {}
-    for m, g in graph.group_norms.items():
-        if graph.find(g) in by_root:
+    for m, gid in graph.group_norms.items():
+        if graph.find(gid) in by_root:
             gn = modules[m]
-            group = by_root[graph.find(g)]
-            group_norms[m] = (group, base[group] // (gn.num_channels // gn.num_groups))
+            owner = by_root[graph.find(gid)]
+            group_norms[m] = (owner, base[owner] // (gn.num_channels // gn.num_groups))
     batch_norms = {m: (by_root[graph.find(g)], base[by_root[graph.find(g)]])
                    for m, g in graph.batch_norms.items() if graph.find(g) in by_root}
     attentions = {m: (by_root[graph.find(g)], hd) for m, (g, hd) in graph.attentions.items()

@@ -12,6 +12,12 @@ torch at import time. Predicting thinwire's own runs on this machine is
                    StrategySpec(tp=8, pp=8, micro_batches=1536, sequence_parallel=True,
                                 recompute="selective", interleave=3))
     pred.step_time, pred.memory.total, pred.breakdown.as_dict()
+
+A model of one's own, with IST priced from the plan derived from its graph
+(:func:`~thinwire.planner.usermodel.model_spec_from_example`):
+
+    spec = model_spec_from_example(MyNet(), torch.randn(8, 1, 28, 28), min_units=4)
+    predict(spec, load_cluster("cpu-1gbe", nodes=4), StrategySpec(method="ist"))
 """
 
 from thinwire.planner.insight import crossover_bandwidth, knee, scaling
@@ -22,6 +28,7 @@ from thinwire.planner.search import search
 from thinwire.planner.specs import ClusterSpec, CountedSpec, MLPSpec, ModelSpec, TransformerSpec
 from thinwire.planner.step import Prediction, StepBreakdown, predict
 from thinwire.planner.strategy import StrategySpec, check_layout
+from thinwire.planner.usermodel import model_spec_from_example
 
 __all__ = [
     "ClusterSpec",
@@ -40,6 +47,7 @@ __all__ = [
     "load_cluster",
     "load_model",
     "memory_breakdown",
+    "model_spec_from_example",
     "model_spec_from_module",
     "per_step",
     "predict",

@@ -87,7 +87,8 @@ def method_variants(model: ModelSpec, base: StrategySpec, extra: Sequence[str] =
             continue
         cuts = partitioned(resolve(spec))
         has_plan = isinstance(model, MLPSpec) or (isinstance(model, CountedSpec)
-                                                   and model.ist is not None)
+                                                   and model.ist is not None) \
+            or resolve(spec).entry.share is not None  # its own cut (it checks the model)
         if cuts and (not has_plan or base.tp > 1 or base.pp > 1):
             continue
         out[spec] = dataclasses.replace(plain, method=spec)

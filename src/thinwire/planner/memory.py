@@ -207,9 +207,12 @@ def _transformer_memory(model: TransformerSpec, s: StrategySpec, elem: float
 def _dense_memory(model: ModelSpec, s: StrategySpec, elem: float) -> tuple[float, float]:
     """(parameters, activations) of one worker of an MLP or a counted model."""
     if not isinstance(model, MLPSpec):
-        if s.partitioned:  # a counted module with an adapter: its subnet's parameters
-            from thinwire.planner.methods import worker_params
+        if s.partitioned:  # its subnet's parameters, or the method's own share (and tables)
+            from thinwire.planner.methods import method_share, worker_params
 
+            share = method_share(model, s.method, s.dp)
+            if share is not None:
+                return share.params, share.other_bytes
             return worker_params(model, s.dp), 0.0
         return float(model.params), 0.0
     if s.partitioned:

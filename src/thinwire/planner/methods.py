@@ -22,9 +22,12 @@ method; every fact comes from the method's registry entry:
    first round moves no optimizer state), per step / S (:func:`per_step`);
 4. what a worker trains: the whole model for methods whose Strategy is a
    :class:`~thinwire.strategies.base.ReplicatedStrategy`; otherwise the part the model's IST
-   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`), which
-   needs a plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the
-   compute and activation model of a subnet) is the MLP's.
+   plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`, the
+   ``worker_numel`` its method declares), which needs a plan (MLP specs, counted modules with
+   an adapter); :func:`worker_widths` (the compute and activation model of a subnet) is the
+   MLP's; a method that cuts the model its own way declares a worker's part in its entry's
+   ``share`` (:func:`method_share`: slide's shard of the wide layer, its active fraction's work
+   and its hash tables).
 
 torch is imported on use only (the registry's modules and the adapters need it).
 """
@@ -41,7 +44,7 @@ from thinwire.planner.specs import CountedSpec, MLPSpec, ModelSpec, TransformerS
 
 if TYPE_CHECKING:
     from thinwire.models.adapter import ISTPlan
-    from thinwire.strategies.entry import MethodEntry
+    from thinwire.strategies.entry import MethodEntry, WorkerShare
     from thinwire.strategies.traffic import Layout, Traffic
 
 OPTIMIZER_STATES = {"adam": 2, "momentum": 1, "sgd": 0}
@@ -68,12 +71,14 @@ class Method:
 
     @property
     def codec(self) -> str:
-        """The codec spec the method encodes with ("none": none)."""
-        return str(getattr(self.options, "compressor", "none"))
+        """The codec spec the method encodes with (its declared ``codec``; "none": none)."""
+        codec = self.entry.formulas.get("codec")
+        return str(codec(self.options)) if codec is not None else "none"
 
     def without_codec(self) -> Method:
-        """The same method with its codec switched off (compressed methods only)."""
-        plain = dataclasses.replace(self.options, compressor="none")
+        """The same method with its codec switched off (its declared ``uncompressed``;
+        compressed methods only)."""
+        plain = self.entry.formula("uncompressed")(self.options)
         return Method(self.spec + " (uncompressed)", self.entry, plain)
 
 
@@ -106,6 +111,18 @@ def _alias(name: str, values: dict[str, str], spec: str) -> tuple[str, dict[str,
                      f"{', '.join(METHODS.names())} or a codec name (e.g. topk:ratio=0.01)")
 
 
+def declaring(formula: str) -> MethodEntry:
+    """The first registered method whose entry declares ``formula`` (its ``formulas``): how the
+    planner finds, without naming it, the method a formula of its own prices (ZeRO's owners, a
+    pipeline's stage plan, IST's subnets); a one-line error if none does."""
+    from thinwire.strategies import METHODS
+
+    for _, entry in METHODS.entries():
+        if formula in entry.formulas:
+            return entry
+    raise UsageError(f"no registered method declares the {formula!r} formula")
+
+
 def default_methods() -> list[str]:
     """Every registered method priced from a model's layout alone (a traffic formula, and
     ``planned``), at its defaults, except the first (the runs' default method, plain data
@@ -117,13 +134,8 @@ def default_methods() -> list[str]:
 
 def partitioned(method: Method) -> bool:
     """Step 4: whether a worker trains only a part of the model (its Strategy is not a
-    ReplicatedStrategy)."""
-    import importlib
-
-    from thinwire.strategies.base import ReplicatedStrategy
-
-    module, _, cls = method.entry.strategy.partition(":")
-    return not issubclass(getattr(importlib.import_module(module), cls), ReplicatedStrategy)
+    ReplicatedStrategy; :meth:`~thinwire.strategies.entry.MethodEntry.partitioned`)."""
+    return method.entry.partitioned()
 
 
 def mlp_ist_plan(model: MLPSpec) -> ISTPlan:
@@ -168,6 +180,12 @@ def layout_of(model: ModelSpec, tp: int = 1, pp: int = 1) -> Layout:
     if plan is not None:
         return Layout.from_shapes([(t.name, t.shape) for t in plan.tensors if not t.buffer],
                                   ist=plan)
+    wide = getattr(model, "wide", None)
+    if wide is not None:  # an extreme-classification network: xmlp's parameters and shapes
+        H = wide.hidden
+        shapes = [("embed.weight", (wide.features, H)), ("bias", (H,)),
+                  ("wide.weight", (wide.labels, H)), ("wide.bias", (wide.labels,))]
+        return dataclasses.replace(Layout.from_shapes(shapes), wide=wide)
     if isinstance(model, TransformerSpec):
         return Layout.from_shapes(transformer_shapes(model, tp, pp))
     assert isinstance(model, CountedSpec)
@@ -208,7 +226,7 @@ def per_step(model: ModelSpec, spec: str, workers: int, tp: int, pp: int, optimi
     layout = layout_of(model, tp, pp)
     options = method.entry.options_for(method.options, layout.ist)  # the model's own defaults
     period = int(method.entry.sync_every(options))
-    if layout.ist is None and partitioned(method):
+    if layout.ist is None and method.entry.share is None and partitioned(method):
         raise UsageError(f"--method {spec}: {method.entry.name} cuts the model into units; the "
                          "planner has their plan for MLP specs (mlp-W0-...-WL) and for modules "
                          "counted with their adapter (model_spec_from_module(m, adapter=))")
@@ -218,22 +236,42 @@ def per_step(model: ModelSpec, spec: str, workers: int, tp: int, pp: int, optimi
     return _minus(two, one, period)
 
 
-def worker_params(model: ModelSpec, workers: int) -> float:
+def method_share(model: ModelSpec, spec: str, workers: int) -> WorkerShare | None:
+    """Step 4 for a method with its own ``share``: one worker's part of ``model`` (None: the
+    method declares none, or no method)."""
+    if not spec:
+        return None
+    method = resolve(spec)
+    if method.entry.share is None:
+        return None
+    return method.entry.share(layout_of(model), method.options, workers)
+
+
+def work_share(model: ModelSpec, spec: str, workers: int) -> float:
+    """The fraction of the full model's training FLOPs per sample a worker of a cutting
+    method does (its ``share``, else its parameters' fraction)."""
+    share = method_share(model, spec, workers)
+    if share is not None:
+        if isinstance(model, TransformerSpec):
+            raise UsageError(f"{spec}: a worker's share of a transformer's work is not modelled")
+        return share.flops_per_sample / model.flops_per_sample
+    return worker_params(model, workers) / model.params
+
+
+def worker_params(model: ModelSpec, workers: int, spec: str = "") -> float:
     """Step 4: parameters a worker trains when the model's IST plan deals its units over
-    ``workers`` (round 0's subnets, the mean over workers; the whole model for one worker)."""
+    ``workers`` (round 0's subnets, the mean over workers; the whole model for one worker), or
+    the method's own ``share`` when ``spec``'s entry declares one."""
+    share = method_share(model, spec, workers)
+    if share is not None:
+        return share.params
     if workers <= 1:
         return float(model.params)
     plan = ist_plan(model)
     if plan is None:
         raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs and for "
                          "modules counted with their adapter only")
-    from thinwire.strategies.ist import pieces
-    from thinwire.strategies.ist.partition import partition_groups
-
-    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
-    total = sum(pieces.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
-                for w in range(workers))
-    return total / workers
+    return float(declaring("worker_numel").formula("worker_numel")(plan, workers))
 
 
 def worker_widths(model: MLPSpec, workers: int) -> tuple[float, ...]:

@@ -57,8 +57,16 @@ from typing import TYPE_CHECKING, Any
 from thinwire.errors import UsageError
 
 if TYPE_CHECKING:
-    from thinwire.strategies.pipeline.plan import PipelinePlan
+    from thinwire.strategies.entry import MethodEntry
     from thinwire.strategies.traffic import Traffic
+
+
+def _method() -> MethodEntry:
+    """The pipeline method's registry entry (the one declaring its stage ``plan``): its options,
+    traffic and declared ``formulas``."""
+    from thinwire.planner.methods import declaring
+
+    return declaring("plan")
 
 
 @dataclass(frozen=True)
@@ -92,28 +100,27 @@ class PipelineShape:
         return self.micro_batches * self.micro_batch
 
 
-def pipeline_plan(shape: PipelineShape) -> PipelinePlan:
-    """Step 1: the method's stage plan for a transformer of these dimensions."""
-    from thinwire.strategies.pipeline.plan import PipelinePlan
-
+def pipeline_plan(shape: PipelineShape) -> Any:
+    """Step 1: the method's stage plan (its declared ``plan`` class) for a transformer of these
+    dimensions."""
     S = shape.stages
-    return PipelinePlan(S, shape.dp, shape.batch, ((shape.seq, shape.d_model),) * (S - 1),
+    return _method().formula("plan")(S, shape.dp, shape.batch, ((shape.seq, shape.d_model),) * (S - 1),
                         shape.stage_params or (0,) * S, shape.clip)
 
 
 def options_of(codec_fwd: str = "none", codec_bwd: str = "none", **more: Any) -> Any:
     """The pipeline method's options (defaults, the two codecs, any other option by name); a bad
     spec is a one-line error."""
-    from thinwire.strategies.pipeline.method import Options
-
-    return Options(codec_fwd=codec_fwd, codec_bwd=codec_bwd, **more)
+    return _method().options(codec_fwd=codec_fwd, codec_bwd=codec_bwd, **more)
 
 
 def traffic(shape: PipelineShape, options: Any, steps: int = 1) -> Traffic:
     """Step 2: the ledger's totals per rank after ``steps`` steps (rank r is stage r % S of
     replica r // S), from the method's own formula. ``options.micro_batches`` must be M."""
-    from thinwire.strategies.pipeline.traffic import traffic as method_traffic
     from thinwire.strategies.traffic import Layout
+
+    method_traffic = _method().traffic
+    assert method_traffic is not None
 
     if options.micro_batches != shape.micro_batches:
         raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
@@ -246,6 +253,193 @@ class _Link:
         return end
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """The validated inputs of :func:`simulate`: per stage its passes, their CPU seconds and
+    the bytes of each message it sends."""
+
+    S: int
+    M: int
+    passes: list[list[tuple[str, int]]]
+    """Stage s's passes in the runtime's order, then its optimizer step ``("O", -1)``."""
+    forward: Sequence[float]
+    backward: Sequence[float]
+    codec: list[tuple[float, ...]]
+    opt: list[float]
+    fwd: list[list[int]]
+    bwd: list[list[int]]
+    bounds: Any
+
+    def cpu(self, s: int, kind: str, m: int) -> float:
+        """Stage s's seconds (one core) of pass ``kind`` on micro-batch m: its compute plus the
+        codec work of the messages it reads and writes."""
+        S, M, codec = self.S, self.M, self.codec
+        if kind == "O":
+            return self.opt[s]
+        if kind == "F":
+            t = self.forward[s]
+            if s > 0:  # decode the activation
+                t += codec[s - 1][1]
+            if s < S - 1:  # encode its own
+                t += codec[s][0]
+            return t
+        t = self.backward[s]
+        if s < S - 1 and self.bounds.compressed_backward(s, m, S, M):  # decode the output's gradient
+            t += codec[s][3]
+        if s > 0 and self.bounds.compressed_backward(s - 1, m, S, M):  # encode the input's
+            t += codec[s - 1][2]
+        return t
+
+
+def _inputs(shape: PipelineShape, options: Any, forward: Sequence[float],
+            backward: Sequence[float], bandwidth: float, codec_seconds: Any,
+            optimizer_seconds: Any, cores: int | None, burst: float) -> _Inputs:
+    """:func:`simulate`'s arguments checked (one-line errors) and turned into :class:`_Inputs`."""
+    order = _method().formula("order")
+    message_bytes = _method().formula("message_bytes")
+
+    S, M = shape.stages, shape.micro_batches
+    for name, v in (("forward", forward), ("backward", backward)):
+        if len(v) != S:
+            raise UsageError(f"pipeline {name}: {len(v)} times for {S} stages")
+    if bandwidth <= 0:
+        raise UsageError(f"pipeline bandwidth: got {bandwidth}; use bytes a second > 0")
+    if cores is not None and cores < 1:
+        raise UsageError(f"pipeline cores: got {cores}; use 1 or more, or None")
+    if burst < 0:
+        raise UsageError(f"pipeline burst: got {burst}; use bytes >= 0")
+    codec: list[tuple[float, ...]] = ([tuple(c) for c in codec_seconds]
+                                      if codec_seconds is not None else [(0.0,) * 4] * (S - 1))
+    if len(codec) != S - 1 or any(len(c) != 4 for c in codec):
+        raise UsageError(f"pipeline codec_seconds: give {S - 1} (encode, decode, encode, "
+                         "decode) tuples, one a boundary")
+    opt = ([float(optimizer_seconds)] * S if isinstance(optimizer_seconds, (int, float))
+           else list(optimizer_seconds))
+    if len(opt) != S:
+        raise UsageError(f"pipeline optimizer_seconds: {len(opt)} times for {S} stages")
+    if options.micro_batches != M:
+        raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
+                         f"shape {M}; give the same M to both")
+    fwd, bwd, _ = message_bytes(pipeline_plan(replace(shape, dp=1)), options)
+    passes = [order(options.schedule, s, S, M) + [("O", -1)] for s in range(S)]
+    return _Inputs(S, M, passes, forward, backward, codec, opt, fwd, bwd, options.boundaries())
+
+
+class _Simulation:
+    """The event loop of :func:`simulate`: the stages' positions in their passes, the links,
+    the messages posted, asked for and in flight, and the clock."""
+
+    def __init__(self, inp: _Inputs, *, bandwidth: float, latency: float, cores: int | None,
+                 burst: float, rendezvous: bool, acks_queue: bool) -> None:
+        S = inp.S
+        self.inp, self.latency, self.cores = inp, latency, cores
+        self.rendezvous, self.acks_queue = rendezvous, acks_queue
+        self.pos, self.left = [0] * S, [-1.0] * S  # left < 0: no pass in hand
+        self.busy = [0.0] * S
+        self.arrive: dict[tuple[str, int, int], float] = {}
+        self.up = [_Link(bandwidth, burst) for _ in range(S)]
+        self.down = [_Link(bandwidth, burst) for _ in range(S)]
+        self.sent_by = [0.0] * S
+        self.offered: dict[tuple[str, int, int], int] = {}  # posted sends not yet on the wire
+        self.asked: dict[tuple[str, int, int], float] = {}  # receives a stage waits in
+        self.unsent = [0] * S
+        self.began = [0.0] * S
+        self.timeline: list[tuple[int, str, int, float, float]] = []
+        self.done: list[float | None] = [None] * S
+        self.now = 0.0
+
+    def needs(self, s: int) -> float | None:
+        """When stage s's next pass can start (None: its message is not on the way yet); with
+        ``rendezvous``, a receive asked for is a transfer started if its send is posted."""
+        kind, m = self.inp.passes[s][self.pos[s]]
+        key = None
+        if kind == "F" and s > 0:
+            key, frm = ("F", s - 1, m), s - 1
+        elif kind == "B" and s < self.inp.S - 1:
+            key, frm = ("B", s, m), s + 1
+        if key is not None:
+            if key not in self.asked:
+                self.asked[key] = self.now
+                if key in self.offered:
+                    self.transfer(frm, s, key)
+            return self.arrive.get(key)
+        if kind == "O":
+            return self.sent_by[s] if self.unsent[s] == 0 else None
+        return self.now
+
+    def transfer(self, s: int, to: int, key: tuple[str, int, int]) -> None:
+        """A posted message from s to ``to`` goes on the wire: the sender's upload and the
+        receiver's download (after its upload falls idle, with ``acks_queue``)."""
+        nbytes = self.offered.pop(key)
+        start = max(self.now, self.up[to].free) if self.acks_queue else self.now
+        end = max(self.up[s].take(nbytes, start), self.down[to].take(nbytes, start))
+        self.arrive[key] = end + self.latency
+        self.sent_by[s] = max(self.sent_by[s], end)
+        self.unsent[s] -= 1
+
+    def post(self, s: int, to: int, key: tuple[str, int, int], nbytes: int) -> None:
+        """A finished pass's send: on the wire now, or (``rendezvous``) once it is asked for."""
+        self.offered[key] = nbytes
+        self.unsent[s] += 1
+        if key in self.asked or not self.rendezvous:
+            self.transfer(s, to, key)
+
+    def _start_passes(self) -> list[float]:
+        """Every idle stage whose next pass can start takes it; returns the times the others
+        can (the next events)."""
+        wakes = []
+        for s in range(self.inp.S):
+            if self.done[s] is None and self.left[s] < 0:
+                t = self.needs(s)
+                if t is not None and t <= self.now:
+                    self.left[s] = self.inp.cpu(*((s,) + self.inp.passes[s][self.pos[s]]))
+                    self.began[s] = self.now
+                elif t is not None:
+                    wakes.append(t)
+        return wakes
+
+    def _finish(self, s: int) -> None:
+        """Stage s ends its pass in hand: logged, its message posted, its step done after the
+        optimizer."""
+        kind, m = self.inp.passes[s][self.pos[s]]
+        self.timeline.append((s, kind, m, self.began[s], self.now))
+        self.left[s] = -1.0
+        self.pos[s] += 1
+        if kind == "F" and s < self.inp.S - 1:
+            self.post(s, s + 1, ("F", s, m), self.inp.fwd[s][m])
+        elif kind == "B" and s > 0:
+            self.post(s, s - 1, ("B", s - 1, m), self.inp.bwd[s - 1][m])
+        elif kind == "O":
+            self.done[s] = self.now
+
+    def run(self) -> list[float]:
+        """Until every stage has stepped: start what can start, advance the clock to the next
+        pass end or arrival (the running passes share the cores equally), finish what ended.
+        Returns each stage's end."""
+        S, cores = self.inp.S, self.cores
+        while any(d is None for d in self.done):
+            wakes = self._start_passes()
+            running = [s for s in range(S) if self.left[s] >= 0]
+            if not running:
+                if not wakes:  # cannot happen for a valid schedule; a guard against a silent hang
+                    raise RuntimeError("pipeline simulation: every stage waits for a message")
+                self.now = min(wakes)
+                continue
+            rate = min(1.0, cores / len(running)) if cores else 1.0
+            dt = min(self.left[s] for s in running) / rate
+            if wakes and min(wakes) - self.now < dt:
+                dt = min(wakes) - self.now
+            self.now += dt
+            for s in running:
+                self.left[s] -= dt * rate
+                self.busy[s] += dt * rate
+            for s in running:
+                if self.left[s] > 1e-12:
+                    continue
+                self._finish(s)
+        return [d for d in self.done if d is not None]
+
+
 def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
              backward: Sequence[float], *, bandwidth: float, latency: float = 0.0,
              codec_seconds: Sequence[Sequence[float]] | None = None,
@@ -266,140 +460,14 @@ def simulate(shape: PipelineShape, options: Any, forward: Sequence[float],
     is idle (TCP's acknowledgements queue behind its outgoing data on a FIFO-shaped link, so
     the incoming, ACK-clocked transfer stalls: the thin-wire testbed's tbf links, home
     uplinks), else the two directions are independent."""
-    from thinwire.strategies.pipeline.schedule import order
-    from thinwire.strategies.pipeline.traffic import message_bytes
-
-    S, M = shape.stages, shape.micro_batches
-    for name, v in (("forward", forward), ("backward", backward)):
-        if len(v) != S:
-            raise UsageError(f"pipeline {name}: {len(v)} times for {S} stages")
-    if bandwidth <= 0:
-        raise UsageError(f"pipeline bandwidth: got {bandwidth}; use bytes a second > 0")
-    if cores is not None and cores < 1:
-        raise UsageError(f"pipeline cores: got {cores}; use 1 or more, or None")
-    if burst < 0:
-        raise UsageError(f"pipeline burst: got {burst}; use bytes >= 0")
-    codec = [tuple(c) for c in codec_seconds] if codec_seconds is not None else \
-        [(0.0, 0.0, 0.0, 0.0)] * (S - 1)
-    if len(codec) != S - 1 or any(len(c) != 4 for c in codec):
-        raise UsageError(f"pipeline codec_seconds: give {S - 1} (encode, decode, encode, "
-                         "decode) tuples, one a boundary")
-    opt = ([float(optimizer_seconds)] * S if isinstance(optimizer_seconds, (int, float))
-           else list(optimizer_seconds))
-    if len(opt) != S:
-        raise UsageError(f"pipeline optimizer_seconds: {len(opt)} times for {S} stages")
-    if options.micro_batches != M:
-        raise UsageError(f"pipeline micro_batches: the options say {options.micro_batches}, the "
-                         f"shape {M}; give the same M to both")
-    fwd, bwd, _ = message_bytes(pipeline_plan(replace(shape, dp=1)), options)
-    bounds = options.boundaries()
-
-    def cpu(s: int, kind: str, m: int) -> float:
-        if kind == "O":
-            return opt[s]
-        if kind == "F":
-            t = forward[s]
-            if s > 0:  # decode the activation
-                t += codec[s - 1][1]
-            if s < S - 1:  # encode its own
-                t += codec[s][0]
-            return t
-        t = backward[s]
-        if s < S - 1 and bounds.compressed_backward(s, m, S, M):  # decode the output's gradient
-            t += codec[s][3]
-        if s > 0 and bounds.compressed_backward(s - 1, m, S, M):  # encode the input's
-            t += codec[s - 1][2]
-        return t
-
-    passes = [order(options.schedule, s, S, M) + [("O", -1)] for s in range(S)]
-    pos, left = [0] * S, [-1.0] * S  # left < 0: no pass in hand
-    busy = [0.0] * S
-    arrive: dict[tuple[str, int, int], float] = {}
-    up = [_Link(bandwidth, burst) for _ in range(S)]
-    down = [_Link(bandwidth, burst) for _ in range(S)]
-    sent_by = [0.0] * S
-    offered: dict[tuple[str, int, int], int] = {}  # posted sends not yet on the wire
-    asked: dict[tuple[str, int, int], float] = {}  # receives a stage waits in
-    unsent = [0] * S
-    began = [0.0] * S
-    timeline: list[tuple[int, str, int, float, float]] = []
-    done: list[float | None] = [None] * S
-    now = 0.0
-
-    def needs(s: int) -> float | None:
-        """When stage s's next pass can start (None: its message is not on the way yet); with
-        ``rendezvous``, a receive asked for is a transfer started if its send is posted."""
-        kind, m = passes[s][pos[s]]
-        key = None
-        if kind == "F" and s > 0:
-            key, frm = ("F", s - 1, m), s - 1
-        elif kind == "B" and s < S - 1:
-            key, frm = ("B", s, m), s + 1
-        if key is not None:
-            if key not in asked:
-                asked[key] = now
-                if key in offered:
-                    transfer(frm, s, key)
-            return arrive.get(key)
-        if kind == "O":
-            return sent_by[s] if unsent[s] == 0 else None
-        return now
-
-    def transfer(s: int, to: int, key: tuple[str, int, int]) -> None:
-        nbytes = offered.pop(key)
-        start = max(now, up[to].free) if acks_queue else now
-        end = max(up[s].take(nbytes, start), down[to].take(nbytes, start))
-        arrive[key] = end + latency
-        sent_by[s] = max(sent_by[s], end)
-        unsent[s] -= 1
-
-    def post(s: int, to: int, key: tuple[str, int, int], nbytes: int) -> None:
-        offered[key] = nbytes
-        unsent[s] += 1
-        if key in asked or not rendezvous:
-            transfer(s, to, key)
-
-    while any(d is None for d in done):
-        wakes = []
-        for s in range(S):
-            if done[s] is None and left[s] < 0:
-                t = needs(s)
-                if t is not None and t <= now:
-                    left[s] = cpu(*((s,) + passes[s][pos[s]]))
-                    began[s] = now
-                elif t is not None:
-                    wakes.append(t)
-        running = [s for s in range(S) if left[s] >= 0]
-        if not running:
-            if not wakes:  # cannot happen for a valid schedule; a guard against a silent hang
-                raise RuntimeError("pipeline simulation: every stage waits for a message")
-            now = min(wakes)
-            continue
-        rate = min(1.0, cores / len(running)) if cores else 1.0
-        dt = min(left[s] for s in running) / rate
-        if wakes and min(wakes) - now < dt:
-            dt = min(wakes) - now
-        now += dt
-        for s in running:
-            left[s] -= dt * rate
-            busy[s] += dt * rate
-        for s in running:
-            if left[s] > 1e-12:
-                continue
-            kind, m = passes[s][pos[s]]
-            timeline.append((s, kind, m, began[s], now))
-            left[s] = -1.0
-            pos[s] += 1
-            if kind == "F" and s < S - 1:
-                post(s, s + 1, ("F", s, m), fwd[s][m])
-            elif kind == "B" and s > 0:
-                post(s, s - 1, ("B", s - 1, m), bwd[s - 1][m])
-            elif kind == "O":
-                done[s] = now
+    inp = _inputs(shape, options, forward, backward, bandwidth, codec_seconds,
+                  optimizer_seconds, cores, burst)
+    sim = _Simulation(inp, bandwidth=bandwidth, latency=latency, cores=cores, burst=burst,
+                      rendezvous=rendezvous, acks_queue=acks_queue)
+    finished = sim.run()
     sync = _sync_seconds(shape, bandwidth, latency)
-    finished = [d for d in done if d is not None]
     total = max(max(finished), finished[-1] + latency) + sync  # the loss's broadcast
-    return Simulated(total, tuple(busy), sync, tuple(timeline))
+    return Simulated(total, tuple(sim.busy), sync, tuple(sim.timeline))
 
 
 __all__ = ["PipelineShape", "Simulated", "StepTime", "boundary_bytes", "options_of", "pipeline_plan",

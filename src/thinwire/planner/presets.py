@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
-from thinwire.planner.specs import ClusterSpec, CountedSpec, MLPSpec, ModelSpec, TransformerSpec
+from thinwire.planner.specs import (
+    ClusterSpec,
+    CountedSpec,
+    MLPSpec,
+    ModelSpec,
+    TransformerSpec,
+    XMLPShapes,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -113,13 +120,17 @@ _KINDS = {cls.__name__.removesuffix("Spec").lower(): cls
 
 
 def model_from_dict(data: dict[str, Any], label: str = "model") -> ModelSpec:
-    """A model spec from TOML data; ``kind`` is transformer (default), mlp or counted."""
+    """A model spec from TOML data; ``kind`` is transformer (default), mlp, counted or extreme
+    (:class:`~thinwire.planner.specs.XMLPShapes`' keys and ``name``)."""
     data = dict(data)
     kind = data.pop("kind", "transformer")
     data.pop("aliases", None)
     data.pop("description", None)
-    if kind not in _KINDS:
-        raise UsageError(f"{label}: kind={kind!r}; use one of {', '.join(_KINDS)}")
+    if kind not in _KINDS and kind != "extreme":
+        raise UsageError(f"{label}: kind={kind!r}; use one of {', '.join(_KINDS)} or extreme")
+    if kind == "extreme":  # an extreme-classification network, counted from its shapes
+        name = data.pop("name", label)
+        return _build(XMLPShapes, data, label).spec(str(name))  # type: ignore[no-any-return]
     if _KINDS[kind] is MLPSpec and "widths" in data:
         data["widths"] = tuple(data["widths"])
     return _build(_KINDS[kind], data, label)

@@ -8,7 +8,7 @@ Rajbhandari et al. 2020 Sec. 5 with ZeRO's partitions as torch lays them out):
   1. ``zero = 0``: parameters P, gradients P (DDP's buckets, which the gradients are views of),
      optimizer s P.
   2. ``zero = 1``: as 0, but the optimizer state of the parameters the rank owns
-     (:func:`thinwire.strategies.memory.deal`: whole parameters, largest first to the least
+     (dp's declared ``owners``, :func:`thinwire.strategies.memory.deal`: whole parameters, largest first to the least
      loaded rank), s max_r P_r.
   3. ``zero = 2 | 3`` (FSDP2): every parameter sharded on dim 0 as ``torch.chunk``: rank r holds
      rows [r c, (r + 1) c) of c = ceil(d_0 / n); parameters, gradients and s optimizer tensors
@@ -20,7 +20,8 @@ Rajbhandari et al. 2020 Sec. 5 with ZeRO's partitions as torch lays them out):
 Activations: the model entry's ``activations`` formula from its shapes.
 
 Bytes (the ledger's totals; :mod:`thinwire.runtime.comm` wire estimates):
-  - ``zero = 0``: DDP's buckets (:func:`thinwire.strategies.data_parallel.bucket_traffic`);
+  - ``zero = 0``: DDP's buckets (dp's declared ``buckets``,
+    :func:`thinwire.strategies.data_parallel.bucket_traffic`);
   - ``zero = 1``: the same, plus every step one broadcast per owning rank of its parameters;
   - ``zero = 2``: every step, per FSDP group (each block, then the root's own parameters), one
     all-gather of the rank's padded shard and one reduce-scatter of the padded full gradient;
@@ -37,6 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from thinwire.strategies.traffic import Layout, ParamInfo, Traffic
+
+
+def _dp(name: str) -> Any:
+    """Data parallelism's declared formula ``name`` (``buckets``, ``owners``: the method that
+    declares them in its registry entry's ``formulas``)."""
+    from thinwire.planner.methods import declaring
+
+    return declaring(name).formula(name)
 
 
 @dataclass(frozen=True)
@@ -106,9 +115,7 @@ def run_memory(layout: Layout, *, zero: int, workers: int, states: int, activati
     if n <= 1 or zero == 0:
         return RunMemory(total, total, states * total, activations, 0)
     if zero == 1:
-        from thinwire.strategies.memory import deal
-
-        owner = deal([p.numel for p in layout.params], n)
+        owner = _dp("owners")([p.numel for p in layout.params], n)
         per_rank = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(n)]
         return RunMemory(total, total, states * max(per_rank), activations, 0)
     local = max(sum(shard_numel(p, n, r) * p.itemsize for p in layout.params) for r in range(n))
@@ -122,9 +129,9 @@ def run_memory(layout: Layout, *, zero: int, workers: int, states: int, activati
 def run_traffic(layout: Layout, *, zero: int, workers: int, steps: int, codec: str = "none",
                 blocks: Sequence[str] = ()) -> Traffic:
     """The ledger's totals of a ``dp`` run of ``steps`` steps (module docstring)."""
-    from thinwire.strategies.data_parallel import bucket_traffic
     from thinwire.strategies.traffic import Traffic, wire
 
+    bucket_traffic = _dp("buckets")
     n = workers
     if n <= 1:
         return Traffic.none(n)
@@ -150,10 +157,9 @@ def run_traffic(layout: Layout, *, zero: int, workers: int, steps: int, codec: s
 def _broadcasts(layout: Layout, n: int, steps: int) -> Traffic:
     """ZeRO-1: each owning rank broadcasts its parameters every step (chain estimate)."""
     from thinwire.runtime.comm import wire_estimate
-    from thinwire.strategies.memory import deal
     from thinwire.strategies.traffic import Traffic
 
-    owner = deal([p.numel for p in layout.params], n)
+    owner = _dp("owners")([p.numel for p in layout.params], n)
     owned = [sum(p.numel * p.itemsize for p, o in zip(layout.params, owner) if o == r)
              for r in range(n)]
     sent, recv, pay = [0] * n, [0] * n, [0] * n
@@ -177,6 +183,7 @@ def predict_run(cfg: Any, dataset: Any, model: Any) -> tuple[RunMemory, Traffic]
     """The prediction for config ``cfg`` (method ``dp``) of ``model`` on ``dataset``: memory
     per rank and the ledger's totals, from the model's shapes and its entry's formulas."""
     from thinwire.models import MODELS
+    from thinwire.strategies import METHODS
     from thinwire.strategies.traffic import Layout
 
     entry = MODELS.get(cfg.model.name)
@@ -190,7 +197,8 @@ def predict_run(cfg: Any, dataset: Any, model: Any) -> tuple[RunMemory, Traffic]
     states = optimizer_tensors(cfg.train.optimizer, cfg.train.momentum)
     mem = run_memory(layout, zero=zero, workers=n, states=states, activations=acts,
                      blocks=entry.blocks)
-    codec = getattr(cfg.method.options, "compressor", "none")
+    method = METHODS.get(cfg.method.name)  # the run's codec, as the method declares it
+    codec = method.formulas["codec"](cfg.method.options) if "codec" in method.formulas else "none"
     traffic = run_traffic(layout, zero=zero, workers=n, steps=cfg.train.steps, codec=codec,
                           blocks=entry.blocks)
     return mem, traffic

@@ -164,9 +164,39 @@ class CountedSpec:
     ist: Any = None
     """The model's IST plan (:class:`~thinwire.models.adapter.ISTPlan`, from its adapter) when
     counted from a module that has one: the planner prices IST on it (None: IST not priced)."""
+    wide: Any = None
+    """The shapes of an extreme-classification network (:class:`XMLPShapes`) when the model is
+    one: methods that shard its wide layer (``slide``) are priced from them (None: not one)."""
 
     def __post_init__(self) -> None:
         _positive(self, "params", "flops_per_sample")
+
+
+@dataclass(frozen=True)
+class XMLPShapes:
+    """SLIDE's network (Chen et al., MLSys 2020; thinwire's ``xmlp``): ``features`` sparse
+    inputs -> ``hidden`` (ReLU) -> ``labels`` outputs, with what its activation traffic needs:
+    ``nnz`` non-zeros of an input row, ``label_cols`` label slots of a row and ``batch``, the
+    samples a worker reads a step (Amazon-670K: 135909-128-670091, batch 128)."""
+
+    features: int
+    hidden: int
+    labels: int
+    nnz: int
+    label_cols: int
+    batch: int
+
+    def __post_init__(self) -> None:
+        _positive(self, "features", "hidden", "labels", "nnz", "label_cols", "batch")
+
+    def spec(self, name: str) -> CountedSpec:
+        """The counted model: both layers' weights and biases; 6 x the multiply-adds of a
+        sample's dense pass (its ``nnz`` input rows and every output)."""
+        H = self.hidden
+        params = self.features * H + H + self.labels * (H + 1)
+        flops = 6.0 * (self.nnz * H + H * self.labels)
+        return CountedSpec(name=name, params=params, flops_per_sample=flops,
+                           global_batch=self.batch, wide=self)
 
 
 ModelSpec = TransformerSpec | MLPSpec | CountedSpec

@@ -40,7 +40,7 @@ from thinwire.planner.memory import (
     param_bytes,
     transformer_params_per_device,
 )
-from thinwire.planner.methods import worker_params, worker_widths
+from thinwire.planner.methods import method_share, work_share, worker_params, worker_widths
 from thinwire.planner.specs import (
     DTYPE_BYTES,
     ClusterSpec,
@@ -223,7 +223,7 @@ def _micro_batch(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> flo
     dtype = s.resolved_dtype(cluster)
     peak, curve, b = cluster.peak(dtype), cluster.matmul_efficiency, s.micro_batch_size
     if isinstance(model, CountedSpec):  # a worker's part: its share of the parameters
-        share = worker_params(model, s.dp) / model.params if s.partitioned else 1.0
+        share = work_share(model, s.method, s.dp) if s.partitioned else 1.0
         return 3 * matmul_time(share * model.flops_per_sample * b / 3, peak, curve)
     if not isinstance(model, MLPSpec):
         raise UsageError(f"model {model.name}: transformers take the pipeline path")
@@ -239,7 +239,10 @@ def _dense(
     per_mb = _micro_batch(model, cluster, s) / cluster.compute_efficiency
     psi = float(model.params)
     sync = _sync(model, cluster, s, psi, bandwidth)
-    opt, off = _optimizer(cluster, s, worker_params(model, s.dp) if s.partitioned else psi)
+    share = method_share(model, s.method, s.dp) if s.partitioned else None
+    updated = share.updated if share is not None and share.updated is not None else \
+        worker_params(model, s.dp, s.method) if s.partitioned else psi
+    opt, off = _optimizer(cluster, s, updated)
     bd = StepBreakdown(
         compute=s.micro_batches * per_mb,
         tp_comm=0.0,
@@ -265,7 +268,7 @@ def predict(
         bd, traffic, sync = _dense(model, cluster, s, inter_bandwidth)
         useful = model.flops_per_sample * s.global_batch()
     if s.partitioned:  # a worker's part does a fraction of the full model's work
-        useful *= worker_params(model, s.dp) / model.params
+        useful *= work_share(model, s.method, s.dp)
     peak = cluster.peak(s.resolved_dtype(cluster)) * s.devices
     return Prediction(
         s,

@@ -171,14 +171,23 @@ def check_partition(model: ModelSpec, s: StrategySpec) -> None:
     MLP >= workers."""
     if not s.partitioned:
         return
+    if s.tp > 1 or s.pp > 1:
+        raise UsageError(f"--method {s.method} cuts the model over the dp workers; use --tp 1 "
+                         "--pp 1")
+    from thinwire.planner.methods import resolve
+
+    if resolve(s.method).entry.share is not None:  # its own cut: its share checks the model
+        wide = getattr(model, "wide", None)
+        if wide is not None and s.micro_batch_size * s.micro_batches != wide.batch:
+            raise UsageError(f"--method {s.method} is priced at {model.name}'s batch of "
+                             f"{wide.batch} per worker; use --global-batch {wide.batch * s.dp} "
+                             "(or set the model's batch)")
+        return
     counted = isinstance(model, CountedSpec) and model.ist is not None
     if not isinstance(model, MLPSpec) and not counted:
         raise UsageError(f"--method {s.method} cuts the model into units; the planner has their "
                          "plan for MLP specs (mlp-W0-...-WL) and for modules counted with their "
                          "adapter (model_spec_from_module(m, adapter=))")
-    if s.tp > 1 or s.pp > 1:
-        raise UsageError(f"--method {s.method} cuts the model over the dp workers; use --tp 1 "
-                         "--pp 1")
     if isinstance(model, MLPSpec) and min(model.widths[1:-1]) < s.dp:
         raise UsageError(f"--method {s.method} cuts every hidden layer of {model.name} into "
                          f"{s.dp} parts; use widths >= {s.dp} or fewer workers")

@@ -133,6 +133,8 @@ class Strategy(ABC):
     """One method of distributed training as the trainer runs it; one module per method."""
 
     name: ClassVar[str] = ""
+    replicated: ClassVar[bool] = False
+    """Whether every worker trains the whole model (:class:`ReplicatedStrategy`)."""
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         self.ctx = ctx
@@ -219,6 +221,8 @@ class ReplicatedStrategy(Strategy):
     Holds the model and its local optimizer; rank 0's copy is the one evaluated, which callers
     only ask for at synchronisation points, where every replica is the same.
     """
+
+    replicated: ClassVar[bool] = True
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)

@@ -49,6 +49,7 @@ from thinwire.strategies.base import (
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.memory import (
     ShardedOptimizer,
+    deal,
     full_state,
     gathered_bytes,
     local_state,
@@ -280,6 +281,8 @@ METHOD = MethodEntry(
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
     check_model=_check_model,
-    rescalable=lambda o: o.compressor == "none")
+    rescalable=lambda o: o.compressor == "none",
+    formulas={"buckets": bucket_traffic, "owners": deal, "codec": lambda o: o.compressor,
+              "uncompressed": lambda o: dataclasses.replace(o, compressor="none")})
 
 __all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]

@@ -390,4 +390,6 @@ METHOD = MethodEntry(
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
     sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",),
     # a codec's residuals are per rank, as in dp; fragments and the merge leave ranks apart
-    rescalable=lambda o: o.compressor == "none" and o.fragments == 1 and o.alpha == 0)
+    rescalable=lambda o: o.compressor == "none" and o.fragments == 1 and o.alpha == 0,
+    formulas={"codec": lambda o: o.compressor,
+              "uncompressed": lambda o: dataclasses.replace(o, compressor="none")})

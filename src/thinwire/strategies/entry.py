@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from thinwire.errors import UsageError
 from thinwire.options import NoOptions
 
 if TYPE_CHECKING:
@@ -24,6 +25,20 @@ if TYPE_CHECKING:
 def _one(options: Any) -> int:
     del options
     return 1
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    """What one worker of a method holds and computes (``MethodEntry.share``)."""
+
+    params: float
+    """Parameters (elements) the worker holds and updates."""
+    flops_per_sample: float
+    """Training FLOPs a step, per sample of the worker's batch."""
+    other_bytes: float = 0.0
+    """Bytes the worker holds beside its parameters' states and activations (hash tables)."""
+    updated: float | None = None
+    """Parameters its optimizer updates a step (sparse updates touch fewer; None: all)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,18 @@ class MethodEntry:
     - ``defaults``: dotted options of other sections (``train.lr``) this method runs with
       when the config does not set them;
     - ``model_kinds``: the dataset kinds the method trains on (empty: any); a config that
-      names no model gets the first registered model that takes one of them.
+      names no model gets the first registered model that takes one of them;
+    - ``formulas``: further pure functions of the method by name, which the planner prices it
+      with beyond ``traffic`` (:meth:`formula`): e.g. dp's ``buckets`` (DDP's bucket traffic),
+      ``owners`` (ZeRO-1's parameter owners), a compressed method's ``codec`` (the codec spec
+      of its options) and ``uncompressed`` (its options with the codec off), the
+      pipeline's ``plan`` (its stage plan's class), ``message_bytes`` and ``order`` (its
+      schedule's pass order), IST's ``worker_numel`` (elements a worker's subnet trains); the
+      planner imports no method's module, only what its entry declares.
+    - ``share(layout, options, workers)``: what one worker holds and computes
+      (:class:`WorkerShare`) for a method that cuts the model its own way (a sharded wide
+      layer), priced by the planner from the layout (None: the whole model, or the IST plan's
+      subnet for methods that cut IST units).
     """
 
     name: str
@@ -89,6 +115,26 @@ class MethodEntry:
     for_model: Callable[[Any, Any], Any] | None = None
     defaults: Mapping[str, str] = field(default_factory=dict)
     model_kinds: tuple[str, ...] = ()
+    share: Callable[[Layout, Any, int], WorkerShare] | None = None
+    formulas: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+
+    def formula(self, name: str) -> Callable[..., Any]:
+        """The method's declared function ``name`` (``formulas``); a one-line error if the
+        method declares none of that name."""
+        f = self.formulas.get(name)
+        if f is None:
+            raise UsageError(f"method {self.name}: declares no {name!r} formula; it has "
+                             f"{', '.join(sorted(self.formulas)) or 'none'}")
+        return f
+
+    def partitioned(self) -> bool:
+        """Whether a worker trains only a part of the model: the method's Strategy is not a
+        :class:`~thinwire.strategies.base.ReplicatedStrategy` (its ``replicated`` is False;
+        imports the method's module)."""
+        import importlib
+
+        module, _, cls = self.strategy.partition(":")
+        return not getattr(importlib.import_module(module), cls).replicated
 
     def options_for(self, options: Any, ist: Any) -> Any:
         """``options`` with the model's defaults filled in (``for_model``; else unchanged)."""

@@ -80,6 +80,9 @@ class Layout:
     for the traffic formula of methods that cut the model into stages."""
     tensor: Any = None
     """A tensor-parallel run's shapes (:class:`thinwire.strategies.tensor.TensorLayout`)."""
+    wide: Any = None
+    """An extreme-classification network's shapes (features, hidden, labels, nnz, label_cols,
+    batch; :class:`thinwire.planner.specs.XMLPShapes`), for methods that shard its wide layer."""
 
     @property
     def numel(self) -> int:

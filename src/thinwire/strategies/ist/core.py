@@ -134,7 +134,7 @@ class IST:
         self.drop_last_step = drop_last_step
         self.tag = tag
         self._scale_arg = scale
-        self._derive = {"residual": residual, "embeddings": embeddings, "shared": tuple(shared)}
+        self._derive: dict[str, Any] = {"residual": residual, "embeddings": embeddings, "shared": tuple(shared)}
         self.round = 0
         self.in_round = 0
         self.active = False
@@ -150,6 +150,11 @@ class IST:
         if adapter is not None:
             self._setup(adapter)
         self._attach()
+
+    def _adapter(self) -> ISTAdapter:
+        """The adapter, set up by now (given, or derived at the first forward)."""
+        assert self.adapter is not None, "IST: the adapter is set up at the first forward"
+        return self.adapter
 
     def _derived(self, example_input: Any) -> ISTAdapter:
         from thinwire.models.graph_adapter import derive_adapter
@@ -313,7 +318,7 @@ class IST:
             for name, xs in sub.items():
                 self._tensors[name].data = xs[0]
         self.opt_state.install(self._tensors, sub)
-        self.adapter.configure(self.model, {g: units[self.rank] for g, units in self.held.items()})
+        self._adapter().configure(self.model, {g: units[self.rank] for g, units in self.held.items()})
         self._install_scaling()
         self.active = True
         self.in_round = 0
@@ -327,7 +332,7 @@ class IST:
             if factor != 1.0:
                 factors.append((mod_name, factor))
         if factors:
-            self._scale_handles = self.adapter.install_scaling(self.model, factors)
+            self._scale_handles = self._adapter().install_scaling(self.model, factors)
 
     # --- step 4: gather, write back, average ---------------------------------------------------
     def _harvest_state_keys(self) -> None:
@@ -372,7 +377,7 @@ class IST:
         self._scale_handles = []
         self.opt_state.clear()
         self._release()
-        self.adapter.configure(self.model, None)
+        self._adapter().configure(self.model, None)
         self.active = False
         self.round += 1
         self.in_round = 0
@@ -409,9 +414,9 @@ class IST:
     def _configure_full(self, model: nn.Module) -> None:
         """The full model as evaluated: every unit in place, then the adapter's evaluation-time
         adjustment unless ``scale`` is ``none``."""
-        self.adapter.configure(model, None)
+        self._adapter().configure(model, None)
         if self.scale != "none":
-            self.adapter.configure_eval(model, self.n)
+            self._adapter().configure_eval(model, self.n)
 
     def finish(self, *, tag: str = "switch") -> nn.Module:
         """End IST: the user's model becomes the full model again on every rank (hooks removed,

@@ -405,8 +405,18 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     return ist_traffic(layout.ist, options, workers, steps, seed, optimizer_states)
 
 
+def worker_numel(plan: ISTPlan, workers: int) -> float:
+    """Elements a worker's subnet trains when ``plan``'s units are dealt over ``workers``
+    (round 0's partition, the mean over workers; buffers excluded). Pure: the planner's
+    compute and memory of a subnet read it."""
+    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
+    total = sum(pc.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
+                for w in range(workers))
+    return total / workers
+
+
 METHOD = MethodEntry(
     name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
-    for_model=_for_model)
+    for_model=_for_model, formulas={"worker_numel": worker_numel})

@@ -63,9 +63,9 @@ from thinwire.strategies.base import (
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.grads import flatten, grads_of, unflatten_into
 from thinwire.strategies.pipeline.codecs import boundary_names, check_spec
-from thinwire.strategies.pipeline.plan import TP_USER, chain_of, pipeline_layout
-from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut
-from thinwire.strategies.pipeline.traffic import traffic
+from thinwire.strategies.pipeline.plan import TP_USER, PipelinePlan, chain_of, pipeline_layout
+from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut, order
+from thinwire.strategies.pipeline.traffic import message_bytes, traffic
 from thinwire.strategies.tp import (
     Exchange,
     Sharded,
@@ -354,6 +354,7 @@ METHOD = MethodEntry(
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
-    run_layout=pipeline_layout, planned=False, parallel=("pp", "tp"))
+    run_layout=pipeline_layout, planned=False, parallel=("pp", "tp"),
+    formulas={"plan": PipelinePlan, "message_bytes": message_bytes, "order": order})
 
 __all__ = ["METHOD", "Options", "PipelineParallel", "check_config", "check_model"]

@@ -65,10 +65,10 @@ from thinwire.strategies.base import (
     make_optimizer,
     set_lr,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import MethodEntry, WorkerShare
 from thinwire.strategies.slide.layer import SLIDELayer
 from thinwire.strategies.slide.lsh import FAMILIES
-from thinwire.strategies.traffic import Traffic, wire
+from thinwire.strategies.traffic import Layout, Traffic, wire
 
 LOWER = ("average", "replicate")
 
@@ -372,6 +372,9 @@ class SlidePlan:
     """Wire bytes a rank sends a step (:func:`traffic_of`)."""
     flops_per_step: float
     """Multiply-adds x 2 of a step on one rank: lower layers, hashing, active logits."""
+    updated: int = 0
+    """Parameters its optimizers update a step, at most: the lower layers (dense) and the
+    shard's rows active for some sample (sparse; every row for dense-mp)."""
 
     def step_seconds(self, flops_per_s: float, link_bytes_per_s: float) -> float:
         """Compute and communication added (no overlap: the step's messages are sequential)."""
@@ -397,7 +400,44 @@ def plan(*, features: int, hidden: int, labels: int, batch: int, workers: int, n
     t = traffic_of(b, H, label_cols, lower_params, n, 1, lower=lower, input_cols=nnz)
     return SlidePlan(params=4 * (lower_params + shard), optimizer=8 * (lower_params + shard),
                      tables=0 if full else 8 * L * (width + (1 << K) + 1),
-                     bytes_per_step=t.sent[0], flops_per_step=flops)
+                     bytes_per_step=t.sent[0], flops_per_step=flops,
+                     updated=lower_params + min(width, G * A) * (H + 1))
+
+
+def _shapes(layout: Layout) -> Any:
+    """The extreme-classification shapes the planner's layout carries (one-line error if
+    none)."""
+    wide = layout.wide
+    if wide is None:
+        raise UsageError("method slide shards a wide output layer: price it on an extreme-"
+                         "classification model (--model xmlp-amazon-670k or a kind = \"extreme\" "
+                         "file)")
+    return wide
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    """The ledger's totals per rank after ``steps`` steps (:func:`traffic_of` of the layout's
+    extreme-classification shapes, ``layout.wide``)."""
+    del seed, optimizer_states
+    w = _shapes(layout)
+    return traffic_of(w.batch, w.hidden, w.label_cols, w.features * w.hidden + w.hidden,
+                      workers, steps, lower=options.lower, input_cols=w.nnz)
+
+
+def share(layout: Layout, options: Options, workers: int) -> WorkerShare:
+    """One rank's part for the planner (:func:`plan` of the layout's shapes at the options'
+    active fraction, K and L): the lower layers and its shard, the step's work per sample of
+    its batch, its hash tables."""
+    w = _shapes(layout)
+    if w.labels < workers:
+        raise UsageError(f"method slide: the wide layer's {w.labels} neurons cannot be split "
+                         f"over {workers} workers; use fewer workers or a wider layer")
+    p = plan(features=w.features, hidden=w.hidden, labels=w.labels, batch=w.batch,
+             workers=workers, nnz=w.nnz, label_cols=w.label_cols, active=options.active,
+             K=options.K, L=options.L, full=options.full, lower=options.lower)
+    return WorkerShare(params=p.params / 4, flops_per_sample=p.flops_per_step / w.batch,
+                       other_bytes=float(p.tables), updated=p.updated)
 
 
 def _label(o: Options) -> str:
@@ -435,7 +475,9 @@ METHOD = MethodEntry(
     name="slide", summary="Distributed SLIDE: the wide layer sharded over workers with LSH-"
     "selected active neurons (sparse), lower layers data parallel (Yan et al. 2022)",
     strategy="thinwire.strategies.slide.method:Slide", options=Options, label=_label,
-    check=_check, check_model=_check_model, alias=_alias, planned=False,
+    check=_check, check_model=_check_model, alias=_alias, traffic=traffic, share=share,
+    planned=False,
     defaults={"train.optimizer": "adamw", "train.lr": "0.001"}, model_kinds=("extreme",))
 
-__all__ = ["METHOD", "Options", "Slide", "SlidePlan", "plan", "shard_range", "traffic_of"]
+__all__ = ["METHOD", "Options", "Slide", "SlidePlan", "plan", "shard_range", "share", "traffic",
+           "traffic_of"]
