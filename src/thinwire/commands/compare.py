@@ -89,7 +89,7 @@ def _thin_links(cfgs: list[Any], runs: list[Any], target: float | None, report_d
     links = parse_links(tl.THIN_LINKS)
     source, why = tl.choose_source(requested,
                                    unavailable_reason() if requested == "auto" else None)
-    results = []
+    results: list[Any] = []
     if source == "measured":
         print(f"\n== thin links: each method on the testbed at "
               f"{', '.join(lk.label for lk in links)} until the step it reached {target:.3f} at "
