@@ -12,54 +12,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 from harness import run_workers
+from loco_cases import LR
+from loco_cases import batch as _batch
+from loco_cases import cfg as _method_cfg
+from loco_cases import flat as _flat
+from loco_cases import model as _model
+from loco_cases import run as _run
+from loco_cases import strategy as _strategy
 
-from thinwire.config import load
-from thinwire.data.task import TASKS
 from thinwire.errors import UsageError
-from thinwire.models import build_mlp
-from thinwire.run import build_strategy
 from thinwire.runtime.comm import Comm
 from thinwire.strategies import METHODS
 from thinwire.strategies.diloco import DiLoCo, strided_fragments
 from thinwire.strategies.traffic import Layout
 
-IN, OUT, LR, H = 8, 4, 0.1, 4
+H = 4
 
 
 def _cfg(**method: Any):
-    return load(None, {"method.name": "diloco", "method.period": H, "model.hidden": "16,16",
-                       "model.norm": "none", "train.lr": LR, "train.eval_every": 12,
-                       **{f"method.{k}": v for k, v in method.items()}})
-
-
-def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    return torch.randn(16, IN, generator=g), torch.randint(0, OUT, (16,), generator=g)
-
-
-def _model() -> torch.nn.Module:
-    return build_mlp(IN, (16, 16), OUT, norm="none", seed=0)
-
-
-def _strategy(comm: Comm, cfg: Any):
-    model = _model()
-    return build_strategy(cfg, comm, torch.device("cpu"), TASKS["classification"], model), model
-
-
-def _flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def _run(comm: Comm, cfg: Any, steps: int) -> dict[str, Any]:
-    strategy, model = _strategy(comm, cfg)
-    mark = comm.ledger.mark()
-    for step in range(steps):
-        strategy.train_step(_batch(comm.rank, step), step)
-    strategy.close()
-    entries = comm.ledger.entries[mark:]
-    return {"params": _flat(model), "sent": sum(e.sent for e in entries),
-            "payload": sum(e.payload for e in entries),
-            "ledger": [(e.op, e.tag, e.payload) for e in entries]}
+    return _method_cfg("diloco", **{"period": H, **method})
 
 
 def _inner_step(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int, step: int) -> None:
@@ -197,7 +168,7 @@ def test_checkpoint_with_an_exchange_in_flight_resumes_exactly() -> None:
     a, model_a = _strategy(comm, cfg)
     for step in range(5):  # step 5 sends fragment 0, merged at step 6
         a.train_step(_batch(0, step), step)
-    assert a.diloco._pending is not None
+    assert a.wrapper._pending is not None
     buf = io.BytesIO()
     torch.save(a.state_dict(), buf)
     buf.seek(0)
