@@ -59,7 +59,8 @@ MUTANTS = (
            "runtime/comm.py", "return (n - 1) * payload, (n - 1) * payload",
            "return payload, (n - 1) * payload", ("tests/test_comm_ledger.py",)),
     Mutant("ledger-recv", "ledger", "recv records no received bytes",
-           "runtime/comm.py", 'exact=(0, nbytes(t)))', 'exact=(0, 0))',
+           "runtime/comm.py", 'exact=(0, nbytes(t)), device=dev)',
+           'exact=(0, 0), device=dev)',
            ("tests/test_comm_ledger.py",)),
     # --- codecs ---------------------------------------------------------------------------------
     Mutant("ef-sign", "codecs", "error feedback keeps decoded - corrected",
@@ -76,7 +77,7 @@ MUTANTS = (
            "c = s / n / 2 if n > 0 else 0.0", ("tests/compression",)),
     # --- IST ------------------------------------------------------------------------------------
     Mutant("ist-shared-sum", "ist", "shared tensors add every worker's update without / n",
-           "strategies/ist/core.py", "alpha=1.0 / self.n)", "alpha=1.0)", ("tests/ist",)),
+           "strategies/ist/store.py", "alpha=1.0 / n)", "alpha=1.0)", ("tests/ist",)),
     Mutant("ist-same-partition", "ist", "the partition never changes from round to round",
            "strategies/ist/partition.py", "np.random.SeedSequence([seed, round_, layer])",
            "np.random.SeedSequence([seed, 0, layer])", ("tests/ist",)),
@@ -97,10 +98,10 @@ MUTANTS = (
            "pass", ("tests/test_foundation.py::test_resume_equals_uninterrupted",)),
     # --- data path and methods ------------------------------------------------------------------
     Mutant("shard-zero", "data", "every rank trains on shard 0",
-           "run.py", "shard_of(cfg, dataset, shard, shards)", "shard_of(cfg, dataset, 0, shards)",
+           "builders.py", "shard_of(cfg, dataset, shard, shards)", "shard_of(cfg, dataset, 0, shards)",
            ("tests/test_foundation.py", "tests/test_run_layer.py")),
     Mutant("localsgd-phase", "methods", "local SGD averages one step late",
-           "strategies/local_sgd.py", "if self.steps % self.sync_every == 0:",
+           "strategies/averaging.py", "if self.steps % self.sync_every == 0:",
            "if self.steps % self.sync_every == 1:", ("tests/test_foundation.py",)),
     Mutant("diloco-nesterov", "methods", "DiLoCo's outer step without Nesterov",
            "strategies/diloco.py", "nesterov=o.outer_momentum > 0", "nesterov=False",
