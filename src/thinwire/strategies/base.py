@@ -230,6 +230,11 @@ class ReplicatedStrategy(Strategy):
         self.opt: Any = make_optimizer(self.model.parameters(), self.cfg.train)
         self.recompute(self.model)
 
+    def train_step(self, batch: Batch, step: int) -> float:
+        """The standard step on the replica (a method whose communication is in hooks of the
+        model or the optimizer needs no other)."""
+        return self.standard_step(self.model, self.opt, batch, step)
+
     def eval_model(self) -> nn.Module | None:
         return self.model if self.comm.rank == 0 else None
 
@@ -246,3 +251,24 @@ class ReplicatedStrategy(Strategy):
         p, g, o, host = state_bytes(params, self.opt.state.values(), self.ctx.device)
         return MemoryReport(params=p, grads=g, optimizer=o, param_count=self._full_params,
                             activations=self.meter.peak, host=host)
+
+
+class WrappedStrategy(ReplicatedStrategy):
+    """A replicated method whose work is done by one of thinwire's public wrappers of a model
+    and its optimizer (:class:`~thinwire.strategies.averaging.LocalSGD`, DiLoCo, SparseLoCo),
+    the same object a user puts around their own loop: its hooks act inside the standard step,
+    its state is checkpointed under ``state_key`` beside the replica's, and closing the
+    strategy closes it. A subclass sets ``self.wrapper`` in its constructor."""
+
+    state_key: ClassVar[str]
+    wrapper: Any
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), self.state_key: self.wrapper.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.wrapper.load_state_dict(state[self.state_key])
+
+    def close(self) -> None:
+        self.wrapper.close()

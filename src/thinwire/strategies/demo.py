@@ -41,7 +41,7 @@ from thinwire.compression.base import Part, from_bytes, to_bytes
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
-from thinwire.strategies.base import Batch, Context, ReplicatedStrategy
+from thinwire.strategies.base import Context, ReplicatedStrategy
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.traffic import Layout, Traffic
 
@@ -203,9 +203,6 @@ class DeMoStrategy(ReplicatedStrategy):
         t = self.cfg.train
         self.opt = DeMo(self.model.parameters(), lr=t.lr, beta=o.beta, topk=o.topk,
                         chunk=o.chunk, weight_decay=t.weight_decay, comm=self.comm)
-
-    def train_step(self, batch: Batch, step: int) -> float:
-        return self.standard_step(self.model, self.opt, batch, step)
 
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,

@@ -62,10 +62,9 @@ from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import (
-    Batch,
     Context,
     MemoryReport,
-    ReplicatedStrategy,
+    WrappedStrategy,
     optimizer_bytes,
 )
 from thinwire.strategies.entry import MethodEntry
@@ -307,8 +306,9 @@ class Options:
             check_codec(self.compressor, "method.compressor")
 
 
-class DiLoCoStrategy(ReplicatedStrategy):
+class DiLoCoStrategy(WrappedStrategy):
     name = "diloco"
+    state_key = "diloco"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
@@ -321,28 +321,15 @@ class DiLoCoStrategy(ReplicatedStrategy):
             from thinwire.compression import build
 
             codec = build(o.compressor, seed=self.cfg.train.seed, rank=self.comm.rank)
-        self.diloco = DiLoCo(self.model, self.opt, self.outer_opt, o.period, comm=self.comm,
-                             codec=codec, fragments=o.fragments, delay=o.delay, alpha=o.alpha)
-
-    def train_step(self, batch: Batch, step: int) -> float:
-        return self.standard_step(self.model, self.opt, batch, step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "diloco": self.diloco.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.diloco.load_state_dict(state["diloco"])
+        self.wrapper = DiLoCo(self.model, self.opt, self.outer_opt, o.period, comm=self.comm,
+                              codec=codec, fragments=o.fragments, delay=o.delay, alpha=o.alpha)
 
     def memory(self) -> MemoryReport:
         """Inner state as local SGD's; theta_g and the outer momentum count as optimizer state."""
         inner = super().memory()
-        extra = sum(g.numel() * g.element_size() for g in self.diloco.global_params)
+        extra = sum(g.numel() * g.element_size() for g in self.wrapper.global_params)
         return dataclasses.replace(
             inner, optimizer=inner.optimizer + extra + optimizer_bytes(self.outer_opt))
-
-    def close(self) -> None:
-        self.diloco.close()
 
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,

@@ -18,13 +18,12 @@ know)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 
 from thinwire.options import check, opt
 from thinwire.strategies.averaging import LocalSGD
-from thinwire.strategies.base import Batch, Context, ReplicatedStrategy
+from thinwire.strategies.base import Context, WrappedStrategy
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.traffic import Layout, Traffic, averaging_traffic
 
@@ -37,25 +36,14 @@ class Options:
         check(self.period >= 1, "method.period", "must be >= 1")
 
 
-class LocalSGDStrategy(ReplicatedStrategy):
+class LocalSGDStrategy(WrappedStrategy):
     name = "localsgd"
+    state_key = "local"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
-        self.local = LocalSGD(self.model, self.opt, ctx.options.period, comm=self.comm)
+        self.wrapper = LocalSGD(self.model, self.opt, ctx.options.period, comm=self.comm)
 
-    def train_step(self, batch: Batch, step: int) -> float:
-        return self.standard_step(self.model, self.opt, batch, step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "local": self.local.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.local.load_state_dict(state["local"])
-
-    def close(self) -> None:
-        self.local.close()
 
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,

@@ -43,10 +43,9 @@ from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import (
-    Batch,
     Context,
     MemoryReport,
-    ReplicatedStrategy,
+    WrappedStrategy,
     flat_params,
     load_flat,
 )
@@ -225,33 +224,22 @@ class Options:
               f"must be in [1, method.chunk = {self.chunk}]")
 
 
-class SparseLoCoStrategy(ReplicatedStrategy):
+class SparseLoCoStrategy(WrappedStrategy):
     name = "sparseloco"
+    state_key = "sparseloco"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
         o: Options = ctx.options
-        self.loco = SparseLoCo(self.model, self.opt, o.period, comm=self.comm,
-                               outer_lr=o.outer_lr, beta=o.beta, chunk=o.chunk, topk=o.topk)
-
-    def train_step(self, batch: Batch, step: int) -> float:
-        return self.standard_step(self.model, self.opt, batch, step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "sparseloco": self.loco.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.loco.load_state_dict(state["sparseloco"])
+        self.wrapper = SparseLoCo(self.model, self.opt, o.period, comm=self.comm,
+                                  outer_lr=o.outer_lr, beta=o.beta, chunk=o.chunk, topk=o.topk)
 
     def memory(self) -> MemoryReport:
         """Inner state as local SGD's; theta and the accumulator count as optimizer state."""
         inner = super().memory()
-        extra = 2 * self.loco.global_flat.numel() * self.loco.global_flat.element_size()
+        flat = self.wrapper.global_flat
+        extra = 2 * flat.numel() * flat.element_size()
         return dataclasses.replace(inner, optimizer=inner.optimizer + extra)
-
-    def close(self) -> None:
-        self.loco.close()
 
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
