@@ -81,7 +81,7 @@ CASES: dict[str, dict[str, Any]] = {
                                 "method.compressor": "powersgd:rank=2"}},
         "models": {c: {"method.compressor": c} for c in
                    ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1", "qsgd", "int8",
-                    "sign", "powersgd:rank=2"]},
+                    "int8:exchange=scatter", "sign", "powersgd:rank=2"]},
         "restart": {"plain": ({**MLP, "model.norm": "none"}, 4)},
         "device": {"topk-ef": {**MLP, "method.compressor": "topk:ratio=0.1"},
                    "zero1": {**MLP, "memory.zero": 1, "train.optimizer": "adamw"},
@@ -112,7 +112,9 @@ CASES: dict[str, dict[str, Any]] = {
                                       "method.compressor": "int8"}},
         "models": {"period2": {"method.period": 2},
                    "overlap-fp4": {"method.period": 2, "method.delay": 1,
-                                   "method.compressor": "fp4"}},
+                                   "method.compressor": "fp4"},
+                   "overlap-fp4-scatter": {"method.period": 2, "method.delay": 1,
+                                           "method.compressor": "fp4:exchange=scatter"}},
         "restart": Exempt("its checkpoint round trip is held bit for bit by its resume case, "
                           "and the restart machinery (agent, store, rewound metrics) is the "
                           "method-independent one held by dp, localsgd and ist"),

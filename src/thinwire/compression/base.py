@@ -20,7 +20,10 @@ a planner or a method's traffic formula gets the ledger's bytes exactly). The de
   3. one all-reduce of the single payload tensor; 4. decode the sum once: the average;
 - the others: 1. encode; 2. view the payload's tensors as bytes and all-gather exactly those
   bytes; 3. decode every rank's payload and sum them in rank order (so every rank computes the
-  same sum); 4. divide by n.
+  same sum); 4. divide by n;
+- with the codec option ``exchange=scatter`` (fp4, int8): the scattered exchange of
+  :mod:`.scatter`, a quantised reduce-scatter summed in fp32 and an all-gather of the
+  re-quantised mean (2 (n - 1) / n payloads a rank instead of n - 1).
 
 PowerSGD overrides both (two all-reduces, per tensor of a bucket). Whether a codec wants the
 generic error feedback wrapper is the codec's property :attr:`Compressor.wants_error_feedback`.
@@ -288,11 +291,12 @@ class Compressor(ABC):
 
     # --- the exchange --------------------------------------------------------------------------
     def collectives(self, numel: int, shapes: Shapes | None = None,
-                    dtype: torch.dtype = torch.float32) -> list[Collective]:
+                    dtype: torch.dtype = torch.float32, *, world: int = 1) -> list[Collective]:
         """The collectives one :meth:`average_async` of ``numel`` elements (the tensors of
-        ``shapes``, flattened and concatenated) issues, with the payload bytes this rank hands to
-        each: what the ledger records, computed without running anything."""
-        del shapes  # only PowerSGD's layout depends on the tensors' shapes
+        ``shapes``, flattened and concatenated) over ``world`` ranks issues, with the payload
+        bytes this rank hands to each: what the ledger records, computed without running
+        anything. Only the scattered exchange (:mod:`.scatter`) depends on ``world``."""
+        del shapes, world  # only PowerSGD's layout depends on the tensors' shapes
         return [("all_reduce" if self.linear else "all_gather", self.payload_bytes(numel, dtype))]
 
     def cannot_compress(self, shapes: Shapes) -> str:
@@ -303,10 +307,10 @@ class Compressor(ABC):
         return ""
 
     def exchange_bytes(self, numel: int, shapes: Shapes | None = None,
-                       dtype: torch.dtype = torch.float32) -> int:
+                       dtype: torch.dtype = torch.float32, *, world: int = 1) -> int:
         """Payload bytes this rank hands to collectives per exchange (sum of
         :meth:`collectives`)."""
-        return sum(b for _, b in self.collectives(numel, shapes, dtype))
+        return sum(b for _, b in self.collectives(numel, shapes, dtype, world=world))
 
     def average_async(self, comm: Comm, x: torch.Tensor, step: int, *, key: int = 0,
                       tag: str = "grad", shapes: Shapes | None = None

@@ -13,7 +13,8 @@ mantissa (E3M0), and accumulated in fp32. Here:
      ceil(d / 2) bytes;
   4. decode x_hat_i = (-1)^sign s 2^(c - 7) (0 for c = 0).
 Not linear (scales differ by rank): the exchange all-gathers each rank's bytes and every rank
-decodes and sums them in fp32. Deterministic rounding is biased: error feedback is on by
+decodes and sums them in fp32; with ``exchange=scatter`` it is a quantised reduce-scatter summed
+in fp32 and an all-gather of the re-quantised mean (:mod:`thinwire.compression.scatter`). Deterministic rounding is biased: error feedback is on by
 default (``ef``). Torch operations throughout (any device).
 """
 
@@ -90,11 +91,15 @@ class FP4Options:
 
     chunk: int = opt(256, "elements per fp32 absmax scale")
     ef: bool = opt(True, "error feedback: add back what rounding dropped, next exchange")
+    exchange: str = opt("gather", "gather: all-gather every rank's payload; scatter: quantised "
+                        "reduce-scatter summed in fp32, the re-quantised mean all-gathered")
 
     def __post_init__(self) -> None:
         check(self.chunk >= 1, "fp4.chunk", f"got {self.chunk}; use 1 or more")
+        check(self.exchange in ("gather", "scatter"), "fp4.exchange",
+              f"got {self.exchange!r}; use gather or scatter")
 
 
 FP4_ENTRY = CodecEntry(
-    name="fp4", summary="4-bit E3M0 floats with one fp32 absmax scale per chunk, all-gathered",
+    name="fp4", summary="4-bit E3M0 floats with one fp32 absmax scale per chunk, all-gathered or scattered",
     options=FP4Options, factory=lambda o, seed, rank: FP4(o.chunk, seed=seed, rank=rank))

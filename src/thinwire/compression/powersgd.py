@@ -125,9 +125,10 @@ class PowerSGD(Compressor):
         return out
 
     def collectives(self, numel: int, shapes: Shapes | None = None,
-                    dtype: torch.dtype = torch.float32) -> list[Collective]:
+                    dtype: torch.dtype = torch.float32, *, world: int = 1) -> list[Collective]:
         """Step 2's all-reduce (the raw tensors and every P), then step 5's (every Q), when
         there is a matrix to compress; bytes in the input dtype."""
+        del world
         segs = self.layout(numel, shapes)
         first = sum(s if nm is None else nm[0] * self.rank_for(*nm) for _, s, nm in segs)
         second = sum(nm[1] * self.rank_for(*nm) for _, _, nm in segs if nm is not None)

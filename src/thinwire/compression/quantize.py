@@ -245,14 +245,18 @@ class Int8Options:
 
     chunk: int = opt(512, "elements per fp32 absmax scale")
     ef: bool = opt(True, "error feedback: add back what rounding dropped, next step")
+    exchange: str = opt("gather", "gather: all-gather every rank's payload; scatter: quantised "
+                        "reduce-scatter summed in fp32, the re-quantised mean all-gathered")
 
     def __post_init__(self) -> None:
         check(self.chunk >= 1, "int8.chunk", f"got {self.chunk}; use 1 or more")
+        check(self.exchange in ("gather", "scatter"), "int8.exchange",
+              f"got {self.exchange!r}; use gather or scatter")
 
 
 QSGD_ENTRY = CodecEntry(
     name="qsgd", summary="stochastic rounding to s levels of |x| / ||x||, unbiased, all-gathered",
     options=QSGDOptions, factory=lambda o, seed, rank: QSGD(o.levels, seed=seed, rank=rank))
 INT8 = CodecEntry(
-    name="int8", summary="int8 with one fp32 absmax scale per chunk, all-gathered",
+    name="int8", summary="int8 with one fp32 absmax scale per chunk, all-gathered or scattered",
     options=Int8Options, factory=lambda o, seed, rank: Int8(o.chunk, seed=seed, rank=rank))

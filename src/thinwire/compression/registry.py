@@ -11,7 +11,10 @@
   3. the entry's factory makes the codec from the options, the shared seed and this rank;
   4. when the options switch error feedback on (``ef``, on by default for every biased codec)
      and the codec wants the generic wrapper (:attr:`Compressor.wants_error_feedback`: PowerSGD
-     keeps its own residual), it is wrapped in :class:`~thinwire.compression.feedback.ErrorFeedback`.
+     keeps its own residual), it is wrapped in :class:`~thinwire.compression.feedback.ErrorFeedback`;
+  5. when the options ask for ``exchange=scatter`` (fp4, int8), the codec (with its error
+     feedback) is averaged by :class:`~thinwire.compression.scatter.ScatteredExchange`: a
+     quantised reduce-scatter summed in fp32, then an all-gather of the re-quantised mean.
 
 Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``sign``,
 ``powersgd``); a new codec is one module plus one line here.
@@ -103,5 +106,10 @@ def build_codec(spec: str, options: Mapping[str, Any] | None = None, *, seed: in
     comp = entry.factory(opts, seed, rank)
     # 4. the generic error feedback, where the codec wants it
     if getattr(opts, "ef", False) and comp.wants_error_feedback:
-        return ErrorFeedback(comp)
+        comp = ErrorFeedback(comp)
+    # 5. the scattered exchange, where asked for
+    if getattr(opts, "exchange", "gather") == "scatter":
+        from thinwire.compression.scatter import ScatteredExchange
+
+        comp = ScatteredExchange(comp)
     return comp

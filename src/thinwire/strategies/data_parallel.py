@@ -214,7 +214,7 @@ def bucket_traffic(layout: Layout, codec: str, workers: int, steps: int) -> Traf
             return [("all_reduce", 4 * numel)]
         from thinwire.compression import build
 
-        return build(codec).collectives(numel, [p.shape for p in bucket])
+        return build(codec).collectives(numel, [p.shape for p in bucket], world=n)
 
     first = [collectives(list(layout.params))]
     later = [collectives(b) for b in buckets(layout.ready_order)]

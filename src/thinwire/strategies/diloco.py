@@ -33,7 +33,10 @@ Distributed Free Lunch", arXiv 2501.18512, Algorithm 2) changes steps 2-4:
      with overlap);
   e. the pseudo-gradient may go on the wire in 4 or 8 bits (the paper: 4-bit E3M0 floats):
      any codec of :mod:`thinwire.compression` (``compressor``, e.g. ``fp4`` or ``int8``),
-     whose exchange decodes every rank's payload and accumulates in fp32.
+     whose exchange decodes every rank's payload and accumulates in fp32; with
+     ``fp4:exchange=scatter`` a quantised reduce-scatter summed in fp32 and an all-gather of
+     the re-quantised mean (:mod:`thinwire.compression.scatter`, INTELLECT-1's int8
+     all-reduce), a ring all-reduce's bytes of the payload instead of n - 1 payloads.
 With one fragment, no delay, alpha 0 and no codec, this is the DiLoCo above bit for bit
 (tested).
 
@@ -191,7 +194,8 @@ class DiLoCo:
             if self.codec is not None:
                 from thinwire.compression import average_async
 
-                fut, _ = average_async(self.comm, self.codec, delta, key, tag=self.tag,
+                # the round as the codec's step, the fragment as its key (its residual)
+                fut, _ = average_async(self.comm, self.codec, delta, key, key=p, tag=self.tag,
                                        shapes=[tuple(self.params[i].shape) for i in idx])
                 self._pending = (p, fut)
             elif self.delay == 0:
@@ -272,6 +276,8 @@ class DiLoCo:
         if self._pending is not None:
             self._wait()
             self._pending = None
+        if self.codec is not None and hasattr(self.codec, "close"):
+            self.codec.close()
         self._hook.remove()
 
     def __enter__(self) -> DiLoCo:
@@ -354,7 +360,8 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
         if codec is None:
             calls = [("all_reduce", 4 * numel)]
         else:
-            calls = codec.collectives(numel, [layout.params[i].shape for i in idx])
+            calls = codec.collectives(numel, [layout.params[i].shape for i in idx],
+                                      world=workers)
         for op, payload in calls:
             total = total + Traffic.uniform(workers, op, [payload] * rounds)
     return total
