@@ -119,31 +119,43 @@ def _outer(params: Any, args: argparse.Namespace) -> Any:
                            nesterov=args.outer_momentum > 0)
 
 
-def _torchft(args: argparse.Namespace, rank: int, lighthouse: str, store_port: int,
-             manager_port: int) -> dict[str, Any]:
-    import torch
+def _manager(args: argparse.Namespace, rank: int, lighthouse: str, store_port: int,
+             manager_port: int, holder: dict[str, Any]) -> tuple[Any, Any]:
+    """This rank's torchft Manager (one replica group of one rank) and its TCPStore; the
+    model it checkpoints for recovery is ``holder["model"]``, the repeat's model."""
     from torch.distributed import TCPStore
-    from torchft.local_sgd import DiLoCo as FTDiLoCo
-    from torchft.local_sgd import LocalSGD as FTLocalSGD
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
-    from thinwire.data.task import task_for
-
-    cfg, ds, stream = _setup(args, rank)
-    model = _model(cfg, ds)
-    inner = torch.optim.SGD(model.parameters(), lr=args.lr)
+    model = holder
     store = TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=120)),
-        load_state_dict=lambda sd: model.load_state_dict(sd["model"]),
-        state_dict=lambda: {"model": model.state_dict()}, min_replica_size=args.workers,
+        load_state_dict=lambda sd: model["model"].load_state_dict(sd["model"]),
+        state_dict=lambda: {"model": model["model"].state_dict()},
+        min_replica_size=args.workers,
         use_async_quorum=False, replica_id=f"replica{rank}", store_addr="127.0.0.1",
         store_port=store_port, rank=0, world_size=1, lighthouse_addr=lighthouse,
         port=manager_port, hostname="127.0.0.1", init_sync=False,
         timeout=timedelta(seconds=120), quorum_timeout=timedelta(seconds=120),
         connect_timeout=timedelta(seconds=60))
+    return manager, store
+
+
+def _torchft(args: argparse.Namespace, rank: int, manager: Any, holder: dict[str, Any]
+             ) -> dict[str, Any]:
+    import torch
+    from torchft.local_sgd import DiLoCo as FTDiLoCo
+    from torchft.local_sgd import LocalSGD as FTLocalSGD
+
+    from thinwire.data.task import task_for
+
+    cfg, ds, stream = _setup(args, rank)
+    model = _model(cfg, ds)
+    holder["model"] = model
+    inner = torch.optim.SGD(model.parameters(), lr=args.lr)
     steps = args.outer_steps * args.period
+    commits0 = manager.current_step()
     w0 = written()
     if args.method == "diloco":
         frags = _fragments(model, args.fragments)
@@ -155,23 +167,17 @@ def _torchft(args: argparse.Namespace, rank: int, lighthouse: str, store_port: i
         wrapper = FTLocalSGD(manager, model, inner, args.period)
     with wrapper:
         step_s = _train(args, model, inner, task_for(ds).loss, stream(), steps)
-    out = {"params": _flat(model), "step_s": step_s, "wchar": written() - w0,
-           "commits": manager.current_step()}
-    manager.shutdown(wait=False)
-    del store
-    return out
+    return {"params": _flat(model), "step_s": step_s, "wchar": written() - w0,
+            "commits": manager.current_step() - commits0}
 
 
-def _thinwire(args: argparse.Namespace, rank: int, port: int) -> dict[str, Any]:
+def _thinwire(args: argparse.Namespace, rank: int) -> dict[str, Any]:
     import torch
-    import torch.distributed as dist
 
     import thinwire
     from thinwire.data.task import task_for
 
     cfg, ds, stream = _setup(args, rank)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=args.workers, timeout=timedelta(seconds=120))
     comm = thinwire.Comm()
     model = _model(cfg, ds)
     inner = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -189,7 +195,6 @@ def _thinwire(args: argparse.Namespace, rank: int, port: int) -> dict[str, Any]:
     out = {"params": _flat(model), "step_s": step_s, "wchar": written() - w0,
            "ledger_sent": int(comm.ledger.totals()["sent_bytes"])}
     comm.barrier()
-    dist.destroy_process_group()
     return out
 
 
@@ -197,12 +202,32 @@ def _worker(rank: int, args: argparse.Namespace, lighthouse: str, ports: dict[st
             queue: Any) -> None:
     import torch
 
+    import torch.distributed as dist
+
     torch.set_num_threads(1)
     try:
-        ft = _torchft(args, rank, lighthouse, ports["store"][rank], ports["manager"][rank])
-        tw = _thinwire(args, rank, ports["thinwire"])
+        holder: dict[str, Any] = {}
+        manager, store = _manager(args, rank, lighthouse, ports["store"][rank],
+                                  ports["manager"][rank], holder)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports['thinwire']}",
+                                rank=rank, world_size=args.workers,
+                                timeout=timedelta(seconds=120))
+        # repeats interleaved, the order alternating (torchft first in even repeats), so a
+        # change of the machine's load falls on both alike
+        reps: list[dict[str, Any]] = []
+        for rep in range(args.repeats):
+            if rep % 2 == 0:
+                ft = _torchft(args, rank, manager, holder)
+                tw = _thinwire(args, rank)
+            else:
+                tw = _thinwire(args, rank)
+                ft = _torchft(args, rank, manager, holder)
+            reps.append({"torchft": ft, "thinwire": tw})
+        manager.shutdown(wait=False)
+        dist.destroy_process_group()
+        del store
         # plain pickle: torch's queue reductions share memory that dies with this process
-        queue.put((rank, pickle.dumps({"torchft": ft, "thinwire": tw})))
+        queue.put((rank, pickle.dumps(reps)))
     except BaseException as exc:  # the parent reports it in one line and exits non-zero
         queue.put((rank, f"{type(exc).__name__}: {exc}"))
 
@@ -254,19 +279,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summarise(args, [results[r] for r in range(args.workers)])
 
 
-def summarise(args: argparse.Namespace, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    diffs = [float((r["torchft"]["params"] - r["thinwire"]["params"]).abs().max())
-             for r in per_rank]
-    scale = max(float(r["thinwire"]["params"].abs().max()) for r in per_rank)
+def summarise(args: argparse.Namespace, per_rank: list[list[dict[str, Any]]]
+              ) -> dict[str, Any]:
+    """Parameters compared in every repeat (each starts from the same model and batches); per
+    rank the step times of every repeat, the bytes of the first."""
+    diffs = [float((rep["torchft"]["params"] - rep["thinwire"]["params"]).abs().max())
+             for reps in per_rank for rep in reps]
+    scale = max(float(reps[0]["thinwire"]["params"].abs().max()) for reps in per_rank)
     out: dict[str, Any] = {"args": {k: v for k, v in vars(args).items()}, "max_abs_diff": max(diffs),
                            "max_abs_param": scale, "per_rank": []}
-    for r in per_rank:
+    for reps in per_rank:
+        r = reps[0]
         out["per_rank"].append({
-            "torchft_step_s": r["torchft"]["step_s"], "thinwire_step_s": r["thinwire"]["step_s"],
+            "torchft_step_s": [rep["torchft"]["step_s"] for rep in reps],
+            "thinwire_step_s": [rep["thinwire"]["step_s"] for rep in reps],
             "torchft_wchar": r["torchft"]["wchar"], "thinwire_wchar": r["thinwire"]["wchar"],
             "thinwire_ledger_sent": r["thinwire"]["ledger_sent"],
             "torchft_commits": r["torchft"]["commits"]})
     return out
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def table(res: dict[str, Any]) -> str:
@@ -276,14 +312,25 @@ def table(res: dict[str, Any]) -> str:
         return sum(r[key] for r in rows) / len(rows)
 
     a = res["args"]
+    def step_ms(key: str) -> list[float]:
+        """Per repeat: the step time averaged over ranks, ms."""
+        return [1e3 * sum(r[key][i] for r in rows) / len(rows)
+                for i in range(len(rows[0][key]))]
+
+    ft, tw = step_ms("torchft_step_s"), step_ms("thinwire_step_s")
+    ratios = [b / a for a, b in zip(ft, tw)]
     lines = [f"{a['method']} H={a['period']} P={a['fragments']} tau={a['delay']} "
              f"alpha={a['alpha']} workers={a['workers']} outer steps={a['outer_steps']} "
-             f"({' '.join(a['set'])})",
-             "| | step ms | bytes written/worker | ledger sent/worker |",
-             "|---|---:|---:|---:|",
-             f"| torchft | {1e3 * mean('torchft_step_s'):.2f} | {mean('torchft_wchar'):.0f} | - |",
-             f"| thinwire | {1e3 * mean('thinwire_step_s'):.2f} | {mean('thinwire_wchar'):.0f} "
-             f"| {mean('thinwire_ledger_sent'):.0f} |",
+             f"repeats={a['repeats']} ({' '.join(a['set'])})",
+             "| | step ms (median of repeats) | step ms per repeat | bytes written/worker "
+             "| ledger sent/worker |",
+             "|---|---:|---:|---:|---:|",
+             f"| torchft | {_median(ft):.2f} | {' '.join(f'{v:.2f}' for v in ft)} "
+             f"| {mean('torchft_wchar'):.0f} | - |",
+             f"| thinwire | {_median(tw):.2f} | {' '.join(f'{v:.2f}' for v in tw)} "
+             f"| {mean('thinwire_wchar'):.0f} | {mean('thinwire_ledger_sent'):.0f} |",
+             f"thinwire / torchft step time per repeat: {' '.join(f'{v:.3f}' for v in ratios)} "
+             f"(median {_median(ratios):.3f})",
              f"parameters: max |torchft - thinwire| = {res['max_abs_diff']:.3g} "
              f"(max |theta| {res['max_abs_param']:.3g}); torchft commits "
              f"{rows[0]['torchft_commits']}"]
@@ -305,11 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config overrides for model and data, e.g. model.name=mlp")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of both, interleaved with the order alternating")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.workers < 2 or args.outer_steps < 1 or args.period < 1:
-        ap.error("--workers must be >= 2, --outer-steps and --period >= 1")
+    if args.workers < 2 or args.outer_steps < 1 or args.period < 1 or args.repeats < 1:
+        ap.error("--workers must be >= 2, --outer-steps, --period and --repeats >= 1")
     if any("=" not in s for s in args.set):
         ap.error("--set takes KEY=VALUE")
     res = run(args)

@@ -183,8 +183,9 @@ def test_checkpoint_with_an_exchange_in_flight_resumes_exactly() -> None:
 
 
 def test_fragments_are_strided_over_layers_and_bad_settings_are_one_line() -> None:
-    """Guards step a's pattern and the checks: layer l in fragment l mod P; too many fragments,
-    a period not divisible by them, a delay of a whole stagger are refused in one line."""
+    """Guards step a's pattern and the checks: layer l in fragment l mod P; too many fragments
+    for the layers or for the period, a delay of a whole stagger are refused in one line; a
+    period P does not divide staggers the merges by floor((p + 1) H / P)."""
     names = [f"blocks.{i}.{w}" for i in range(5) for w in ("a.weight", "b.bias")]
     names = ["emb.weight", *names, "head.weight"]
     frags = strided_fragments(names, 3)
@@ -194,13 +195,18 @@ def test_fragments_are_strided_over_layers_and_bad_settings_are_one_line() -> No
         strided_fragments(names, 8)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(UsageError, match="multiple"):
-        DiLoCo(model, opt, opt, 5, comm=Comm.local(), fragments=2)
+    with pytest.raises(UsageError, match="exceeds sync_every"):
+        DiLoCo(model, opt, opt, 1, comm=Comm.local(), fragments=2)
     with pytest.raises(UsageError, match="delay"):
         DiLoCo(model, opt, opt, 4, comm=Comm.local(), fragments=2, delay=2)
     with pytest.raises(UsageError, match="exactly once"):
         DiLoCo(model, opt, opt, 4, comm=Comm.local(), fragments=[model.layers[0]])
     from thinwire.options import OptionError
+    from thinwire.strategies.diloco import merge_step
+
+    assert [merge_step(p, 4, 10) for p in range(4)] == [2, 5, 7, 0]
+    with pytest.raises(OptionError, match="method.fragments"):
+        _cfg(period=2, fragments=3)
 
     with pytest.raises(OptionError, match="method.delay"):
         _cfg(fragments=2, delay=2)

@@ -21,12 +21,14 @@ Distributed Free Lunch", arXiv 2501.18512, Algorithm 2) changes steps 2-4:
      (a parameter's layer: its name up to the first numeric part, ``blocks.3`` or ``net.2``,
      else its module, :func:`layers_of`) in order, layer l in fragment l mod P, so every
      fragment spans the depth (the paper's strided pattern);
-  b. fragment p is synchronised every H steps, the fragments staggered by H / P steps: its
-     steps 2-4 run at the steps s with s mod H = ((p + 1) H / P) mod H (P = 1: every H-th step,
-     as above), so the peak bytes drop by P while the total does not;
-  c. overlap (``delay`` tau < H / P): fragment p's pseudo-gradient is taken tau steps before its
-     merge step and its exchange runs in the background (an asynchronous ``Comm`` call, recorded
-     in the ledger) while the worker takes tau more inner steps;
+  b. fragment p is synchronised every H steps, the fragments staggered by H / P steps (rounded
+     down where P does not divide H): its steps 2-4 run at the steps s with s mod H =
+     floor((p + 1) H / P) mod H (P = 1: every H-th step, as above), so the peak bytes drop by P
+     while the total does not;
+  c. overlap (``delay`` tau < floor(H / P), the shortest stagger): fragment p's
+     pseudo-gradient is taken tau steps before its merge step and its exchange runs in the
+     background (an asynchronous ``Comm`` call, recorded in the ledger) while the worker takes
+     tau more inner steps;
   d. at the merge step the outer optimizer steps theta_g of the fragment with the averaged
      pseudo-gradient, and the worker's fragment becomes alpha theta_local + (1 - alpha) theta_g
      (``alpha``; 0, the default, takes the outer result as DiLoCo does; the paper studies 0.5
@@ -134,9 +136,9 @@ class DiLoCo:
         self.global_params = [p.detach().clone() for p in self.params]
         self.fragments = self._fragments(model, fragments)
         n = len(self.fragments)
-        if sync_every % n:
-            raise UsageError(f"DiLoCo sync_every={sync_every} is not a multiple of "
-                             f"fragments={n}; choose sync_every divisible by it")
+        if n > sync_every:
+            raise UsageError(f"DiLoCo fragments={n} exceeds sync_every={sync_every}: each "
+                             f"fragment needs a step of its own; use at most {sync_every}")
         if not 0 <= delay < sync_every // n:
             raise UsageError(f"DiLoCo delay={delay} must be in [0, sync_every / fragments = "
                              f"{sync_every // n}); lower it or sync less often")
@@ -247,14 +249,14 @@ class DiLoCo:
         exchange's mean (waited for), so a resumed run merges the same values."""
         out: dict[str, Any] = {"steps": self.steps, "global": [g.clone() for g in self.global_params],
                                "outer": self.outer.state_dict()}
+        if self._pending is not None:  # first: an exchange on its thread updates residuals
+            p = self._pending[0]
+            self._pending = (p, self._wait())
+            out["pending"] = {"fragment": p, "delta": self._pending[1].clone()}
         if self.codec is not None:
             out["codec"] = self.codec.state_dict()
         if len(self.fragments) > 1 or self.delay:
             out["rounds"] = list(self.rounds)
-        if self._pending is not None:
-            p = self._pending[0]
-            self._pending = (p, self._wait())
-            out["pending"] = {"fragment": p, "delta": self._pending[1].clone()}
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -301,8 +303,8 @@ class Options:
     def __post_init__(self) -> None:
         check(self.period >= 1, "method.period", "must be >= 1")
         check(self.fragments >= 1, "method.fragments", "must be >= 1")
-        check(self.period % self.fragments == 0, "method.period",
-              f"must be a multiple of method.fragments={self.fragments}")
+        check(self.fragments <= self.period, "method.fragments",
+              f"must be at most method.period={self.period} (a step for each fragment)")
         check(0 <= self.delay < self.period // self.fragments, "method.delay",
               f"must be in [0, period / fragments = {self.period // self.fragments})")
         check(0 <= self.alpha <= 1, "method.alpha", "must be in [0, 1]")
