@@ -201,7 +201,6 @@ def _thinwire(args: argparse.Namespace, rank: int) -> dict[str, Any]:
 def _worker(rank: int, args: argparse.Namespace, lighthouse: str, ports: dict[str, Any],
             queue: Any) -> None:
     import torch
-
     import torch.distributed as dist
 
     torch.set_num_threads(1)

@@ -48,7 +48,6 @@ def _by_hand(quantiser: Any, n: int, step: int) -> torch.Tensor:
 
 
 def _exchange(comm: Comm) -> dict[str, Any]:
-    n = comm.world_size
     res: dict[str, Any] = {}
     for spec in ("fp4:chunk=64,ef=false,exchange=scatter", "int8:chunk=100,ef=false,exchange=scatter"):
         codec = build(spec, rank=comm.rank)
