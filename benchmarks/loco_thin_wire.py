@@ -77,20 +77,24 @@ def winners(results: list[BenchResult], target: float) -> list[str]:
 def _is_alone(r: BenchResult, steps: int) -> bool:
     """Local SGD averaging once, at the end: the local compute alone."""
     method = r.run.summary.get("config", {}).get("method", {})
-    return method.get("name") == "localsgd" and int(method.get("period", 0)) == steps
+    return (method.get("name") == "localsgd"
+            and int(method.get("period", 0)) == int(r.run.summary.get("steps", steps)))
 
 
 def step_times(results: list[BenchResult], steps: int) -> list[str]:
     """Per link: each method's ms per training step and its ratio to local compute alone."""
     lines = []
     for link in dict.fromkeys(r.link for r in results):
-        alone = next((r for r in results if r.link == link and _is_alone(r, steps)), None)
-        for r in results:
-            if r.link != link:
-                continue
+        mine = [r for r in results if r.link == link]
+        for i, r in enumerate(mine):
+            # the local-compute run nearest in the run order (the machine's load drifts)
+            alones = [(abs(j - i), j) for j, a in enumerate(mine) if _is_alone(a, steps)]
+            alone = mine[min(alones)[1]] if alones else None
             ms = 1000 * r.wall_s / r.run.summary.get("steps", steps)
-            ratio = (f"{r.wall_s / alone.wall_s:.3f}x local compute" if alone is not None
-                     else "no local compute run")
+            ratio = "no local compute run"
+            if alone is not None:
+                alone_ms = 1000 * alone.wall_s / alone.run.summary.get("steps", steps)
+                ratio = f"{ms / alone_ms:.3f}x the nearest local compute run"
             lines.append(f"- {link.label} {r.method}: {ms:.1f} ms a step ({ratio})")
     return lines
 
@@ -107,6 +111,8 @@ def main() -> int:
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--easy", type=float, default=None,
                    help="the easy target (MLP accuracy, default 0.75; GPT perplexity, default 10)")
+    p.add_argument("--target", type=float, default=None,
+                   help="one more target (DP's converged value from a run without DP)")
     p.add_argument("--methods", default="", help="method specs separated by ';' (default: "
                    "every method of the model's list)")
     p.add_argument("--timeout", type=float, default=1500.0, help="whole benchmark, seconds")
@@ -166,6 +172,8 @@ def main() -> int:
              f"{total / 60:.1f} min; load average before {' '.join(load_before)}, after "
              f"{' '.join(load_after)}." + (f" Stopped early ({error})." if error else "")]
     targets = [("easy", args.easy)]
+    if args.target is not None:
+        targets.append(("given", args.target))
     for link in dict.fromkeys(r.link for r in results):
         dp = next((r for r in results if r.link == link and r.is_dp), None)
         if dp is not None and dp.curve:
