@@ -157,6 +157,11 @@ def _torchft(args: argparse.Namespace, rank: int, manager: Any, holder: dict[str
     steps = args.outer_steps * args.period
     commits0 = manager.current_step()
     w0 = written()
+    # a repeat's wrapper registers its fragments' recovery state again under the same keys:
+    # drop the previous repeat's (torchft refuses duplicate keys; "default" is the model's)
+    for key in [k for k in manager._load_state_dict_fns if k != "default"]:
+        manager._load_state_dict_fns.pop(key)
+        manager._user_state_dicts.pop(key, None)
     if args.method == "diloco":
         frags = _fragments(model, args.fragments)
         outers = [_outer(f.parameters(), args) for f in frags]
@@ -228,7 +233,9 @@ def _worker(rank: int, args: argparse.Namespace, lighthouse: str, ports: dict[st
         # plain pickle: torch's queue reductions share memory that dies with this process
         queue.put((rank, pickle.dumps(reps)))
     except BaseException as exc:  # the parent reports it in one line and exits non-zero
-        queue.put((rank, f"{type(exc).__name__}: {exc}"))
+        import traceback
+
+        queue.put((rank, f"{type(exc).__name__}: {exc} {traceback.format_exc()[-1500:]}"))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
