@@ -27,6 +27,10 @@ background thread per codec, exchanges in the order they were issued (the same o
 so :meth:`ScatteredExchange.average_async` returns at once and a caller overlaps it with
 compute (Streaming DiLoCo's ``delay``). Chosen with the codec option ``exchange=scatter``
 (``fp4:exchange=scatter``, ``int8:exchange=scatter``).
+
+Limits: the residuals are per shard, and shards cut across tensors, so in DDP's hook a residual
+does not follow its parameters into a rebuilt bucket (it starts afresh there, once); the
+messages are point-to-point, which gloo carries for CPU tensors only (CUDA tensors need nccl).
 """
 
 from __future__ import annotations
