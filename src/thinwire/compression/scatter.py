@@ -28,8 +28,11 @@ so :meth:`ScatteredExchange.average_async` returns at once and a caller overlaps
 compute (Streaming DiLoCo's ``delay``). Chosen with the codec option ``exchange=scatter``
 (``fp4:exchange=scatter``, ``int8:exchange=scatter``).
 
-Limits: the residuals are per shard, and shards cut across tensors, so in DDP's hook a residual
-does not follow its parameters into a rebuilt bucket (it starts afresh there, once); the
+Error feedback keeps one residual a shard (key ``key * n + j``). Laid end to end the n shards'
+residuals are a residual of x itself (the zero padding's is always 0: zeros encode exactly), so
+:meth:`ScatteredExchange.split_state` hands each tensor of x its piece, as the plain codec does,
+and :meth:`ScatteredExchange.join_state` cuts a bucket's pieces back into shards: in DDP's hook a
+residual follows its parameters into a rebuilt bucket and across a checkpoint. Limit: the
 messages are point-to-point, which gloo carries for CPU tensors only (CUDA tensors need nccl).
 """
 
@@ -78,6 +81,9 @@ class ScatteredExchange(Compressor):
         self._plain = inner.inner if isinstance(inner, ErrorFeedback) else inner
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        # the world size of the last exchange, and joined state waiting to learn it
+        self._world = 0
+        self._joined: dict[int, torch.Tensor] = {}
 
     @property
     def wants_error_feedback(self) -> bool:
@@ -120,6 +126,8 @@ class ScatteredExchange(Compressor):
         del shapes
         fut: torch.futures.Future = torch.futures.Future()
         world = comm.world_size
+        self._world = world
+        self._place(key, x.numel(), world)
         sent = sum(b for _, b in self.collectives(x.numel(), world=world))
 
         def job() -> None:
@@ -176,9 +184,31 @@ class ScatteredExchange(Compressor):
                 self._pool.shutdown(wait=True)
                 self._pool = None
 
-    # --- state: the inner codec's --------------------------------------------------------------
+    # --- state: the inner codec's, per shard -------------------------------------------------
+    def _residuals(self) -> dict[int, torch.Tensor] | None:
+        residuals = getattr(self.inner, "residuals", None)
+        return residuals if isinstance(residuals, dict) else None
+
+    def _place(self, key: int, numel: int, world: int) -> None:
+        """Cut a joined residual of x (``numel`` elements) into the shards of ``world`` ranks."""
+        flat = self._joined.pop(key, None)
+        residuals = self._residuals()
+        if flat is None or residuals is None or flat.numel() != numel:
+            return
+        s = shard_numel(numel, world, self.chunk)
+        padded = flat.new_zeros(world * s)
+        padded[:numel] = flat
+        for j in range(world):
+            residuals[key * world + j] = padded[j * s:(j + 1) * s].clone()
+
     def reset(self, key: int | None = None) -> None:
-        self.inner.reset(key)
+        if key is None:
+            self._joined.clear()
+            self.inner.reset(None)
+            return
+        self._joined.pop(key, None)
+        for j in range(max(self._world, 1)):
+            self.inner.reset(key * max(self._world, 1) + j)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.inner.state_dict()
@@ -187,9 +217,30 @@ class ScatteredExchange(Compressor):
         self.inner.load_state_dict(state)
 
     def split_state(self, key: int, shapes: Shapes) -> list[dict[str, torch.Tensor]]:
-        return [{} for _ in shapes]  # residuals are per shard, not per tensor
+        """Each tensor's piece of bucket ``key``'s residual: the shards' residuals end to end,
+        the padding dropped (module docstring)."""
+        sizes = [math.prod(s) for s in shapes]
+        d, n, residuals = sum(sizes), self._world, self._residuals()
+        flat = self._joined.get(key)
+        if flat is None and residuals is not None and n > 0:
+            shards = [residuals.get(key * n + j) for j in range(n)]
+            s = shard_numel(d, n, self.chunk)
+            if all(e is not None and e.numel() == s for e in shards):
+                flat = torch.cat([e for e in shards if e is not None])[:d]
+        if flat is None or flat.numel() != d:
+            return [{} for _ in shapes]
+        return [{"residual": piece.clone()} for piece in flat.split(sizes)]
 
     def join_state(self, key: int, shapes: Shapes,
                    pieces: Sequence[Mapping[str, torch.Tensor]]) -> None:
-        del key, shapes, pieces
+        """Bucket ``key``'s residual from its tensors' pieces (absent ones zero), cut into shards
+        at its next exchange, when the world size is known."""
+        found = [p.get("residual") for p in pieces]
+        like = next((t for t in found if t is not None), None)
+        self.reset(key)
+        if like is None:
+            return
+        self._joined[key] = torch.cat([
+            t.reshape(-1) if t is not None else like.new_zeros(math.prod(s))
+            for t, s in zip(found, shapes)])
 
