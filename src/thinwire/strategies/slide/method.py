@@ -67,7 +67,7 @@ from thinwire.strategies.base import (
 )
 from thinwire.strategies.entry import MethodEntry, WorkerShare
 from thinwire.strategies.slide.layer import SLIDELayer
-from thinwire.strategies.slide.lsh import FAMILIES
+from thinwire.strategies.slide.lsh import FAMILIES, SAMPLINGS
 from thinwire.strategies.traffic import Layout, Traffic, wire
 
 LOWER = ("average", "replicate")
@@ -82,6 +82,10 @@ class Options:
     active: float = opt(0.01, "retrieved neurons per sample, a fraction of the layer (labels "
                         "come on top)")
     bucket: int = opt(32, "neurons read from each hit bucket")
+    sampling: str = opt("topk", "how the retrieved neurons are chosen: topk (the candidates of "
+                        "all L tables ranked by how many tables returned them) or vanilla "
+                        "(tables in a random order per sample until the budget is met)",
+                        choices=SAMPLINGS)
     rebuild_first: int = opt(50, "updates before the first table rebuild")
     rebuild_growth: float = opt(1.5, "each rebuild interval this times the previous")
     bin_size: int = opt(8, "DWTA: coordinates each hash looks at")
@@ -152,7 +156,7 @@ class Slide(Strategy):
                 bucket=o.bucket, bin_size=o.bin_size, range_bits=o.range_bits,
                 rebuild_first=o.rebuild_first, rebuild_growth=o.rebuild_growth, offset=lo,
                 seed=seed, weight=wide.weight.detach()[lo:hi], bias=wide.bias.detach()[lo:hi],
-                device=ctx.device))
+                sampling=o.sampling, device=ctx.device))
         if self.comm.rank != 0:  # rank 0 keeps room to assemble the layer for evaluation
             wide.weight = nn.Parameter(wide.weight.detach()[:0].clone())
             wide.bias = nn.Parameter(wide.bias.detach()[:0].clone())
@@ -441,7 +445,9 @@ def share(layout: Layout, options: Options, workers: int) -> WorkerShare:
 
 
 def _label(o: Options) -> str:
-    name = "dense-mp" if o.full else f"slide({o.family},K={o.K},L={o.L},active={o.active:g})"
+    vanilla = ",vanilla" if o.sampling == "vanilla" else ""
+    name = "dense-mp" if o.full else \
+        f"slide({o.family},K={o.K},L={o.L},active={o.active:g}{vanilla})"
     return name + ("[replicate]" if o.lower == "replicate" else "")
 
 
