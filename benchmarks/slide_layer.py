@@ -5,8 +5,8 @@ their full gradient (F.linear forward and backward, a dense [C, H] weight gradie
 layer (:class:`thinwire.SLIDELayer`) retrieves the active set (table query and selection), then
 computes the logits of A = s C neurons per sample and their sparse gradient. Printed per row
 (one per width, active fraction and ``--sampling`` mode, ``topk`` or ``vanilla``): the least
-seconds of each over ``--repeats`` timed steps (after two warm-up steps; on a shared machine
-the least-disturbed step is the closest to the code's own cost), the ratio
+seconds of each over ``--repeats`` rounds that time every variant once (after a warm-up
+round; on a shared machine the least-disturbed step is the closest to the code's own cost), the ratio
 sparse / (dense x s) (the issue's target: at most 2), the retrieval's share of the sparse
 time, and the floor of the sparse compute itself: the same forward and backward with the
 active ids given (retrieval free), its ratio to dense x s, and the [B, A, H] gather of the
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,22 +31,24 @@ from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
 from thinwire.strategies.slide.lsh import SAMPLINGS
 
 
-def _best(fn, repeats: int) -> float:  # noqa: ANN001
-    """The least seconds of ``repeats`` timed calls after two warm-up calls (on a shared machine
-    the least-disturbed call is the closest to the code's own cost)."""
-    for _ in range(2):
-        fn()
-    times = []
+def _least(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """The least seconds of each function over ``repeats`` rounds (after one warm-up round), a
+    round timing every function once, so that a burst of other work on a shared machine falls
+    on all of them alike; the least-disturbed call is the closest to the code's own cost."""
+    for f in fns.values():
+        f()
+    best = {k: float("inf") for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
 def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
          samplings: list[str]) -> list[dict[str, float | str]]:
-    """One dense measurement, then per sampling mode the SLIDE layer's (module docstring)."""
+    """The dense layer and, per sampling mode, the SLIDE layer (module docstring)."""
     g = torch.Generator().manual_seed(0)
     h = torch.relu(torch.randn(B, H, generator=g))
     labels = torch.randint(0, C, (B, 1), generator=g)
@@ -59,36 +62,40 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
         w.grad = b.grad = None
         F.cross_entropy(F.linear(h, w, b), labels[:, 0]).backward()
 
-    td = _best(dense, repeats)
-    out: list[dict[str, float | str]] = []
+    fns: dict[str, Callable[[], None]] = {"dense": dense}
     for sm, layer in layers.items():
-        hq = h.clone()
+        fns.update(_variants(sm, layer, h, labels))
+    t = _least(fns, repeats)
+    td = t["dense"]
+    return [{"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
+             "ratio": t[f"{sm}.sparse"] / (td * s),
+             "query_share": t[f"{sm}.query"] / t[f"{sm}.sparse"],
+             "compute_s": t[f"{sm}.compute"], "compute_ratio": t[f"{sm}.compute"] / (td * s),
+             "gather_s": t[f"{sm}.gather"]} for sm in layers]
 
-        def query() -> None:
-            layer.active(hq, labels)
 
-        def sparse() -> None:
-            layer.zero_grad(set_to_none=True)
-            ids, mask = layer.active(hq, labels)
-            active_softmax_loss(layer(hq, ids, mask), ids, mask, labels).backward()
+def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
+              ) -> dict[str, Callable[[], None]]:
+    """The timed variants of one layer: retrieval alone, the full sparse step, the step with
+    the active ids given, and the gather of the active weight rows alone."""
+    given = layer.active(h, labels)
 
-        given = layer.active(hq, labels)
+    def query() -> None:
+        layer.active(h, labels)
 
-        def compute() -> None:
-            layer.zero_grad(set_to_none=True)
-            ids, mask = given
-            active_softmax_loss(layer(hq, ids, mask), ids, mask, labels).backward()
+    def gather() -> None:
+        F.embedding(given[0], layer.weight.detach())
 
-        wd = layer.weight.detach()
+    return {f"{sm}.query": query, f"{sm}.sparse": lambda: _step(layer, h, labels),
+            f"{sm}.compute": lambda: _step(layer, h, labels, given), f"{sm}.gather": gather}
 
-        def gather() -> None:
-            F.embedding(given[0], wd)
 
-        tq, ts, tc, tg = (_best(f, repeats) for f in (query, sparse, compute, gather))
-        out.append({"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": ts,
-                    "ratio": ts / (td * s), "query_share": tq / ts, "compute_s": tc,
-                    "compute_ratio": tc / (td * s), "gather_s": tg})
-    return out
+def _step(layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor,
+          given: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """One sparse forward and backward; the active set retrieved unless ``given``."""
+    layer.zero_grad(set_to_none=True)
+    ids, mask = given if given is not None else layer.active(h, labels)
+    active_softmax_loss(layer(h, ids, mask), ids, mask, labels).backward()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     for C in widths:
         for s in fractions:
             for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings):
-                print(f"| {C} | {s:g} | {r['sampling']} | {r['dense_s']:.4f} | {r['sparse_s']:.4f} | "
+                print(f"| {C} | {s:g} | {r['sampling']} | {r['dense_s']:.4f} | "
+                      f"{r['sparse_s']:.4f} | "
                       f"{r['ratio']:.1f} | {r['query_share']:.0%} | {r['compute_s']:.4f} | "
                       f"{r['compute_ratio']:.1f} | {r['gather_s']:.4f} |", flush=True)
     return 0
