@@ -5,10 +5,11 @@ neurons its locality-sensitive hash codes retrieve (:mod:`thinwire.strategies.sl
 plus, in training, the neurons of its true labels. One training step of :class:`SLIDELayer`:
 
   1. ``active(h, labels)``: per sample a fixed number of neurons, ``budget`` retrieved from the
-     L tables plus the sample's labels: ids [B, A], mask [B, A]; ``sampling="topk"`` ranks the
-     candidates of all L tables by how many tables returned them (SLIDE's frequency ranking),
-     ``sampling="vanilla"`` reads the tables in a random order per sample until the budget is
-     met (SLIDE's vanilla sampling; about budget / ``bucket`` + 1 tables read);
+     L tables plus the sample's labels: ids [B, A], mask [B, A]; ``sampling="vanilla"`` (the
+     default) reads the tables in a random order per sample until the budget is met (SLIDE's
+     vanilla sampling; about budget / ``bucket`` + 1 tables read), ``sampling="topk"`` ranks
+     the candidates of all L tables by how many tables returned them (SLIDE's frequency
+     ranking);
   2. ``forward(h, ids, mask)``: the logits of those neurons only, W[ids] . h + b[ids]
      ([B, A], -inf on empty slots), gathered with ``torch.nn.functional.embedding(...,
      sparse=True)``, so the backward pass touches only the active rows: the weight's gradient is
@@ -69,7 +70,7 @@ class SLIDELayer(nn.Module):
                  K: int = 9, L: int = 50, budget: int = 128, bucket: int = 32,
                  bin_size: int = 8, range_bits: int = 12, rebuild_first: int = 50,
                  rebuild_growth: float = 1.5, offset: int = 0, seed: int = 0,
-                 sampling: str = "topk",
+                 sampling: str = "vanilla",
                  weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()

@@ -83,9 +83,9 @@ class Options:
     active: float = opt(0.01, "retrieved neurons per sample, a fraction of the layer (labels "
                         "come on top)")
     bucket: int = opt(32, "neurons read from each hit bucket")
-    sampling: str = opt("topk", "how the retrieved neurons are chosen: topk (the candidates of "
-                        "all L tables ranked by how many tables returned them) or vanilla "
-                        "(tables in a random order per sample until the budget is met)",
+    sampling: str = opt("vanilla", "how the retrieved neurons are chosen: vanilla (tables in a "
+                        "random order per sample until the budget is met) or topk (the "
+                        "candidates of all L tables ranked by how many tables returned them)",
                         choices=SAMPLINGS)
     rebuild_first: int = opt(50, "updates before the first table rebuild")
     rebuild_growth: float = opt(1.5, "each rebuild interval this times the previous")
@@ -487,9 +487,9 @@ def share(layout: Layout, options: Options, workers: int) -> WorkerShare:
 
 
 def _label(o: Options) -> str:
-    vanilla = ",vanilla" if o.sampling == "vanilla" else ""
+    topk = ",topk" if o.sampling == "topk" else ""
     name = "dense-mp" if o.full else \
-        f"slide({o.family},K={o.K},L={o.L},active={o.active:g}{vanilla})"
+        f"slide({o.family},K={o.K},L={o.L},active={o.active:g}{topk})"
     return name + ("[replicate]" if o.lower == "replicate" else "")
 
 
