@@ -3,63 +3,99 @@
 For an output width C, hidden width H and batch B: the dense layer computes all C logits and
 their full gradient (F.linear forward and backward, a dense [C, H] weight gradient); the SLIDE
 layer (:class:`thinwire.SLIDELayer`) retrieves the active set (table query and selection), then
-computes the logits of A = s C neurons per sample and their sparse gradient. Printed per row:
-the median seconds of each over ``--repeats`` timed steps (after two warm-up steps), the ratio
-sparse / (dense x s) (the issue's target: at most 2) and the retrieval's share of the sparse
-time. One torch thread (``--threads``), CPU.
+computes the logits of A = s C neurons per sample and their sparse gradient. Printed per row
+(one per width, active fraction and ``--sampling`` mode, ``topk`` or ``vanilla``): the least
+seconds of each over ``--repeats`` rounds that time every variant once (after a warm-up
+round; on a shared machine the least-disturbed step is the closest to the code's own cost), the ratio
+sparse / (dense x s) (the issue's target: at most 2), the retrieval's share of the sparse
+time, and the floor of the sparse compute itself: the same forward and backward with the
+active ids given (retrieval free), its ratio to dense x s, and the [B, A, H] gather of the
+active weight rows alone (the memory traffic every gather-based sparse step pays, forward, and
+once more for the scattered gradient backward). One torch thread (``--threads``), CPU.
 
-    python benchmarks/slide_layer.py --widths 10000,100000 --fractions 0.005,0.01,0.05
+    python benchmarks/slide_layer.py --widths 10000,100000 --fractions 0.005,0.01,0.05 \
+        --sampling topk,vanilla
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
+from thinwire.strategies.slide.lsh import SAMPLINGS
 
 
-def _median(fn, repeats: int) -> float:  # noqa: ANN001
-    for _ in range(2):
-        fn()
-    times = []
+def _least(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """The least seconds of each function over ``repeats`` rounds (after one warm-up round), a
+    round timing every function once, so that a burst of other work on a shared machine falls
+    on all of them alike; the least-disturbed call is the closest to the code's own cost."""
+    for f in fns.values():
+        f()
+    best = {k: float("inf") for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
-def row(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int) -> dict[str, float]:
+def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
+         samplings: list[str]) -> list[dict[str, float | str]]:
+    """The dense layer and, per sampling mode, the SLIDE layer (module docstring)."""
     g = torch.Generator().manual_seed(0)
     h = torch.relu(torch.randn(B, H, generator=g))
     labels = torch.randint(0, C, (B, 1), generator=g)
-    layer = SLIDELayer(H, C, K=K, L=L, budget=max(1, round(s * C)), seed=1)
-    w = layer.weight.detach().clone().requires_grad_(True)
-    b = layer.bias.detach().squeeze(-1).clone().requires_grad_(True)
+    layers = {sm: SLIDELayer(H, C, K=K, L=L, budget=max(1, round(s * C)), seed=1, sampling=sm)
+              for sm in samplings}
+    first = next(iter(layers.values()))
+    w = first.weight.detach().clone().requires_grad_(True)
+    b = first.bias.detach().squeeze(-1).clone().requires_grad_(True)
 
     def dense() -> None:
         w.grad = b.grad = None
         F.cross_entropy(F.linear(h, w, b), labels[:, 0]).backward()
 
-    hq = h.clone()
+    fns: dict[str, Callable[[], None]] = {"dense": dense}
+    for sm, layer in layers.items():
+        fns.update(_variants(sm, layer, h, labels))
+    t = _least(fns, repeats)
+    td = t["dense"]
+    return [{"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
+             "ratio": t[f"{sm}.sparse"] / (td * s),
+             "query_share": t[f"{sm}.query"] / t[f"{sm}.sparse"],
+             "compute_s": t[f"{sm}.compute"], "compute_ratio": t[f"{sm}.compute"] / (td * s),
+             "gather_s": t[f"{sm}.gather"]} for sm in layers]
+
+
+def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
+              ) -> dict[str, Callable[[], None]]:
+    """The timed variants of one layer: retrieval alone, the full sparse step, the step with
+    the active ids given, and the gather of the active weight rows alone."""
+    given = layer.active(h, labels)
 
     def query() -> None:
-        layer.active(hq, labels)
+        layer.active(h, labels)
 
-    def sparse() -> None:
-        layer.zero_grad(set_to_none=True)
-        ids, mask = layer.active(hq, labels)
-        active_softmax_loss(layer(hq, ids, mask), ids, mask, labels).backward()
+    def gather() -> None:
+        F.embedding(given[0], layer.weight.detach())
 
-    td, tq, ts = (_median(f, repeats) for f in (dense, query, sparse))
-    return {"C": C, "s": s, "dense_s": td, "sparse_s": ts, "ratio": ts / (td * s),
-            "query_share": tq / ts}
+    return {f"{sm}.query": query, f"{sm}.sparse": lambda: _step(layer, h, labels),
+            f"{sm}.compute": lambda: _step(layer, h, labels, given), f"{sm}.gather": gather}
+
+
+def _step(layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor,
+          given: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """One sparse forward and backward; the active set retrieved unless ``given``."""
+    layer.zero_grad(set_to_none=True)
+    ids, mask = given if given is not None else layer.active(h, labels)
+    active_softmax_loss(layer(h, ids, mask), ids, mask, labels).backward()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--L", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sampling", default="topk,vanilla",
+                    help="comma-separated: topk, vanilla (SLIDELayer's sampling modes)")
     a = ap.parse_args(argv)
     try:
         widths = [int(v) for v in a.widths.split(",")]
@@ -80,17 +118,25 @@ def main(argv: list[str] | None = None) -> int:
         print("slide_layer: --widths and --fractions take comma-separated numbers",
               file=sys.stderr)
         return 2
+    samplings = a.sampling.split(",")
+    bad = [v for v in samplings if v not in SAMPLINGS]
+    if bad:
+        print(f"slide_layer: --sampling {bad[0]!r}: use {', '.join(SAMPLINGS)}", file=sys.stderr)
+        return 2
     torch.set_num_threads(a.threads)
     print(f"# SLIDE layer vs dense: H {a.hidden}, batch {a.batch}, K {a.K}, L {a.L}, "
-          f"{a.threads} thread(s), median of {a.repeats}")
-    print("| width | active | dense fwd+bwd s | SLIDE fwd+bwd s | SLIDE / (dense x active) "
-          "| retrieval share |")
-    print("|---|---|---|---|---|---|")
+          f"{a.threads} thread(s), least of {a.repeats}")
+    print("| width | active | sampling | dense fwd+bwd s | SLIDE fwd+bwd s "
+          "| SLIDE / (dense x active) | retrieval share | ids given: fwd+bwd s "
+          "| ids given / (dense x active) | gather [B, A, H] alone s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for C in widths:
         for s in fractions:
-            r = row(C, a.hidden, a.batch, s, a.K, a.L, a.repeats)
-            print(f"| {C} | {s:g} | {r['dense_s']:.4f} | {r['sparse_s']:.4f} | "
-                  f"{r['ratio']:.1f} | {r['query_share']:.0%} |", flush=True)
+            for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings):
+                print(f"| {C} | {s:g} | {r['sampling']} | {r['dense_s']:.4f} | "
+                      f"{r['sparse_s']:.4f} | "
+                      f"{r['ratio']:.1f} | {r['query_share']:.0%} | {r['compute_s']:.4f} | "
+                      f"{r['compute_ratio']:.1f} | {r['gather_s']:.4f} |", flush=True)
     return 0
 
 

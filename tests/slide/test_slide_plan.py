@@ -10,6 +10,8 @@ whole wide layer instead of the shard, the dense work at any active fraction) br
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +19,8 @@ import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork
 from harness import run_workers
 
-from thinwire.config import load
+from thinwire.cli import main
+from thinwire.config import dumps, load
 from thinwire.data.task import task_for
 from thinwire.errors import UsageError
 from thinwire.planner.presets import load_cluster, load_model
@@ -64,7 +67,7 @@ def _predict(lower: str, got: dict[str, Any], workers: int = 2, active: float = 
 
 
 @pytest.mark.parametrize("lower", ["average", "replicate"])
-def test_planner_equals_a_two_rank_run(lower: str) -> None:
+def test_planner_equals_a_two_rank_run(lower: str, tmp_path: Path, capsys: Any) -> None:
     ranks = run_workers(_run, 2, lower, timeout=120)
     p = _predict(lower, ranks[0])
     assert p.traffic.dp == max(r["sent"] for r in ranks)
@@ -72,6 +75,18 @@ def test_planner_equals_a_two_rank_run(lower: str) -> None:
     assert p.memory.weights == ranks[0]["params"]
     assert p.memory.optimizer == ranks[0]["optimizer"]
     assert p.memory.activations == ranks[0]["tables"]  # the hash tables, beside the states
+    # thinwire plan --config of the same run as written: its bytes, and with --cluster the
+    # plan of its shapes, equal the ranks' ledgers (a run priced as dp would differ: the wide
+    # layer's gradient, 200 x 17 floats, would be all-reduced)
+    cfg = load(None, {**SMALL, "method.lower": lower, "runtime.workers": 2, "train.steps": 5})
+    path = tmp_path / "config.toml"
+    path.write_text(dumps(cfg))
+    assert main(["plan", "--config", str(path), "--cluster", "cpu-1gbe", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes"]["sent_per_worker_max"] == 5 * max(r["sent"] for r in ranks)
+    assert "slide" in json.dumps(out["plan"])
+    assert out["plan"]["traffic_bytes"]["sync"] == max(r["sent"] for r in ranks)
+    assert out["plan"]["memory_bytes"]["weights"] == ranks[0]["params"]
 
 
 def test_planner_work_follows_the_active_fraction() -> None:

@@ -36,6 +36,7 @@ from thinwire.planner.specs import (
     ClusterSpec,
     MLPSpec,
     ModelSpec,
+    XMLPShapes,
 )
 from thinwire.planner.step import predict
 from thinwire.planner.strategy import StrategySpec
@@ -328,15 +329,17 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
     return plan_report(model, cluster, pred)
 
 
-def _method_spec(cfg: Any) -> str:
+def _method_spec(cfg: Any, wide: bool = False) -> str:
     """The run's method as the planner's ``--method`` spec: its name and the options that
     differ from their defaults (values with commas in parentheses); "" where the planner's own
     layout describes the run: a method with ``planned=False`` (its pipeline and tensor degrees
-    are the layout's) and ZeRO (the planner shards its data-parallel layout itself)."""
+    are the layout's) unless the model spec carries the wide-layer shapes the method prices
+    itself from (``wide``: slide), and ZeRO (the planner shards its data-parallel layout
+    itself)."""
     from thinwire.strategies import METHODS
 
     entry = METHODS.get(cfg.method.name)
-    if not entry.planned or cfg.memory.zero:
+    if (not entry.planned and not wide) or cfg.memory.zero:
         return ""
     o = cfg.method.options
     defaults = type(o)()
@@ -363,7 +366,7 @@ def config_strategy(cfg: Any, model: ModelSpec) -> StrategySpec:
         micro_batch_size=max(1, cfg.train.batch_size // m), micro_batches=m,
         zero=cfg.memory.zero, recompute=FROM_RUN_RECOMPUTE[cfg.memory.recompute],
         offload=cfg.memory.offload != "none", dtype="fp32", optimizer=optimizer,
-        method=_method_spec(cfg))
+        method=_method_spec(cfg, wide=getattr(model, "wide", None) is not None))
 
 
 def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
@@ -385,7 +388,8 @@ def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
                          "RUN_DIR/config.toml")
     cfg = config_mod.load(path)
     dataset = load_data(cfg)
-    traffic = run_traffic(cfg, run_layout(cfg, dataset))
+    layout = run_layout(cfg, dataset)
+    traffic = run_traffic(cfg, layout)
     label = config_mod.label(cfg)
     steps, n = cfg.train.steps, cfg.runtime.workers
     out: dict[str, Any] = {"config": str(path), "method": label, "workers": n, "steps": steps,
@@ -400,7 +404,13 @@ def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
               for op, (c, b) in sorted(traffic.rank0_calls.items())]
     text = "\n".join(lines) + "\n"
     if args.cluster:
-        model = model_spec_from_module(build_model(cfg, dataset), cfg.model.name)
+        if layout.wide is not None:  # a wide-layer method (slide) prices the run's shapes
+            w = layout.wide
+            model: Any = XMLPShapes(features=w.features, hidden=w.hidden, labels=w.labels,
+                                    nnz=w.nnz, label_cols=w.label_cols, batch=w.batch
+                                    ).spec(cfg.model.name)
+        else:
+            model = model_spec_from_module(build_model(cfg, dataset), cfg.model.name)
         if args.nodes is None and args.devices is None:
             args = argparse.Namespace(**{**vars(args), "devices": n})
         cluster = _cluster(args)

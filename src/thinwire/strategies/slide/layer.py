@@ -5,7 +5,11 @@ neurons its locality-sensitive hash codes retrieve (:mod:`thinwire.strategies.sl
 plus, in training, the neurons of its true labels. One training step of :class:`SLIDELayer`:
 
   1. ``active(h, labels)``: per sample a fixed number of neurons, ``budget`` retrieved from the
-     L tables (most frequently retrieved first) plus the sample's labels: ids [B, A], mask [B, A];
+     L tables plus the sample's labels: ids [B, A], mask [B, A]; ``sampling="vanilla"`` (the
+     default) reads the tables in a random order per sample until the budget is met (SLIDE's
+     vanilla sampling; about budget / ``bucket`` + 1 tables read), ``sampling="topk"`` ranks
+     the candidates of all L tables by how many tables returned them (SLIDE's frequency
+     ranking);
   2. ``forward(h, ids, mask)``: the logits of those neurons only, W[ids] . h + b[ids]
      ([B, A], -inf on empty slots), gathered with ``torch.nn.functional.embedding(...,
      sparse=True)``, so the backward pass touches only the active rows: the weight's gradient is
@@ -38,7 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from thinwire.strategies.slide.lsh import FAMILIES, Schedule, Tables, family, generator, select
+from thinwire.strategies.slide.lsh import (
+    FAMILIES,
+    SAMPLINGS,
+    Schedule,
+    Tables,
+    family,
+    first_distinct,
+    generator,
+    select,
+)
 
 
 class SLIDELayer(nn.Module):
@@ -47,7 +60,7 @@ class SLIDELayer(nn.Module):
     - ``family``: ``simhash`` (dense inputs) or ``dwta`` (sparse inputs); ``K`` hashes per code,
       ``L`` tables; ``bin_size`` and ``range_bits``: DWTA's bins and code range;
     - ``budget``: retrieved neurons per sample (labels come on top); ``bucket``: neurons read
-      from each hit bucket;
+      from each hit bucket; ``sampling``: ``topk`` or ``vanilla`` (step 1);
     - ``rebuild_first``, ``rebuild_growth``: the rebuild schedule (updates);
     - ``offset``: global id of the first neuron (a shard of a wider layer); ``seed``: hash
       functions (shared by all shards) and the per-step random draws (per shard).
@@ -57,11 +70,15 @@ class SLIDELayer(nn.Module):
                  K: int = 9, L: int = 50, budget: int = 128, bucket: int = 32,
                  bin_size: int = 8, range_bits: int = 12, rebuild_first: int = 50,
                  rebuild_growth: float = 1.5, offset: int = 0, seed: int = 0,
+                 sampling: str = "vanilla",
                  weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                  device: torch.device | str | None = None) -> None:
         super().__init__()
         if family_name not in FAMILIES:
             raise ValueError(f"family {family_name!r}: use one of {', '.join(FAMILIES)}")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling {sampling!r}: use one of {', '.join(SAMPLINGS)}")
+        self.sampling = sampling
         dev = torch.device(device) if device is not None else (
             weight.device if weight is not None else torch.device("cpu"))
         if weight is None:
@@ -97,8 +114,12 @@ class SLIDELayer(nn.Module):
         A = budget + label columns (at most ``out_features``)."""
         forced = self.local_labels(labels)
         size = self.budget + (forced.shape[1] if forced is not None else 0)
-        cand, valid = self.tables.query(h.detach())
         g = generator(h.device, self.seed, 0xAC7, self.offset, self.schedule.updates)
+        if self.sampling == "vanilla":
+            cand, valid = self.tables.query_vanilla(h.detach(), min(size, self.out_features), g)
+            return first_distinct(cand.reshape(h.shape[0], -1), valid.reshape(h.shape[0], -1),
+                                  forced, size, self.out_features, g)
+        cand, valid = self.tables.query(h.detach())
         return select(cand.reshape(h.shape[0], -1), valid.reshape(h.shape[0], -1), forced,
                       size, self.out_features, g)
 

@@ -26,9 +26,21 @@ Steps of :class:`Tables`:
   2. ``query(x)``: the codes [B, L] of the inputs; from each hit bucket the first ``bucket``
      neurons (a uniform random subset of a larger bucket, as SLIDE's reservoir-sampled buckets
      of fixed capacity): candidates [B, L, bucket] with a validity mask;
-  3. :func:`select`: the per-sample active set of a fixed size: forced neurons first (the true
-     labels in training), then candidates by the number of tables that returned them (SLIDE's
-     frequency ranking), ties and a shortfall filled by random neurons from the step's generator.
+  3. the per-sample active set of a fixed size, forced neurons first (the true labels in
+     training), by one of SLIDE's two sampling modes (``SAMPLINGS``):
+
+     - ``topk`` (:func:`select`, SLIDE's frequency ranking): the candidates of all L tables by
+       the number of tables that returned them, ties broken at random; one sort of L ``bucket``
+       candidates a row;
+     - ``vanilla`` (:meth:`Tables.query_vanilla` then :func:`first_distinct`, SLIDE's vanilla
+       sampling): per sample the tables in a random order (drawn from the step's generator),
+       their buckets taken in that order until the budget is met, duplicates dropped: only the
+       first T tables are read, T the fewest whose bucket sizes add up to the budget in every
+       row of the batch, plus one for duplicates (about budget / ``bucket`` + 1), and the sort is
+       over T ``bucket`` candidates a row;
+
+     in both a shortfall (buckets too small or too alike) is filled by random neurons from the
+     step's generator.
 
 Everything is batched tensor work: no per-sample Python loop. Memory: L (C + buckets + 1) int64.
 
@@ -51,6 +63,7 @@ from typing import Any
 import torch
 
 FAMILIES = ("simhash", "dwta")
+SAMPLINGS = ("topk", "vanilla")
 
 
 def generator(device: torch.device, *seeds: int) -> torch.Generator:
@@ -157,7 +170,7 @@ class Tables:
         g = generator(weight.device, self.seed, 0x7AB, self.builds)
         key = torch.rand(L, C, generator=g, device=weight.device)
         order = torch.argsort(codes.double() + key.double() * 0.5, dim=1)
-        self.sorted = order
+        self.sorted = order.contiguous()  # read flat by every query: no copy there
         counts = torch.zeros(L, nb, dtype=torch.long, device=weight.device)
         counts.scatter_add_(1, codes, torch.ones_like(codes))
         self.offsets = torch.cat([torch.zeros(L, 1, dtype=torch.long, device=weight.device),
@@ -180,13 +193,40 @@ class Tables:
         ids = flat[(lrow.view(1, L, 1) * C + pos)]
         return ids, valid
 
+    @torch.no_grad()
+    def query_vanilla(self, x: torch.Tensor, size: int, g: torch.Generator
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 3, ``vanilla``: candidates [B, T, bucket] and their validity mask, the tables of
+        every row in that row's random order (so the columns are in the order taken).
+
+        T is the fewest tables whose buckets (at most ``bucket`` neurons each) hold ``size``
+        neurons in every row, plus one (duplicates), at most L: the rest are never read."""
+        L, C, dev = self.h.L, self.C, x.device
+        codes = self.h.codes(x)  # [B, L]
+        B = codes.shape[0]
+        lrow = torch.arange(L, device=dev)
+        start = self.offsets[lrow, codes]
+        count = (self.offsets[lrow, codes + 1] - start).clamp(max=self.bucket)
+        perm = torch.rand(B, L, generator=g, device=dev).argsort(1)  # each row's table order
+        cum = count.gather(1, perm).cumsum(1)
+        need = int((cum < size).sum(1).max()) + 1 if B else 1
+        T = min(L, need + 1)
+        tab = perm[:, :T]
+        st, ct = start.gather(1, tab), count.gather(1, tab)
+        j = torch.arange(self.bucket, device=dev)
+        valid = j < ct.unsqueeze(-1)
+        pos = (st.unsqueeze(-1) + j).clamp(max=C - 1)
+        ids = self.sorted.reshape(-1)[tab.unsqueeze(-1) * C + pos]
+        return ids, valid
+
     def state(self) -> dict[str, Any]:
         return {"sorted": self.sorted, "offsets": self.offsets, "builds": self.builds,
                 **{f"hash.{k}": v for k, v in self.h.state().items()}}
 
     def load(self, s: dict[str, Any]) -> None:
         dev = self.sorted.device
-        self.sorted, self.offsets = s["sorted"].to(dev), s["offsets"].to(dev)
+        self.sorted = s["sorted"].to(dev).contiguous()
+        self.offsets = s["offsets"].to(dev)
         self.builds = int(s["builds"])
         self.h.load({k[5:]: v for k, v in s.items() if k.startswith("hash.")})
 
@@ -228,6 +268,45 @@ def select(candidates: torch.Tensor, valid: torch.Tensor, forced: torch.Tensor |
     active = run_id.gather(1, top.indices)
     mask = top.values >= 0
     return torch.where(mask, active, torch.zeros_like(active)), mask
+
+
+@torch.no_grad()
+def first_distinct(candidates: torch.Tensor, valid: torch.Tensor, forced: torch.Tensor | None,
+                   size: int, C: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 3, ``vanilla``: the active set [B, size] and its mask: ``forced`` [B, F] ids
+    (negative: none) first, then the distinct valid ``candidates`` [B, M] in their column order
+    (the order they were taken), cut at ``size`` (capped at C); a row left short is filled by
+    neurons not yet in it from a block of ``size`` consecutive ids at a random start (drawn from
+    ``g`` only when some row is short), so every row is full."""
+    size = min(size, C)
+    sentinel = C
+    parts = [torch.where(valid, candidates, torch.full_like(candidates, sentinel))]
+    if forced is not None and forced.numel():
+        parts.insert(0, torch.where(forced >= 0, forced, torch.full_like(forced, sentinel)))
+    ids, mask = _first(torch.cat(parts, 1), size, sentinel)
+    if not bool(mask.all()):  # size consecutive ids (mod C) from a random start: distinct
+        start = torch.randint(0, C, (ids.shape[0], 1), generator=g, device=ids.device)
+        fill = (start + torch.arange(size, device=ids.device)) % C
+        kept = torch.where(mask, ids, torch.full_like(ids, sentinel))
+        ids, mask = _first(torch.cat([kept, fill], 1), size, sentinel)
+    return torch.where(mask, ids, torch.zeros_like(ids)), mask
+
+
+def _first(ids: torch.Tensor, size: int, sentinel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``size`` distinct ids of every row other than ``sentinel``, in column order,
+    and their mask (False: the row had fewer)."""
+    B, M = ids.shape
+    s_ids, order = torch.sort(ids, dim=1, stable=True)  # equal ids keep their column order
+    new = torch.ones_like(s_ids, dtype=torch.bool)
+    new[:, 1:] = s_ids[:, 1:] != s_ids[:, :-1]
+    new &= s_ids < sentinel
+    keep = torch.zeros_like(new).scatter_(1, order, new)  # first occurrences, in column order
+    rank = keep.long().cumsum(1) - 1
+    slot = torch.where(keep & (rank < size), rank, torch.full_like(rank, size))
+    out = torch.zeros(B, size + 1, dtype=ids.dtype, device=ids.device)
+    out.scatter_(1, slot, ids)  # column ``size`` collects the rest and is dropped
+    n = keep.sum(1, keepdim=True)
+    return out[:, :size], torch.arange(size, device=ids.device) < n
 
 
 @dataclass

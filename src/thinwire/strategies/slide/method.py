@@ -48,6 +48,7 @@ schedule and both optimizers: a resumed run is the uninterrupted one bit for bit
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,7 @@ from thinwire.strategies.base import (
 )
 from thinwire.strategies.entry import MethodEntry, WorkerShare
 from thinwire.strategies.slide.layer import SLIDELayer
-from thinwire.strategies.slide.lsh import FAMILIES
+from thinwire.strategies.slide.lsh import FAMILIES, SAMPLINGS
 from thinwire.strategies.traffic import Layout, Traffic, wire
 
 LOWER = ("average", "replicate")
@@ -82,6 +83,10 @@ class Options:
     active: float = opt(0.01, "retrieved neurons per sample, a fraction of the layer (labels "
                         "come on top)")
     bucket: int = opt(32, "neurons read from each hit bucket")
+    sampling: str = opt("vanilla", "how the retrieved neurons are chosen: vanilla (tables in a "
+                        "random order per sample until the budget is met) or topk (the "
+                        "candidates of all L tables ranked by how many tables returned them)",
+                        choices=SAMPLINGS)
     rebuild_first: int = opt(50, "updates before the first table rebuild")
     rebuild_growth: float = opt(1.5, "each rebuild interval this times the previous")
     bin_size: int = opt(8, "DWTA: coordinates each hash looks at")
@@ -152,7 +157,7 @@ class Slide(Strategy):
                 bucket=o.bucket, bin_size=o.bin_size, range_bits=o.range_bits,
                 rebuild_first=o.rebuild_first, rebuild_growth=o.rebuild_growth, offset=lo,
                 seed=seed, weight=wide.weight.detach()[lo:hi], bias=wide.bias.detach()[lo:hi],
-                device=ctx.device))
+                sampling=o.sampling, device=ctx.device))
         if self.comm.rank != 0:  # rank 0 keeps room to assemble the layer for evaluation
             wide.weight = nn.Parameter(wide.weight.detach()[:0].clone())
             wide.bias = nn.Parameter(wide.bias.detach()[:0].clone())
@@ -404,6 +409,47 @@ def plan(*, features: int, hidden: int, labels: int, batch: int, workers: int, n
                      updated=lower_params + min(width, G * A) * (H + 1))
 
 
+@dataclass(frozen=True)
+class RunShapes:
+    """A run's extreme-classification shapes as the traffic formula and :func:`share` read them
+    (the fields of :class:`thinwire.planner.specs.XMLPShapes`, which strategies do not import):
+    ``features`` x ``hidden`` the lower layers' input matrix, ``labels`` the wide layer's width,
+    ``nnz`` an input row's slots, ``label_cols`` a row's label slots, ``batch`` a worker's."""
+
+    features: int
+    hidden: int
+    labels: int
+    nnz: int
+    label_cols: int
+    batch: int
+
+
+def run_layout(cfg: Any, model: nn.Module, example: Any) -> Layout:
+    """``thinwire plan --config`` of a slide run: the model's parameters and the run's shapes
+    (:class:`RunShapes`) from its wide layer, its lower parameters (XMLP's input matrix plus its
+    bias: features = (lower - hidden) / hidden), one input batch (``example`` [b, 2, P]: the
+    batch and P) and the dataset's label slots (the labels are not in ``example``, so the
+    dataset is loaded: the same call the workers make)."""
+    from thinwire.data.registry import DATASETS, DataSource
+
+    wide = check_wide_model(model)
+    H = wide.in_features
+    wide_ids = {id(wide.weight), id(wide.bias)}
+    lower = sum(p.numel() for p in model.parameters() if id(p) not in wide_ids)
+    if lower < H or (lower - H) % H:
+        raise UsageError(f"method slide prices the lower layers as an input matrix of features x "
+                         f"{H} plus a bias; this model's {lower} lower parameters are not; "
+                         "price it with thinwire plan --model FILE.toml (kind = \"extreme\")")
+    d = cfg.data
+    ds = DATASETS.get(d.name).load(
+        DataSource(dir=d.dir, download=d.download, limit_train=d.limit_train,
+                   limit_test=d.limit_test), d.options, cfg.train.seed)
+    shapes = RunShapes(features=(lower - H) // H, hidden=H, labels=wide.out_features,
+                       nnz=int(example.shape[2]), label_cols=int(ds.y_train.shape[1]),
+                       batch=int(example.shape[0]))
+    return dataclasses.replace(Layout.of_model(model), wide=shapes)
+
+
 def _shapes(layout: Layout) -> Any:
     """The extreme-classification shapes the planner's layout carries (one-line error if
     none)."""
@@ -441,7 +487,9 @@ def share(layout: Layout, options: Options, workers: int) -> WorkerShare:
 
 
 def _label(o: Options) -> str:
-    name = "dense-mp" if o.full else f"slide({o.family},K={o.K},L={o.L},active={o.active:g})"
+    topk = ",topk" if o.sampling == "topk" else ""
+    name = "dense-mp" if o.full else \
+        f"slide({o.family},K={o.K},L={o.L},active={o.active:g}{topk})"
     return name + ("[replicate]" if o.lower == "replicate" else "")
 
 
@@ -476,8 +524,8 @@ METHOD = MethodEntry(
     "selected active neurons (sparse), lower layers data parallel (Yan et al. 2022)",
     strategy="thinwire.strategies.slide.method:Slide", options=Options, label=_label,
     check=_check, check_model=_check_model, alias=_alias, traffic=traffic, share=share,
-    planned=False,
+    run_layout=run_layout, planned=False,
     defaults={"train.optimizer": "adamw", "train.lr": "0.001"}, model_kinds=("extreme",))
 
-__all__ = ["METHOD", "Options", "Slide", "SlidePlan", "plan", "shard_range", "share", "traffic",
-           "traffic_of"]
+__all__ = ["METHOD", "Options", "RunShapes", "Slide", "SlidePlan", "plan", "run_layout",
+           "shard_range", "share", "traffic", "traffic_of"]
