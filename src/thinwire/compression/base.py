@@ -362,6 +362,11 @@ class Compressor(ABC):
         ranks."""
         return generator(self.seed, step, key, self.rank, 0x5EED, device=device)
 
+    def close(self) -> None:
+        """Finish the exchanges in flight and free what the exchange holds (a thread); nothing
+        by default."""
+        return None
+
     # --- state ---------------------------------------------------------------------------------
     def reset(self, key: int | None = None) -> None:
         """Forget per-key state (residuals, warm starts): all of it when ``key`` is None."""

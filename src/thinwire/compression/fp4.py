@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from thinwire.compression.base import Compressor, Part, Payload, write_out
-from thinwire.compression.registry import CodecEntry
+from thinwire.compression.registry import CodecEntry, check_exchange, exchange_option
 from thinwire.options import check, opt
 
 
@@ -91,13 +91,11 @@ class FP4Options:
 
     chunk: int = opt(256, "elements per fp32 absmax scale")
     ef: bool = opt(True, "error feedback: add back what rounding dropped, next exchange")
-    exchange: str = opt("gather", "gather: all-gather every rank's payload; scatter: quantised "
-                        "reduce-scatter summed in fp32, the re-quantised mean all-gathered")
+    exchange: str = exchange_option()
 
     def __post_init__(self) -> None:
         check(self.chunk >= 1, "fp4.chunk", f"got {self.chunk}; use 1 or more")
-        check(self.exchange in ("gather", "scatter"), "fp4.exchange",
-              f"got {self.exchange!r}; use gather or scatter")
+        check_exchange(self, "fp4")
 
 
 FP4_ENTRY = CodecEntry(

@@ -52,7 +52,7 @@ from thinwire.compression.base import (
     private_bits,
     write_out,
 )
-from thinwire.compression.registry import CodecEntry
+from thinwire.compression.registry import CodecEntry, check_exchange, exchange_option
 from thinwire.options import check, opt
 
 _U24 = np.float32(2.0**-24)
@@ -245,13 +245,11 @@ class Int8Options:
 
     chunk: int = opt(512, "elements per fp32 absmax scale")
     ef: bool = opt(True, "error feedback: add back what rounding dropped, next step")
-    exchange: str = opt("gather", "gather: all-gather every rank's payload; scatter: quantised "
-                        "reduce-scatter summed in fp32, the re-quantised mean all-gathered")
+    exchange: str = exchange_option()
 
     def __post_init__(self) -> None:
         check(self.chunk >= 1, "int8.chunk", f"got {self.chunk}; use 1 or more")
-        check(self.exchange in ("gather", "scatter"), "int8.exchange",
-              f"got {self.exchange!r}; use gather or scatter")
+        check_exchange(self, "int8")
 
 
 QSGD_ENTRY = CodecEntry(

@@ -28,7 +28,29 @@ from typing import Any
 
 from thinwire.compression.base import Compressor
 from thinwire.compression.feedback import ErrorFeedback
-from thinwire.options import NoOptions, OptionError, Registry, build_options, parse_spec
+from thinwire.options import (
+    NoOptions,
+    OptionError,
+    Registry,
+    build_options,
+    check,
+    opt,
+    parse_spec,
+)
+
+EXCHANGES = ("gather", "scatter")
+
+
+def exchange_option() -> Any:
+    """The ``exchange`` option of a codec whose payloads cannot be summed (step 5 below)."""
+    return opt("gather", "gather: all-gather every rank's payload; scatter: quantised "
+               "reduce-scatter summed in fp32, the re-quantised mean all-gathered")
+
+
+def check_exchange(options: Any, codec: str) -> None:
+    """One line naming ``<codec>.exchange`` when it is neither of :data:`EXCHANGES`."""
+    check(options.exchange in EXCHANGES, f"{codec}.exchange",
+          f"got {options.exchange!r}; use gather or scatter")
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,10 @@ class DataParallel(ReplicatedStrategy):
 
     def close(self) -> None:
         # DDP can abort a gloo rank at interpreter exit; drop it before the group goes (the
-        # model and optimizer stay readable: they hold no process-group state).
+        # model and optimizer stay readable: they hold no process-group state); the codec's
+        # exchange (a background thread for exchange=scatter) ends first.
+        if self.hook_state is not None:
+            self.hook_state.compressor.close()
         self.ddp = self.model
         gc.collect()
 

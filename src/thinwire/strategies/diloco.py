@@ -278,7 +278,7 @@ class DiLoCo:
         if self._pending is not None:
             self._wait()
             self._pending = None
-        if self.codec is not None and hasattr(self.codec, "close"):
+        if self.codec is not None:
             self.codec.close()
         self._hook.remove()
 
