@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from thinwire.errors import UsageError
+from thinwire.strategies.entry import WideShapes
 
 MEGATRON_RECOMPUTE = ("none", "selective", "full")
 """The planner's recomputation modes, Korthikanti et al.'s (2022): ``full`` recomputes every
@@ -173,18 +174,12 @@ class CountedSpec:
 
 
 @dataclass(frozen=True)
-class XMLPShapes:
+class XMLPShapes(WideShapes):
     """SLIDE's network (Chen et al., MLSys 2020; thinwire's ``xmlp``): ``features`` sparse
     inputs -> ``hidden`` (ReLU) -> ``labels`` outputs, with what its activation traffic needs:
     ``nnz`` non-zeros of an input row, ``label_cols`` label slots of a row and ``batch``, the
-    samples a worker reads a step (Amazon-670K: 135909-128-670091, batch 128)."""
-
-    features: int
-    hidden: int
-    labels: int
-    nnz: int
-    label_cols: int
-    batch: int
+    samples a worker reads a step (Amazon-670K: 135909-128-670091, batch 128). The fields are
+    :class:`~thinwire.strategies.entry.WideShapes`', checked positive, with the counted model."""
 
     def __post_init__(self) -> None:
         _positive(self, "features", "hidden", "labels", "nnz", "label_cols", "batch")

@@ -28,6 +28,22 @@ def _one(options: Any) -> int:
 
 
 @dataclass(frozen=True)
+class WideShapes:
+    """An extreme-classification network's shapes (``Layout.wide`` of
+    :mod:`thinwire.strategies.traffic`, read by the planner and by the traffic formulas of
+    methods that shard the wide layer): ``features`` x ``hidden`` the lower layers' input matrix,
+    ``labels`` the wide layer's width, ``nnz`` an input row's slots, ``label_cols`` a row's label
+    slots and ``batch`` the samples a worker reads a step."""
+
+    features: int
+    hidden: int
+    labels: int
+    nnz: int
+    label_cols: int
+    batch: int
+
+
+@dataclass(frozen=True)
 class WorkerShare:
     """What one worker of a method holds and computes (``MethodEntry.share``)."""
 

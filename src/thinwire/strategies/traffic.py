@@ -83,8 +83,8 @@ class Layout:
     tensor: Any = None
     """A tensor-parallel run's shapes (:class:`thinwire.strategies.tensor.TensorLayout`)."""
     wide: Any = None
-    """An extreme-classification network's shapes (features, hidden, labels, nnz, label_cols,
-    batch; :class:`thinwire.planner.specs.XMLPShapes`), for methods that shard its wide layer."""
+    """An extreme-classification network's shapes (:class:`thinwire.strategies.entry.WideShapes`; the planner's
+    :class:`thinwire.planner.specs.XMLPShapes` is one), for methods that shard its wide layer."""
 
     @property
     def numel(self) -> int:

@@ -66,7 +66,7 @@ from thinwire.strategies.base import (
     make_optimizer,
     set_lr,
 )
-from thinwire.strategies.entry import MethodEntry, WorkerShare
+from thinwire.strategies.entry import MethodEntry, WideShapes, WorkerShare
 from thinwire.strategies.slide.layer import SLIDELayer
 from thinwire.strategies.slide.lsh import FAMILIES, SAMPLINGS
 from thinwire.strategies.traffic import Layout, Traffic, wire
@@ -409,27 +409,12 @@ def plan(*, features: int, hidden: int, labels: int, batch: int, workers: int, n
                      updated=lower_params + min(width, G * A) * (H + 1))
 
 
-@dataclass(frozen=True)
-class RunShapes:
-    """A run's extreme-classification shapes as the traffic formula and :func:`share` read them
-    (the fields of :class:`thinwire.planner.specs.XMLPShapes`, which strategies do not import):
-    ``features`` x ``hidden`` the lower layers' input matrix, ``labels`` the wide layer's width,
-    ``nnz`` an input row's slots, ``label_cols`` a row's label slots, ``batch`` a worker's."""
-
-    features: int
-    hidden: int
-    labels: int
-    nnz: int
-    label_cols: int
-    batch: int
-
-
 def run_layout(cfg: Any, model: nn.Module, example: Any) -> Layout:
     """``thinwire plan --config`` of a slide run: the model's parameters and the run's shapes
-    (:class:`RunShapes`) from its wide layer, its lower parameters (XMLP's input matrix plus its
-    bias: features = (lower - hidden) / hidden), one input batch (``example`` [b, 2, P]: the
-    batch and P) and the dataset's label slots (the labels are not in ``example``, so the
-    dataset is loaded: the same call the workers make)."""
+    (:class:`~thinwire.strategies.entry.WideShapes`) from its wide layer, its lower parameters
+    (XMLP's input matrix plus its bias: features = (lower - hidden) / hidden), one input batch
+    (``example`` [b, 2, P]: the batch and P) and the dataset's label slots (the labels are not
+    in ``example``, so the dataset is loaded: the same call the workers make)."""
     from thinwire.data.registry import DATASETS, DataSource
 
     wide = check_wide_model(model)
@@ -444,7 +429,7 @@ def run_layout(cfg: Any, model: nn.Module, example: Any) -> Layout:
     ds = DATASETS.get(d.name).load(
         DataSource(dir=d.dir, download=d.download, limit_train=d.limit_train,
                    limit_test=d.limit_test), d.options, cfg.train.seed)
-    shapes = RunShapes(features=(lower - H) // H, hidden=H, labels=wide.out_features,
+    shapes = WideShapes(features=(lower - H) // H, hidden=H, labels=wide.out_features,
                        nnz=int(example.shape[2]), label_cols=int(ds.y_train.shape[1]),
                        batch=int(example.shape[0]))
     return dataclasses.replace(Layout.of_model(model), wide=shapes)
@@ -527,5 +512,5 @@ METHOD = MethodEntry(
     run_layout=run_layout, planned=False,
     defaults={"train.optimizer": "adamw", "train.lr": "0.001"}, model_kinds=("extreme",))
 
-__all__ = ["METHOD", "Options", "RunShapes", "Slide", "SlidePlan", "plan", "run_layout",
+__all__ = ["METHOD", "Options", "Slide", "SlidePlan", "plan", "run_layout",
            "shard_range", "share", "traffic", "traffic_of"]
