@@ -11,7 +11,12 @@ sparse / (dense x s) (the issue's target: at most 2), the retrieval's share of t
 time, and the floor of the sparse compute itself: the same forward and backward with the
 active ids given (retrieval free), its ratio to dense x s, and the [B, A, H] gather of the
 active weight rows alone (the memory traffic every gather-based sparse step pays, forward, and
-once more for the scattered gradient backward). One torch thread (``--threads``), CPU.
+once more for the scattered gradient backward). The gather's floor beside it: the bytes it must
+move (the B A active rows of H floats read and the [B, A, H] result written, 2 x 4 B A H) over
+this machine's measured copy bandwidth (a 256 MiB torch copy on the same threads, bytes read
+plus written over the least seconds of ``--repeats``, printed once above the table), and that
+floor over dense x s: where it exceeds 2, no gather-based step can meet the issue's target, however
+fast its retrieval. One torch thread (``--threads``), CPU.
 
     python benchmarks/slide_layer.py --widths 10000,100000 --fractions 0.005,0.01,0.05 \
         --sampling topk,vanilla
@@ -46,8 +51,21 @@ def _least(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]
     return best
 
 
+def copy_bandwidth(repeats: int, mib: int = 256) -> float:
+    """Bytes a second of a large torch copy (read plus written) on the current threads: the
+    least seconds of ``repeats`` copies of ``mib`` MiB into a preallocated tensor."""
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+
+    def copy() -> None:
+        dst.copy_(src)
+
+    t = _least({"copy": copy}, repeats)["copy"]
+    return 2 * src.numel() * 4 / t
+
+
 def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
-         samplings: list[str]) -> list[dict[str, float | str]]:
+         samplings: list[str], bandwidth: float) -> list[dict[str, float | str]]:
     """The dense layer and, per sampling mode, the SLIDE layer (module docstring)."""
     g = torch.Generator().manual_seed(0)
     h = torch.relu(torch.randn(B, H, generator=g))
@@ -63,21 +81,27 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
         F.cross_entropy(F.linear(h, w, b), labels[:, 0]).backward()
 
     fns: dict[str, Callable[[], None]] = {"dense": dense}
+    moved: dict[str, float] = {}
     for sm, layer in layers.items():
-        fns.update(_variants(sm, layer, h, labels))
+        variants, active_ids = _variants(sm, layer, h, labels)
+        fns.update(variants)
+        moved[sm] = 2.0 * 4 * active_ids * H  # rows read + [B, A, H] written, float32
     t = _least(fns, repeats)
     td = t["dense"]
     return [{"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
              "ratio": t[f"{sm}.sparse"] / (td * s),
              "query_share": t[f"{sm}.query"] / t[f"{sm}.sparse"],
              "compute_s": t[f"{sm}.compute"], "compute_ratio": t[f"{sm}.compute"] / (td * s),
-             "gather_s": t[f"{sm}.gather"]} for sm in layers]
+             "gather_s": t[f"{sm}.gather"], "gather_mb": moved[sm] / 1e6,
+             "floor_s": moved[sm] / bandwidth,
+             "floor_ratio": moved[sm] / bandwidth / (td * s)} for sm in layers]
 
 
 def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
-              ) -> dict[str, Callable[[], None]]:
+              ) -> tuple[dict[str, Callable[[], None]], int]:
     """The timed variants of one layer: retrieval alone, the full sparse step, the step with
-    the active ids given, and the gather of the active weight rows alone."""
+    the active ids given, and the gather of the active weight rows alone; and the number of
+    active ids given (B x A, padding included: the gather moves them all)."""
     given = layer.active(h, labels)
 
     def query() -> None:
@@ -86,8 +110,9 @@ def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
     def gather() -> None:
         F.embedding(given[0], layer.weight.detach())
 
-    return {f"{sm}.query": query, f"{sm}.sparse": lambda: _step(layer, h, labels),
-            f"{sm}.compute": lambda: _step(layer, h, labels, given), f"{sm}.gather": gather}
+    return ({f"{sm}.query": query, f"{sm}.sparse": lambda: _step(layer, h, labels),
+             f"{sm}.compute": lambda: _step(layer, h, labels, given), f"{sm}.gather": gather},
+            given[0].numel())
 
 
 def _step(layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor,
@@ -124,19 +149,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slide_layer: --sampling {bad[0]!r}: use {', '.join(SAMPLINGS)}", file=sys.stderr)
         return 2
     torch.set_num_threads(a.threads)
+    bandwidth = copy_bandwidth(a.repeats)
     print(f"# SLIDE layer vs dense: H {a.hidden}, batch {a.batch}, K {a.K}, L {a.L}, "
           f"{a.threads} thread(s), least of {a.repeats}")
+    print(f"# copy bandwidth: {bandwidth / 1e9:.2f} GB/s (256 MiB torch copy, read + written, "
+          f"{a.threads} thread(s))")
     print("| width | active | sampling | dense fwd+bwd s | SLIDE fwd+bwd s "
           "| SLIDE / (dense x active) | retrieval share | ids given: fwd+bwd s "
-          "| ids given / (dense x active) | gather [B, A, H] alone s |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| ids given / (dense x active) | gather [B, A, H] alone s "
+          "| gather moves MB | gather floor s | floor / (dense x active) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for C in widths:
         for s in fractions:
-            for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings):
+            for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings, bandwidth):
                 print(f"| {C} | {s:g} | {r['sampling']} | {r['dense_s']:.4f} | "
                       f"{r['sparse_s']:.4f} | "
                       f"{r['ratio']:.1f} | {r['query_share']:.0%} | {r['compute_s']:.4f} | "
-                      f"{r['compute_ratio']:.1f} | {r['gather_s']:.4f} |", flush=True)
+                      f"{r['compute_ratio']:.1f} | {r['gather_s']:.4f} | "
+                      f"{r['gather_mb']:.1f} | {r['floor_s']:.4f} | {r['floor_ratio']:.2f} |",
+                      flush=True)
     return 0
 
 
