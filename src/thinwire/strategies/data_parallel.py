@@ -91,9 +91,10 @@ class Options:
             check_codec(self.compressor, "method.compressor")
 
 
-def _quiet_ddp(model: nn.Module, device: torch.device) -> DDP:
-    """DDP whose only process-group traffic is the hook's (module docstring): no broadcast of
-    the model at construction, none of the buffers at each forward."""
+def quiet_ddp(model: nn.Module, device: torch.device) -> DDP:
+    """``model`` in DDP as ``dp`` builds it: gradients as bucket views, and no process-group
+    traffic but the hook's (module docstring): no broadcast of the model at construction, none
+    of the buffers at each forward."""
     quiet: dict[str, Any] = ({"forward_sync_buffers": False}
              if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
              else {"broadcast_buffers": False})
@@ -150,7 +151,7 @@ class DataParallel(ReplicatedStrategy):
             self.opt = ShardedOptimizer(self.model.parameters(), self.comm,
                                         lambda ps: make_optimizer(ps, self.cfg.train))
         if self.comm.distributed:
-            self.ddp = _quiet_ddp(self.model, ctx.device)
+            self.ddp = quiet_ddp(self.model, ctx.device)
             codec = ctx.options.compressor
             if codec == "none":
                 self.ddp.register_comm_hook(None, _silenceable(allreduce_hook(self.comm),
