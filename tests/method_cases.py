@@ -73,7 +73,11 @@ CASES: dict[str, dict[str, Any]] = {
                    "topk-ef": {**MLP, "model.norm": "none", "method.compressor": "topk:ratio=0.05",
                                "train.momentum": 0.9},
                    "powersgd": {**MLP, "model.norm": "none",
-                                "method.compressor": "powersgd:rank=2"}},
+                                "method.compressor": "powersgd:rank=2"},
+                   # position-dependent codecs (a scale per bucket, draws over its positions):
+                   # the resumed process must encode DDP's rebuilt buckets, not its first ones
+                   "int8-batchnorm": {**MLP, "model.norm": "batch", "method.compressor": "int8"},
+                   "randk": {**MLP, "model.norm": "none", "method.compressor": "randk:ratio=0.1"}},
         "ledger": {"plain": {**MLP, "model.hidden": "512,512"},
                    "topk": {**MLP, "model.hidden": "512,512", "model.norm": "layer",
                             "method.compressor": "topk:ratio=0.003"},

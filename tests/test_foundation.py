@@ -58,6 +58,35 @@ def test_dp_ledger_counts_exact_gradient_bytes(tmp_path: Path) -> None:
     assert out[0]["summary"]["memory"]["params_held_max"] == n_params
 
 
+def _count_ddp_broadcasts(comm: Comm, cfg, run_dir: str) -> int:
+    """Training steps of dp counting DDP's own broadcasts (the model at construction, the
+    buffers at each forward), which would bypass ``comm``'s ledger."""
+    import torch.distributed as dist
+
+    calls = [0]
+    inner = dist._broadcast_coalesced
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return inner(*args, **kwargs)
+
+    dist._broadcast_coalesced = counted
+    try:
+        _train(comm, cfg, run_dir)
+    finally:
+        dist._broadcast_coalesced = inner
+    return calls[0]
+
+
+def test_dp_moves_nothing_outside_the_ledger(tmp_path: Path) -> None:
+    """DDP neither broadcasts the model when it is built nor a batch-norm model's buffers at
+    every forward (both through the process group, not the ledger); rank 0's running statistics
+    are its own either way, so its trained model equals the single-process reference."""
+    n = 2
+    cfg = cfg_for(n, tmp_path, **{"model.norm": "batch"})
+    assert run_workers(_count_ddp_broadcasts, n, cfg, str(tmp_path / "dp")) == [0, 0]
+
+
 def test_localsgd_averages_every_period(tmp_path: Path) -> None:
     n = 2
     cfg = cfg_for(n, tmp_path, **{"method.name": "localsgd", "method.period": 5})

@@ -123,14 +123,15 @@ def _probe_compute(comm: Any, p: Probe, loss_fn: Any) -> Rows:
 
 
 def _probe_ddp(comm: Any, p: Probe, loss_fn: Any) -> Rows:
-    """Step 1, DDP: the full model's step under DDP with thinwire's all-reduce hook, and the
-    same step followed by one blocking all-reduce per DDP bucket, alternately."""
+    """Step 1, DDP: the full model's step under DDP as ``dp`` builds it, with thinwire's
+    all-reduce hook, and the same step followed by one blocking all-reduce per DDP bucket,
+    alternately."""
     import torch
-    from torch.nn.parallel import DistributedDataParallel
 
-    from thinwire.strategies.data_parallel import allreduce_hook
+    from thinwire.strategies.data_parallel import allreduce_hook, quiet_ddp
 
-    plain, ddp = _mlp(p.models[0], p.norm), DistributedDataParallel(_mlp(p.models[0], p.norm))
+    plain = _mlp(p.models[0], p.norm)
+    ddp = quiet_ddp(_mlp(p.models[0], p.norm), torch.device("cpu"))
     ddp.register_comm_hook(None, allreduce_hook(comm))
     opts = [torch.optim.SGD(m.parameters(), lr=0.01) for m in (plain, ddp)]
     batches = _Batches(p, p.models[0])

@@ -20,6 +20,22 @@ Traffic (:func:`traffic`): DDP hands the hook one bucket of every gradient at st
 step 1 on, the buckets it rebuilt in gradient-ready order, each closed as soon as it holds at
 least its cap (1 MiB for the first, 25 MiB after: torch's defaults); each bucket is one exchange
 of the codec (one all-reduce of 4 d_b bytes without one).
+
+What does not go through DDP's own process-group calls (so that the ledger holds every byte):
+DDP is built with ``init_sync=False`` (every rank builds the same model from the same seed, or
+loads its own checkpoint: the broadcast of all parameters from rank 0 would be traffic outside
+the ledger) and without its per-forward broadcast of buffers (batch norm's running statistics
+stay each rank's own; in training mode they feed nothing the forward computes, and rank 0's,
+the ones it evaluates and saves, are the same either way). What is left outside the ledger is
+DDP's broadcast of the rebuilt bucket assignment, once a process (a few bytes a parameter).
+
+Resume: a new process starts DDP from its first-iteration bucket again. So that the step after a
+resume sees the buckets of the uninterrupted run (a codec with a scale per bucket or draws over
+its positions, such as int8, fp4, QSGD or rand-k, would otherwise encode a differently laid out
+bucket, and the ledger would count one more first-iteration step), the first step after
+:meth:`DataParallel.load_state_dict` runs one forward and backward first with the hook silent
+(no exchange), the random state and the buffers put back after it, which lets DDP record the
+gradient-ready order and rebuild (:meth:`DataParallel._rebuild_buckets`).
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +91,30 @@ class Options:
             check_codec(self.compressor, "method.compressor")
 
 
+def quiet_ddp(model: nn.Module, device: torch.device) -> DDP:
+    """``model`` in DDP as ``dp`` builds it: gradients as bucket views, and no process-group
+    traffic but the hook's (module docstring): no broadcast of the model at construction, none
+    of the buffers at each forward."""
+    quiet: dict[str, Any] = ({"forward_sync_buffers": False}
+             if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+             else {"broadcast_buffers": False})
+    return DDP(model, device_ids=None if device.type == "cpu" else [device],
+               gradient_as_bucket_view=True, init_sync=False, **quiet)
+
+
+def _silenceable(hook: Any, silent: list[bool]) -> Any:
+    """``hook``, or while ``silent[0]`` the bucket unchanged with no exchange."""
+
+    def wrapped(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the names only
+        if silent[0]:
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        return hook(state, bucket)
+
+    return wrapped
+
+
 def allreduce_hook(comm: Comm) -> Any:
     """The plain DDP hook: average a bucket with one all-reduce through the ledger."""
 
@@ -95,6 +136,8 @@ class DataParallel(ReplicatedStrategy):
         self.ddp: nn.Module
         self.hook_state: Any = None
         self.sharded = zero >= 2
+        self._silent = [False]  # the hook exchanges nothing while True (_rebuild_buckets)
+        self._rebuild_pending = False
         if self.sharded:
             from thinwire.models import MODELS
 
@@ -108,22 +151,47 @@ class DataParallel(ReplicatedStrategy):
             self.opt = ShardedOptimizer(self.model.parameters(), self.comm,
                                         lambda ps: make_optimizer(ps, self.cfg.train))
         if self.comm.distributed:
-            self.ddp = DDP(self.model, device_ids=None if ctx.device.type == "cpu" else [ctx.device],
-                           gradient_as_bucket_view=True)
+            self.ddp = quiet_ddp(self.model, ctx.device)
             codec = ctx.options.compressor
             if codec == "none":
-                self.ddp.register_comm_hook(None, allreduce_hook(self.comm))
+                self.ddp.register_comm_hook(None, _silenceable(allreduce_hook(self.comm),
+                                                               self._silent))
             else:
                 from thinwire.compression import ddp_hook
 
                 state, hook = ddp_hook(codec, comm=self.comm, seed=self.cfg.train.seed)
-                self.ddp.register_comm_hook(state, hook)
+                self.ddp.register_comm_hook(state, _silenceable(hook, self._silent))
                 self.hook_state = state
         else:
             self.ddp = self.model
 
     def train_step(self, batch: Batch, step: int) -> float:
+        if self._rebuild_pending:
+            self._rebuild_pending = False
+            self._rebuild_buckets(batch)
         return self.standard_step(self.ddp, self.opt, batch, step)
+
+    def _rebuild_buckets(self, batch: Batch) -> None:
+        """Let DDP rebuild its buckets in a resumed process before the first real step (module
+        docstring): 1. save the buffers; 2. one forward and backward on ``batch`` with the hook
+        silent, inside :func:`torch.random.fork_rng` (dropout's draws are put back), so DDP
+        records the gradient-ready order; 3. put the buffers back and drop the gradients. DDP
+        rebuilds at the next forward, the real step's."""
+        x, y = batch
+        saved = [b.detach().clone() for b in self.model.buffers()]
+        dev = self.ctx.device
+        self._silent[0] = True
+        try:
+            with torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev],
+                                       device_type=dev.type if dev.type != "cpu" else "cuda"):
+                self.ddp.train()
+                self.loss_fn(self.ddp(x), y).backward()
+        finally:
+            self._silent[0] = False
+        with torch.no_grad():
+            for b, s in zip(self.model.buffers(), saved, strict=True):
+                b.copy_(s)
+        self.opt.zero_grad(set_to_none=True)
 
     def eval_model(self) -> nn.Module | None:
         if not self.sharded:
@@ -137,11 +205,9 @@ class DataParallel(ReplicatedStrategy):
     def state_dict(self) -> dict[str, Any]:
         """Model and optimizer (local shards under ZeRO-2/3), and with a codec its state
         (error-feedback residuals, PowerSGD's warm-start factors) per parameter, with the step
-        count of shared random draws (:meth:`~thinwire.compression.hooks.HookState.export`). A
-        resumed DDP starts from its first-iteration buckets again: for a model within one
-        bucket, and codecs whose result does not depend on a value's position in the bucket (all
-        but rand-k's and QSGD's shared draws), the resumed run is the uninterrupted one bit for
-        bit."""
+        count of shared random draws (:meth:`~thinwire.compression.hooks.HookState.export`).
+        The resumed run is the uninterrupted one bit for bit, with every codec: its first step
+        rebuilds DDP's buckets before it exchanges (:meth:`_rebuild_buckets`)."""
         if not self.sharded:
             out = super().state_dict()
             if self.hook_state is not None:
@@ -155,6 +221,7 @@ class DataParallel(ReplicatedStrategy):
             super().load_state_dict(state)
             if self.hook_state is not None and "codec" in state:
                 self.hook_state.restore(list(self.model.parameters()), state["codec"])
+            self._rebuild_pending = self.ddp is not self.model
             return None
         with torch.no_grad():
             for name, t in self.model.state_dict().items():
