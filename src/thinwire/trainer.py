@@ -34,7 +34,7 @@ from thinwire.builders import (
     rescalable,
 )
 from thinwire.config import Config, label, to_dict
-from thinwire.data.task import task_for
+from thinwire.data.task import eval_rows, task_for
 from thinwire.errors import UsageError
 from thinwire.loggers import Loggers, parse_loggers
 from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
@@ -172,7 +172,8 @@ class Trainer:
         if model is None:
             self.strategy.observe(step, None, self.task.higher_is_better)
             return {}
-        result = self.task.evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device)
+        result = self.task.evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device,
+                                    batch_size=eval_rows(self.ds.num_classes))
         self.strategy.observe(step, float(result[self.task.metric]),
                               self.task.higher_is_better)
         if final:

@@ -80,6 +80,27 @@ def test_synthetic_is_deterministic_with_known_best_precision() -> None:
     assert easy.extra["best_p1"] >= a.extra["best_p1"]
 
 
+def test_best_precision_does_not_depend_on_its_memory_bound(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """The best precision is computed a few rows at a time where a chunk of 256 rows would hold
+    too many cells (xc.BAYES_CELLS); the rows it takes at once change nothing."""
+    import thinwire.data.xc as xc
+
+    o = SynthOptions(labels=300, features=600, train=64, test=256)
+    world = xc.make_synth(o, 3)
+    whole = xc.bayes_precision(o, world)
+    monkeypatch.setattr(xc, "BAYES_CELLS", 7 * 301)  # 7 rows a chunk
+    assert xc.bayes_precision(o, world) == pytest.approx(whole, abs=1e-12)
+
+
+def test_evaluation_batches_bound_their_logits() -> None:
+    from thinwire.data.task import EVAL_LOGITS, eval_rows
+
+    assert eval_rows(10) == eval_rows(60_000) == 1000  # narrow layers: unchanged
+    assert eval_rows(1_000_000) == 67 and eval_rows(1_000_000) * 1_000_000 <= EVAL_LOGITS
+    assert eval_rows(10**9) == 1
+
+
 def test_extreme_task_loss_and_precision() -> None:
     logits = torch.tensor([[3.0, 1.0, 0.0, -1.0, -2.0, -3.0], [0.0, 0.0, 5.0, 4.0, 1.0, 2.0]])
     labels = torch.tensor([[0, -1], [3, 5]])

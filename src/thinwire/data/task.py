@@ -28,6 +28,16 @@ from torch import nn
 
 from thinwire.data.datasets import Dataset
 
+EVAL_LOGITS = 1 << 26
+"""The most logits an evaluation batch holds at once (256 MiB of float32)."""
+
+
+def eval_rows(num_classes: int, most: int = 1000) -> int:
+    """Rows of an evaluation batch: ``most``, fewer where ``num_classes`` logits a row would hold
+    more than :data:`EVAL_LOGITS` at once (a 1,000,000-label layer: 67 rows, not 4 GB of
+    logits). The same for every width up to 67,108 labels."""
+    return max(1, min(most, EVAL_LOGITS // max(num_classes, 1)))
+
 
 @dataclass(frozen=True)
 class Task:

@@ -130,11 +130,19 @@ def _labels_of(sets: np.ndarray, topics: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.where(dup, -1, y).astype(np.int64))
 
 
+BAYES_CELLS = 1 << 24
+"""The most [rows, labels] cells one chunk of :func:`bayes_precision` holds in each of its
+buffers (64 MiB of float32)."""
+
+
 def bayes_precision(o: SynthOptions, world: dict[str, np.ndarray], ks: tuple[int, ...] = (1, 5),
                     chunk: int = 256) -> dict[int, float]:
     """Precision@k on the test split of the predictor that ranks labels by their posterior
-    probability of being in the example's label set (the best one; module docstring)."""
+    probability of being in the example's label set (the best one; module docstring). Rows go
+    ``chunk`` at a time, fewer where that would hold more than :data:`BAYES_CELLS` cells a
+    buffer (every worker loads the data: at 1,000,000 labels 256 rows were 1 GB a buffer)."""
     C, feats = o.labels, world["x_test"]
+    chunk = max(1, min(chunk, BAYES_CELLS // (C + 1)))
     gamma = float(np.log1p((1 - o.noise) * o.features / (o.proto * o.noise)))
     # feature -> the topics whose prototype holds it, padded with the sentinel C
     topic = np.repeat(np.arange(C), o.proto)
