@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     # codecs as DDP communication hooks
     "ddp_hook": "thinwire.compression:ddp_hook",
     "register_codec": "thinwire.compression:register",
+    "rebuild_buckets": "thinwire.compression:rebuild_buckets",
     "build_codec": "thinwire.compression:build",
     # the communication layer and its ledger
     "Comm": "thinwire.runtime.comm:Comm",

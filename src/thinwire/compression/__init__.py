@@ -26,6 +26,7 @@ from thinwire.compression.hooks import (
     average_async,
     compressed_hook,
     ddp_hook,
+    rebuild_buckets,
     register,
 )
 from thinwire.compression.powersgd import PowerSGD
@@ -46,5 +47,5 @@ __all__ = [
     "CODECS", "QSGD", "Cast", "CodecEntry", "Collective", "Compressor", "ErrorFeedback",
     "HookState", "Identity", "Int8", "Part", "Payload", "PowerSGD", "RandK", "ScaledSign",
     "TopK", "average_async", "build", "build_codec", "check_codec", "codec_names", "codec_options", "compressed_hook", "ddp_hook",
-    "register",
+    "rebuild_buckets", "register",
 ]

@@ -11,6 +11,9 @@ every byte through the ledger.
     ...                                             # train as usual
     print(state.compressor.describe(), state.comm.ledger.totals())
 
+After a resume (model, optimizer and ``state.restore`` loaded), :func:`rebuild_buckets` before
+the first step keeps the run bit for bit the uninterrupted one.
+
 ``hook(state, bucket) -> Future[Tensor]``: DDP hands over each bucket of gradients
 (``bucket.buffer()``, flat) and waits for the future of their average. Per bucket and step:
   1. note the bucket's layout and its step counter (the ``step`` of every shared random draw;
@@ -74,6 +77,9 @@ class HookState:
     pending: dict[int, tuple[dict[str, torch.Tensor], int]] = field(default_factory=dict)
     # payload bytes this rank handed to collectives, all buckets and steps
     encoded_bytes: int = 0
+    # while True the hook hands each bucket back unchanged and exchanges nothing
+    # (:func:`rebuild_buckets`)
+    silent: bool = False
 
     def _stash(self, key: int) -> None:
         """Move bucket ``key``'s state into :attr:`pending`, per parameter."""
@@ -135,8 +141,58 @@ class HookState:
         self.pending = {id(params[i]): (pieces.get(i, {}), step) for i, step in steps.items()}
 
 
+def unchanged(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A completed future of the bucket's own gradients: what a silent hook returns."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def rebuild_buckets(ddp_model: Any, state: Any, forward_backward: Callable[[], Any]) -> None:
+    """In a resumed process, let DDP rebuild its gradient buckets before the first real
+    exchange, so that the run goes on bit for bit as the uninterrupted one.
+
+    A new process starts DDP from its first-iteration bucket (every gradient in one bucket, in
+    parameter order) and only then rebuilds the buckets in gradient-ready order; the
+    uninterrupted run had rebuilt them after its first step. A codec whose result depends on a
+    value's position in its bucket (int8's and fp4's chunk scales, QSGD's and rand-k's draws)
+    would encode a differently laid out bucket at the first step after a resume. Call this once
+    after loading the checkpoint (model, optimizer, ``state.restore``), before the first step:
+
+        state = register(ddp, "int8")
+        ...  # load model, optimizer and state.restore(list(model.parameters()), saved)
+        rebuild_buckets(ddp, state, lambda: loss_fn(ddp(x), y).backward())
+
+    Steps: 1. save the module's buffers; 2. ``forward_backward()`` (one forward and backward of
+    ``ddp_model`` on any batch, say the next one) with the hook silent (``state.silent``: each
+    bucket handed back unchanged, nothing exchanged, the codec state untouched) inside
+    :func:`torch.random.fork_rng` (dropout's draws are put back), so DDP records the
+    gradient-ready order; 3. put the buffers back and drop the gradients. DDP rebuilds at the
+    next forward. ``state`` is the hook's state (:func:`register`'s) or any object with a
+    ``silent`` attribute the hook reads. The forward must not sync buffers across ranks through
+    a collective every rank does not also make here (it does not with ``broadcast_buffers``
+    off; with it on, every rank broadcasts alike)."""
+    module = ddp_model.module
+    saved = [b.detach().clone() for b in module.buffers()]
+    dev = next(module.parameters()).device
+    state.silent = True
+    try:
+        with torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev],
+                                   device_type=dev.type if dev.type != "cpu" else "cuda"):
+            forward_backward()
+    finally:
+        state.silent = False
+    with torch.no_grad():
+        for b, kept in zip(module.buffers(), saved):
+            b.copy_(kept)
+    for p in module.parameters():
+        p.grad = None
+
+
 def compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook (``DDP.register_comm_hook(state, compressed_hook)``)."""
+    if state.silent:
+        return unchanged(bucket)
     buf = bucket.buffer()
     key = bucket.index()
     # 1. layout and step

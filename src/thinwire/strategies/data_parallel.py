@@ -102,23 +102,22 @@ def quiet_ddp(model: nn.Module, device: torch.device) -> DDP:
                gradient_as_bucket_view=True, init_sync=False, **quiet)
 
 
-def _silenceable(hook: Any, silent: list[bool]) -> Any:
-    """``hook``, or while ``silent[0]`` the bucket unchanged with no exchange."""
+@dataclass
+class PlainState:
+    """The plain hook's state: while ``silent`` it exchanges nothing
+    (:func:`~thinwire.compression.hooks.rebuild_buckets`)."""
 
-    def wrapped(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the names only
-        if silent[0]:
-            fut: torch.futures.Future = torch.futures.Future()
-            fut.set_result(bucket.buffer())
-            return fut
-        return hook(state, bucket)
-
-    return wrapped
+    silent: bool = False
 
 
 def allreduce_hook(comm: Comm) -> Any:
-    """The plain DDP hook: average a bucket with one all-reduce through the ledger."""
+    """The plain DDP hook: average a bucket with one all-reduce through the ledger (none while
+    its state, a :class:`PlainState`, is silent)."""
+    from thinwire.compression.hooks import unchanged
 
-    def hook(_state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations
+        if state is not None and state.silent:
+            return unchanged(bucket)
         buf = bucket.buffer()
         buf.div_(comm.world_size)
         return comm.all_reduce_async(buf, tag="grad")
@@ -136,8 +135,8 @@ class DataParallel(ReplicatedStrategy):
         self.ddp: nn.Module
         self.hook_state: Any = None
         self.sharded = zero >= 2
-        self._silent = [False]  # the hook exchanges nothing while True (_rebuild_buckets)
         self._rebuild_pending = False
+        self.plain_state = PlainState()  # the plain hook's (no codec)
         if self.sharded:
             from thinwire.models import MODELS
 
@@ -154,13 +153,12 @@ class DataParallel(ReplicatedStrategy):
             self.ddp = quiet_ddp(self.model, ctx.device)
             codec = ctx.options.compressor
             if codec == "none":
-                self.ddp.register_comm_hook(None, _silenceable(allreduce_hook(self.comm),
-                                                               self._silent))
+                self.ddp.register_comm_hook(self.plain_state, allreduce_hook(self.comm))
             else:
                 from thinwire.compression import ddp_hook
 
                 state, hook = ddp_hook(codec, comm=self.comm, seed=self.cfg.train.seed)
-                self.ddp.register_comm_hook(state, _silenceable(hook, self._silent))
+                self.ddp.register_comm_hook(state, hook)
                 self.hook_state = state
         else:
             self.ddp = self.model
@@ -172,26 +170,18 @@ class DataParallel(ReplicatedStrategy):
         return self.standard_step(self.ddp, self.opt, batch, step)
 
     def _rebuild_buckets(self, batch: Batch) -> None:
-        """Let DDP rebuild its buckets in a resumed process before the first real step (module
-        docstring): 1. save the buffers; 2. one forward and backward on ``batch`` with the hook
-        silent, inside :func:`torch.random.fork_rng` (dropout's draws are put back), so DDP
-        records the gradient-ready order; 3. put the buffers back and drop the gradients. DDP
-        rebuilds at the next forward, the real step's."""
+        """Let DDP rebuild its buckets in a resumed process before the first real step:
+        :func:`~thinwire.compression.hooks.rebuild_buckets` with one silent forward and backward
+        on ``batch`` (module docstring)."""
+        from thinwire.compression.hooks import rebuild_buckets
+
         x, y = batch
-        saved = [b.detach().clone() for b in self.model.buffers()]
-        dev = self.ctx.device
-        self._silent[0] = True
-        try:
-            with torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev],
-                                       device_type=dev.type if dev.type != "cpu" else "cuda"):
-                self.ddp.train()
-                self.loss_fn(self.ddp(x), y).backward()
-        finally:
-            self._silent[0] = False
-        with torch.no_grad():
-            for b, s in zip(self.model.buffers(), saved, strict=True):
-                b.copy_(s)
-        self.opt.zero_grad(set_to_none=True)
+
+        def forward_backward() -> None:
+            self.ddp.train()
+            self.loss_fn(self.ddp(x), y).backward()
+
+        rebuild_buckets(self.ddp, self.hook_state or self.plain_state, forward_backward)
 
     def eval_model(self) -> nn.Module | None:
         if not self.sharded:
