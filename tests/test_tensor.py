@@ -61,7 +61,7 @@ def _tp_runs(comm: Comm, base: dict[str, Any], runs: list[dict[str, Any]]) -> li
         want = traffic_of(TPShape.of(strat, BATCH, SEQ), cfg.parallel.tp, dp, STEPS,
                           sequence_parallel=o.sequence_parallel, codec=o.codec)
         # the prediction of the run from the config, a fresh model and one batch
-        layout = METHODS.get("tensor").run_layout(cfg, build_model(cfg, ds), x[:BATCH])
+        layout = METHODS.get("tensor").run_layout(cfg, build_model(cfg, ds), (x[:BATCH], y[:BATCH]))
         predicted = run_traffic(cfg, layout).sent[comm.rank]
         full = strat.eval_model()
         out.append({"losses": losses, "sent": sent, "want": want.sent[comm.rank],

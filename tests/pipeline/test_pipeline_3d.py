@@ -110,7 +110,7 @@ def test_dp_pp_tp_2x2x2_matches_one_process_and_the_traffic_formula() -> None:
         cfg = config(schedule)
         # the prediction of the run (measure.predict): the registry's traffic formula over the
         # method's run layout of a fresh model and one batch
-        layout = METHODS.get("pipeline").run_layout(cfg, make(), batch(0, 0)[0])
+        layout = METHODS.get("pipeline").run_layout(cfg, make(), batch(0, 0))
         predicted = run_traffic(cfg, layout)
         for rank, per_run in enumerate(results):
             r = per_run[i]

@@ -224,7 +224,7 @@ def test_compressed_pipelines_send_exactly_the_formulas_bytes() -> None:
     results = run_workers(_compressed, 4)
     for i, over in enumerate(RUNS):
         cfg = _cfg(over)
-        layout = pipeline_layout(cfg, make("gpt"), batch("gpt", 0)[0])
+        layout = pipeline_layout(cfg, make("gpt"), batch("gpt", 0))
         want = METHODS.get("pipeline").traffic(layout, cfg.method.options, 4, 2, 0, 0)
         for rank, per_run in enumerate(results):
             losses, sent, payload, _ = per_run[i]

@@ -99,7 +99,7 @@ def _check(S: int, dp: int, runs) -> None:
         losses, want = _reference(model_name, dp)
         cfg = config(model_name, schedule, S, dp)
         model = make(model_name)
-        layout = pipeline_layout(cfg, model, batch(model_name, 0)[0])
+        layout = pipeline_layout(cfg, model, batch(model_name, 0))
         traffic = METHODS.get("pipeline").traffic(layout, cfg.method.options, S * dp, 1, 0, 0)
         for rank, per_run in enumerate(results):
             loss, grads, sent, payload = per_run[i]

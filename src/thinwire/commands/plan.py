@@ -334,7 +334,7 @@ def _method_spec(cfg: Any, wide: bool = False) -> str:
     differ from their defaults (values with commas in parentheses); "" where the planner's own
     layout describes the run: a method with ``planned=False`` (its pipeline and tensor degrees
     are the layout's) unless the model spec carries the wide-layer shapes the method prices
-    itself from (``wide``: slide), and ZeRO (the planner shards its data-parallel layout
+    itself from (``wide``), and ZeRO (the planner shards its data-parallel layout
     itself)."""
     from thinwire.strategies import METHODS
 
@@ -404,11 +404,8 @@ def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
               for op, (c, b) in sorted(traffic.rank0_calls.items())]
     text = "\n".join(lines) + "\n"
     if args.cluster:
-        if layout.wide is not None:  # a wide-layer method (slide) prices the run's shapes
-            w = layout.wide
-            model: Any = XMLPShapes(features=w.features, hidden=w.hidden, labels=w.labels,
-                                    nnz=w.nnz, label_cols=w.label_cols, batch=w.batch
-                                    ).spec(cfg.model.name)
+        if layout.wide is not None:  # a method that shards a wide layer prices its shapes
+            model: Any = XMLPShapes(**dataclasses.asdict(layout.wide)).spec(cfg.model.name)
         else:
             model = model_spec_from_module(build_model(cfg, dataset), cfg.model.name)
         if args.nodes is None and args.devices is None:

@@ -169,9 +169,8 @@ def rebuild_buckets(ddp_model: Any, state: Any, forward_backward: Callable[[], A
     :func:`torch.random.fork_rng` (dropout's draws are put back), so DDP records the
     gradient-ready order; 3. put the buffers back and drop the gradients. DDP rebuilds at the
     next forward. ``state`` is the hook's state (:func:`register`'s) or any object with a
-    ``silent`` attribute the hook reads. The forward must not sync buffers across ranks through
-    a collective every rank does not also make here (it does not with ``broadcast_buffers``
-    off; with it on, every rank broadcasts alike)."""
+    ``silent`` attribute the hook reads. Every rank calls it (DDP's own buffer broadcast, if
+    on, runs in this forward as in any other)."""
     module = ddp_model.module
     saved = [b.detach().clone() for b in module.buffers()]
     dev = next(module.parameters()).device

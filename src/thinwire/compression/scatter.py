@@ -207,8 +207,9 @@ class ScatteredExchange(Compressor):
             self.inner.reset(None)
             return
         self._joined.pop(key, None)
-        for j in range(max(self._world, 1)):
-            self.inner.reset(key * max(self._world, 1) + j)
+        n = max(self._world, 1)
+        for j in range(n):
+            self.inner.reset(key * n + j)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.inner.state_dict()

@@ -51,10 +51,11 @@ def run_layout(cfg: Config, dataset: Dataset | None = None) -> Layout:
 
     ds = dataset if dataset is not None else load_data(cfg)
     model = build_model(cfg, ds)
-    example, _ = make_stream(cfg, ds, 0, cfg.dp_degree).batch(0)
+    batch = make_stream(cfg, ds, 0, cfg.dp_degree).batch(0)
     entry = METHODS.get(cfg.method.name)
     if entry.run_layout is not None:
-        return entry.run_layout(cfg, model, example)
+        return entry.run_layout(cfg, model, batch)
+    example = batch[0]
     adapter = MODELS.get(cfg.model.name).ist
     plan = adapter(model).plan if adapter is not None else None
     return Layout.of_model(model, example, ist=plan)

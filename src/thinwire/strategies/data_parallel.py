@@ -181,7 +181,8 @@ class DataParallel(ReplicatedStrategy):
             self.ddp.train()
             self.loss_fn(self.ddp(x), y).backward()
 
-        rebuild_buckets(self.ddp, self.hook_state or self.plain_state, forward_backward)
+        state = self.plain_state if self.hook_state is None else self.hook_state
+        rebuild_buckets(self.ddp, state, forward_backward)
 
     def eval_model(self) -> nn.Module | None:
         if not self.sharded:

@@ -72,10 +72,11 @@ class MethodEntry:
       bytes of a run (:class:`~thinwire.strategies.traffic.Traffic`), a pure function used by
       the planner (``optimizer_states``: per-element state tensors of the optimizer, e.g. 2 for
       Adam, for methods that move optimizer state);
-    - ``run_layout(cfg, model, example)``: the :class:`~thinwire.strategies.traffic.Layout`
+    - ``run_layout(cfg, model, batch)``: the :class:`~thinwire.strategies.traffic.Layout`
       the traffic formula reads for a run, when it needs more than the model's parameters (a
-      pipeline's stage plan, tensor-parallel activation shapes), from the config, the built
-      model and one input batch (None: the model's layout);
+      pipeline's stage plan, tensor-parallel activation shapes, a wide layer's label slots),
+      from the config, the built model and one step's (inputs, targets) (None: the model's
+      layout);
       :func:`thinwire.measure.predict.run_layout` and ``run_traffic`` price a run with it;
     - ``memory``: the memory options of ``[memory]`` the method runs (``zero``, ``recompute``;
       :mod:`thinwire.strategies.memory`), others are a one-line error;
@@ -122,7 +123,7 @@ class MethodEntry:
     check: Callable[[Any], None] | None = None
     check_model: Callable[[Any, nn.Module], None] | None = None
     traffic: Callable[[Layout, Any, int, int, int, int], Traffic] | None = None
-    run_layout: Callable[[Any, nn.Module, Any], Layout] | None = None
+    run_layout: Callable[[Any, nn.Module, tuple[Any, Any]], Layout] | None = None
     alias: Callable[[str, Mapping[str, str]], dict[str, str] | None] | None = None
     planned: bool = True
     rescalable: Callable[[Any], bool] = lambda options: False

@@ -254,10 +254,12 @@ class TensorLayout:
     tp: int
 
 
-def tensor_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
+def tensor_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+                  ) -> Layout:
     """The model's layout with the run's :class:`TensorLayout`, from the model's plan (no
     sharding): a rank's parameters are its slices of the split ones (:func:`split_dims`) and
-    the rest whole; ``example`` (an input batch) gives the sequence length."""
+    the rest whole; ``batch`` (one step's inputs and targets) gives the sequence length."""
+    example = batch[0]
     from thinwire.strategies.traffic import Layout
 
     plan = tensor_plan(cfg, model)

@@ -57,9 +57,12 @@ class PipelinePlan:
     tp_sums: tuple[tuple[int, ...], ...] = ()
 
 
-def pipeline_layout(cfg: Any, model: nn.Module, example: torch.Tensor) -> Layout:
-    """The model's :class:`Layout` with the run's :class:`PipelinePlan` (``example``: inputs of
-    the dataset; shapes found on a copy of the model on the meta device)."""
+def pipeline_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+                    ) -> Layout:
+    """The model's :class:`Layout` with the run's :class:`PipelinePlan` (``batch``: one step's
+    inputs and targets of the dataset; shapes found on a copy of the model on the meta
+    device)."""
+    example = batch[0]
     S, tp = cfg.parallel.pp, cfg.parallel.tp
     links = chain_of(cfg, model)
     cuts = cut(len(links), S)

@@ -409,14 +409,12 @@ def plan(*, features: int, hidden: int, labels: int, batch: int, workers: int, n
                      updated=lower_params + min(width, G * A) * (H + 1))
 
 
-def run_layout(cfg: Any, model: nn.Module, example: Any) -> Layout:
+def run_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> Layout:
     """``thinwire plan --config`` of a slide run: the model's parameters and the run's shapes
     (:class:`~thinwire.strategies.entry.WideShapes`) from its wide layer, its lower parameters
-    (XMLP's input matrix plus its bias: features = (lower - hidden) / hidden), one input batch
-    (``example`` [b, 2, P]: the batch and P) and the dataset's label slots (the labels are not
-    in ``example``, so the dataset is loaded: the same call the workers make)."""
-    from thinwire.data.registry import DATASETS, DataSource
-
+    (XMLP's input matrix plus its bias: features = (lower - hidden) / hidden) and one step's
+    batch (inputs [b, 2, P]: the batch and P; labels [b, Y]: the label slots)."""
+    example, labels = batch
     wide = check_wide_model(model)
     H = wide.in_features
     wide_ids = {id(wide.weight), id(wide.bias)}
@@ -425,12 +423,9 @@ def run_layout(cfg: Any, model: nn.Module, example: Any) -> Layout:
         raise UsageError(f"method slide prices the lower layers as an input matrix of features x "
                          f"{H} plus a bias; this model's {lower} lower parameters are not; "
                          "price it with thinwire plan --model FILE.toml (kind = \"extreme\")")
-    d = cfg.data
-    ds = DATASETS.get(d.name).load(
-        DataSource(dir=d.dir, download=d.download, limit_train=d.limit_train,
-                   limit_test=d.limit_test), d.options, cfg.train.seed)
+    del cfg
     shapes = WideShapes(features=(lower - H) // H, hidden=H, labels=wide.out_features,
-                       nnz=int(example.shape[2]), label_cols=int(ds.y_train.shape[1]),
+                       nnz=int(example.shape[2]), label_cols=int(labels.shape[1]),
                        batch=int(example.shape[0]))
     return dataclasses.replace(Layout.of_model(model), wide=shapes)
 
