@@ -82,12 +82,26 @@ def test_derived_blocks_equal_resist() -> None:
     assert derived.scales == ("none",)
 
 
-def test_derived_channels_of_a_residual_cnn() -> None:
-    """Both sides of the skip share the stem's channel group (conv2's rows, bn2, conv1's and
-    wide's input channels); GroupNorm(4, 16) makes a unit of 4 channels; the head's rows (the
-    model's output) are shared."""
+def test_derived_residual_stream_stays_whole_by_default() -> None:
+    """residual="whole" (the default): the skip's channel group (the stem's) is a residual
+    stream, so it is shared: conv2 keeps all its output channels and only its input channels
+    (conv1's, inside the branch) are cut; bn2 and the stem are whole; the channels after the
+    skip (``wide``, not added to anything) are still cut."""
     model = ResidualCNN()
     plan = derive_adapter(model, torch.randn(2, 1, 8, 8)).plan
+    cuts = {t.name: [(c.group, c.dim, c.per_unit) for c in t.cuts] for t in plan.tensors}
+    assert cuts["conv2.weight"] == [("conv1", 1, 1)]
+    assert cuts["bn2.running_mean"] == [] and cuts["stem.0.weight"] == []
+    assert cuts["wide.weight"] == [("wide", 0, 4)]
+    assert {g.name: g.size for g in plan.groups} == {"conv1": 8, "wide": 4}
+
+
+def test_derived_channels_of_a_residual_cnn() -> None:
+    """residual="channels": both sides of the skip share the stem's channel group (conv2's rows,
+    bn2, conv1's and wide's input channels), cut; GroupNorm(4, 16) makes a unit of 4 channels;
+    the head's rows (the model's output) are shared."""
+    model = ResidualCNN()
+    plan = derive_adapter(model, torch.randn(2, 1, 8, 8), residual="channels").plan
     cuts = {t.name: [(c.group, c.dim, c.per_unit) for c in t.cuts] for t in plan.tensors}
     assert cuts["conv2.weight"] == [("stem.0", 0, 1), ("conv1", 1, 1)]
     assert cuts["bn2.running_mean"] == [("stem.0", 0, 1)]

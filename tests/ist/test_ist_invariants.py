@@ -49,7 +49,7 @@ def _two_rounds(comm: Comm, name: str, deployment: str, frozen: int) -> dict:
     init = state(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     ist = IST(model, opt, comm=comm, local_steps=K, deployment=deployment,
-              adapter=case.adapter(model))
+              adapter=case.adapter(model), overlap=1)  # disjoint subnets, as published
     _steps(comm, case, model, opt, 0)
     mid = ist.full_model()
     for g in opt.param_groups:
@@ -135,7 +135,8 @@ def _check_rounds(name: str, n: int, deployment: str, frozen: int, out: list[dic
                 assert changed[owner == w].any(), f"{t.name}: worker {w}'s block did not train"
 
     # every rank's ledger is the planner's formula, byte for byte
-    want = ist_traffic(plan, Options(local_steps=K, deployment=deployment), n, 2 * K, seed=0)
+    want = ist_traffic(plan, Options(local_steps=K, deployment=deployment, overlap=1), n, 2 * K,
+                       seed=0)
     for r, o in enumerate(out):
         ops = o["by_op"]
         got = tuple(sum(v[f] for v in ops.values()) for f in ("sent", "recv", "payload"))

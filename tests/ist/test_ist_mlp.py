@@ -31,7 +31,7 @@ def make(comm: Comm, **over: object):
     base = {"method.name": "ist", "model.hidden": "16,12", "model.norm": "none",
             "method.scale": "dropout", "method.local_steps": "3", "train.steps": "6",
             "train.eval_every": "3", "runtime.workers": str(comm.world_size), "train.lr": "0.1",
-            "data.name": "teacher"}
+            "data.name": "teacher", "method.overlap": "1"}  # disjoint subnets, as published
     base.update({k: str(v) for k, v in over.items()})
     cfg = load(None, base)
     o = cfg.model.options
@@ -169,8 +169,10 @@ def test_central_bytes_per_round_match_the_formula(n: int) -> None:
 @pytest.mark.parametrize("deployment", ["central", "sharded"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_ledger_equals_the_traffic_formula(n: int, deployment: str) -> None:
-    """The pure traffic function (the planner's) predicts every rank's ledger to the byte."""
-    out = run_workers(one_round, n, {"method.deployment": deployment, "model.hidden": "20,9"})
+    """The pure traffic function (the planner's) predicts every rank's ledger to the byte, with
+    the default overlap (4 workers: every unit on 2 of them)."""
+    out = run_workers(one_round, n, {"method.deployment": deployment, "model.hidden": "20,9",
+                                     "method.overlap": 0})
     plan = linear_stack(build_mlp(D, (20, 9), C, norm="none", seed=0)).plan
     o = Options(local_steps=3, deployment=deployment, scale="dropout")
     want = ist_traffic(plan, o, n, 3, seed=0)

@@ -83,9 +83,10 @@ def _where(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--input-tokens", type=int, metavar="V",
                    help="with --input: the example is token ids below V (a model that embeds "
                    "tokens) instead of standard normal floats")
-    g.add_argument("--ist-residual", choices=("channels", "blocks"), default="channels",
-                   help="--model FILE.py:ClassName: both sides of a residual add share one cut "
-                   "channel group (channels) or residual blocks are dealt units (blocks, ResIST)")
+    g.add_argument("--ist-residual", choices=("whole", "channels", "blocks"), default="whole",
+                   help="--model FILE.py:ClassName: a residual stream stays whole and only the "
+                   "units inside its branches are cut (whole), the stream is cut too "
+                   "(channels), or residual blocks are dealt units (blocks, ResIST)")
     g.add_argument("--ist-shared", metavar="NAME,...", default="",
                    help="--model FILE.py:ClassName: submodules kept whole (not traced into, "
                    "shared by every subnet), as IST's shared=: the escape hatch for a submodule "

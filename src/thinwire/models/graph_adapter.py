@@ -24,7 +24,9 @@ input (the user's real batch; no shape is ever guessed):
    norms that follow (``BatchNorm*``, ``InstanceNorm*``, ``GroupNorm`` in whole groups,
    ``LayerNorm`` over one dimension) index their parameters and running statistics with it.
 3. **Join and poison.** Both sides of an addition or multiplication hold the same channels, so
-   their groups are joined into one (a residual stream: ``residual="channels"``). A group that
+   their groups are joined into one (a residual stream; with ``residual="whole"``, the default,
+   a group joined by an addition is poisoned: the stream stays whole and only the units inside
+   its branches are cut; ``residual="channels"`` cuts the stream too). A group that
    reaches the model's output, or an operation the rules do not know (concatenation, a
    ``matmul`` between activations, a functional call of a parameter, a module marked
    ``shared``), is *poisoned*: it is not cut, and every tensor it indexes is shared by all
@@ -73,7 +75,7 @@ from torch.fx.experimental import meta_tracer
 from thinwire.errors import UsageError
 from thinwire.models.adapter import Cut, ISTAdapter, ISTPlan, TensorPlan, UnitGroup
 
-RESIDUAL_MODES = ("channels", "blocks")
+RESIDUAL_MODES = ("whole", "channels", "blocks")
 EMBEDDING_MODES = ("shared", "cut")
 
 _ELEMENTWISE_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU,
@@ -101,6 +103,8 @@ _ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "contiguous", "clone", "float
 _BINARY = {operator.add, operator.iadd, operator.sub, operator.isub, operator.mul,
            operator.imul, operator.truediv, operator.itruediv, torch.add, torch.sub, torch.mul,
            torch.div}
+_ADDITIVE = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub,
+             "add", "add_", "sub", "sub_"}
 _BINARY_METHODS = {"add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_"}
 _POOL_FUNCS = {F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
                F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
@@ -118,6 +122,7 @@ class _Group:
     base: int = 1
     poisoned: bool = False
     embedding: bool = False
+    stream: bool = False     # joined by an addition: a residual stream
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,9 @@ class _Graph:
             g = self.parent[g]
         return g
 
-    def join(self, a: int, b: int) -> int:
+    def join(self, a: int, b: int, stream: bool = False) -> int:
+        """One group for ``a`` and ``b``; ``stream``: they are the two sides of an addition
+        (a residual stream, kept whole with ``residual="whole"``)."""
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
             return ra
@@ -173,6 +180,7 @@ class _Graph:
         g.base = math.lcm(g.base, o.base)
         g.poisoned = g.poisoned or o.poisoned
         g.embedding = g.embedding or o.embedding
+        g.stream = g.stream or o.stream or stream
         self.uses.setdefault(keep, []).extend(self.uses.pop(gone, []))
         return keep
 
@@ -540,7 +548,7 @@ class _Propagate(fx.Interpreter):
 
     def _join_stream(self, stream: Ann, out: Ann, last: int) -> Ann:
         if last in stream:
-            return {last: (self.g.join(stream[last][0], out[last][0]), 1)}
+            return {last: (self.g.join(stream[last][0], out[last][0], stream=True), 1)}
         self.g.poison(out[last][0])
         return {}
 
@@ -590,6 +598,7 @@ class _Propagate(fx.Interpreter):
         if not isinstance(out, torch.Tensor):
             return {}
         rank = out.dim()
+        additive = n.target in _ADDITIVE
         joined: Ann = {}
         tensors = []
         for x in operands:
@@ -601,7 +610,7 @@ class _Propagate(fx.Interpreter):
                     if joined[d][1] != inner:
                         self.g.poison(gid)
                         self.g.poison(joined[d][0])
-                    joined[d] = (self.g.join(joined[d][0], gid), inner)
+                    joined[d] = (self.g.join(joined[d][0], gid, stream=additive), inner)
                 else:
                     joined[d] = (gid, inner)
         for x in tensors:  # an operand of full size along a cut dimension but not cut there
@@ -1015,15 +1024,19 @@ def _copy_without_hooks(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "channels",
+def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "whole",
                    embeddings: str = "shared", shared: Sequence[str] = (),
                    min_units: int = 2) -> GraphAdapter:
     """The IST adapter of ``model`` from its graph (module docstring), traced with
     ``example_input`` (a tensor, or a tuple of the forward's positional arguments).
 
     Args:
-        residual: ``channels`` (both sides of an addition share one channel group, cut like any
-            other) or ``blocks`` (ResIST: residual blocks are dealt units, nothing else is cut).
+        residual: ``whole`` (the default: a residual stream, the channel group both sides of an
+            addition share, stays whole on every subnet and is averaged; the units inside its
+            branches, hidden channels, heads and FFN neurons, are cut), ``channels`` (the stream
+            is cut like any other group: every norm over it then normalises over a subnet's
+            share only; docs/IST.md, "Getting a good model out of IST") or ``blocks`` (ResIST:
+            residual blocks are dealt units, nothing else is cut).
         embeddings: ``shared`` (embedding dimensions, and the residual stream they feed, stay
             whole) or ``cut`` (cut with the layers they feed).
         shared: names of submodules kept whole: not traced into, their tensors shared by every
@@ -1034,7 +1047,7 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "cha
     Raises :class:`UsageError` (one line) for a model the tracer cannot follow and for a model
     with no unit to cut."""
     if residual not in RESIDUAL_MODES:
-        raise UsageError(f"IST residual {residual!r}: use channels or blocks")
+        raise UsageError(f"IST residual {residual!r}: use whole, channels or blocks")
     if embeddings not in EMBEDDING_MODES:
         raise UsageError(f"IST embeddings {embeddings!r}: use shared or cut")
     modules = dict(model.named_modules())
@@ -1067,14 +1080,11 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "cha
     named = [*params.items(), *((n, b) for n, b in model.named_buffers() if n in persistent)]
     if residual == "blocks":
         return _blocks_adapter(model, wgm, prop.shapes, named, params, shared)
-    if embeddings == "shared":
-        for g in graph.groups:
-            if g.embedding:
-                g.poisoned = True
-        for i in range(len(graph.groups)):
-            root = graph.find(i)
-            if graph.groups[i].embedding:
-                graph.groups[root].poisoned = True
+    for i in range(len(graph.groups)):
+        g = graph.groups[i]
+        if (embeddings == "shared" and g.embedding) or (residual == "whole" and g.stream):
+            g.poisoned = True
+            graph.groups[graph.find(i)].poisoned = True
     adapter = _channels_adapter(model, graph, named, params, min_units)
     _check_subnet(work, adapter, args)
     return adapter
@@ -1154,7 +1164,8 @@ def _channels_adapter(model: nn.Module, graph: _Graph, named: Sequence[tuple[str
     groups = [g for g in groups if g.name in used]
     if not groups:
         raise UsageError(f"IST found no unit to cut in {type(model).__name__}: every layer's "
-                         "outputs reach the model's output or an operation it cannot cut; "
+                         "outputs reach the model's output, a residual stream (kept whole; "
+                         "residual='channels' cuts it) or an operation it cannot cut; "
                          "pass an adapter (docs/IST.md, 'Writing an adapter')")
     names = {g.name for g in groups}
     by_root = {r: n for r, n in roots.items() if n in names}

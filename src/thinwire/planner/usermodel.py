@@ -143,7 +143,7 @@ def forward_flops(module: Any, example: Any) -> float:
 
 
 def model_spec_from_example(module: Any, example: Any, *, name: str = "", min_units: int = 2,
-                            residual: str = "channels", embeddings: str = "shared",
+                            residual: str = "whole", embeddings: str = "shared",
                             shared: tuple[str, ...] = (), global_batch: int = 0
                             ) -> CountedSpec:
     """The planner's spec of ``module`` with the IST plan derived from its graph on ``example``

@@ -38,7 +38,10 @@ Round r covers the K optimizer steps after its first forward pass:
      owners write the disjoint blocks in place (elements held by several workers, as ResIST's
      shared blocks, are averaged); tensors every subnet shares are averaged with one all-reduce
      of their updates; cut blocks nobody trained (cross blocks between two workers' neurons)
-     stay bitwise unchanged. Between rounds the model holds no data. With
+     stay bitwise unchanged; with ``outer_lr``/``outer_momentum`` the stored model then takes
+     an outer SGD step with Nesterov momentum on the round's change, as DiLoCo's outer step
+     (:meth:`~thinwire.strategies.ist.store.Store.outer_step`; lr 1 and momentum 0, the
+     default, is the plain write-back, bit for bit). Between rounds the model holds no data. With
      ``drop_last_step=True`` (the original code's behaviour, for exact comparisons with it) the
      pieces are taken just before the K-th step, whose update is then lost.
 Evaluation happens only at round boundaries (:meth:`IST.full_model`); a forward in eval mode or
@@ -72,10 +75,11 @@ from thinwire.strategies.ist import subnet as sn
 from thinwire.strategies.ist.assembly import gather_full
 from thinwire.strategies.ist.layout import View
 from thinwire.strategies.ist.optstate import OptimizerState
-from thinwire.strategies.ist.partition import partition_groups
-from thinwire.strategies.ist.store import Dealt, Store
+from thinwire.strategies.ist.partition import partition_groups, resolve_overlap
+from thinwire.strategies.ist.store import Dealt, Overlap, Store
 
 DEPLOYMENTS = ("central", "sharded")
+
 OPTIMIZER_STATES = ("reset", "reindex")
 
 
@@ -100,6 +104,14 @@ class IST:
             pieces go back as they were after K - 1 steps); needs K >= 2.
         example_input: a batch of the model's input (a tensor, or a tuple of the forward's
             positional arguments) to derive the adapter from; never needed with ``adapter``.
+        overlap: how many workers hold each unit of a cut group (1, IST: disjoint subnets; r:
+            each worker holds r of the round's n groups, a subnet of r/n of every cut layer, and
+            an element trained by several workers ends at the mean of their copies; n: every
+            worker trains the whole model, local SGD); 0, the default: max(1, n // 2)
+            (:func:`~thinwire.strategies.ist.partition.resolve_overlap`).
+        outer_lr, outer_momentum: the outer optimizer on each round's change of the stored
+            model (Nesterov SGD, DiLoCo's outer step; the store keeps its momentum): 1 and 0
+            write the trained subnets back as they are.
         residual, embeddings, shared: how the derived adapter cuts residual connections
             (``channels`` or ResIST's ``blocks``) and embeddings (``shared`` or ``cut``), and
             the submodules it keeps whole (:func:`~thinwire.models.graph_adapter.derive_adapter`).
@@ -111,8 +123,9 @@ class IST:
                  scale: str | None = None, optimizer_state: str = "reset",
                  adapter: ISTAdapter | None = None, tag: str = "subnet",
                  drop_last_step: bool = False, example_input: Any = None,
-                 residual: str = "channels", embeddings: str = "shared",
-                 shared: Sequence[str] = ()) -> None:
+                 residual: str = "whole", embeddings: str = "shared",
+                 shared: Sequence[str] = (), overlap: int = 0, outer_lr: float = 1.0,
+                 outer_momentum: float = 0.0) -> None:
         if local_steps < 1:
             raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
         if drop_last_step and local_steps < 2:
@@ -122,16 +135,26 @@ class IST:
             raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
         if optimizer_state not in OPTIMIZER_STATES:
             raise UsageError(f"IST optimizer_state {optimizer_state!r}: use reset or reindex")
+        if not (outer_lr > 0 and 0 <= outer_momentum < 1):
+            raise UsageError(f"IST outer_lr {outer_lr} / outer_momentum {outer_momentum}: "
+                             "use outer_lr > 0 and 0 <= outer_momentum < 1 (1 and 0: no "
+                             "outer optimizer)")
         self.model = model
         self.optimizers = ([optimizers] if isinstance(optimizers, torch.optim.Optimizer)
                            else list(optimizers))
         self.comm = comm if comm is not None else Comm()
         self.n, self.rank = self.comm.world_size, self.comm.rank
+        if not 0 <= overlap <= self.n:
+            raise UsageError(f"IST overlap {overlap}: use 1 (disjoint subnets) to the number "
+                             f"of workers ({self.n}: every worker holds everything), or 0 "
+                             "(auto: half the workers)")
         self.K = local_steps
         self.seed = seed
         self.deployment = deployment
         self.reindex = optimizer_state == "reindex"
         self.drop_last_step = drop_last_step
+        self.outer = (float(outer_lr), float(outer_momentum))
+        self.overlap = resolve_overlap(int(overlap), self.n)
         self.tag = tag
         self._scale_arg = scale
         self._derive: dict[str, Any] = {"residual": residual, "embeddings": embeddings, "shared": tuple(shared)}
@@ -292,7 +315,7 @@ class IST:
     # --- step 1-2: partition and scatter -------------------------------------------------------
     def _partition(self, round_: int) -> dict[str, tuple[np.ndarray, ...]]:
         return partition_groups([(g.name, g.size, g.kind) for g in self.plan.groups], self.n,
-                                self.seed, round_)
+                                self.seed, round_, self.overlap)
 
     def begin_round(self) -> None:
         """Steps 1-2: draw the round's partition, move the subnets, load them into the model."""
@@ -361,14 +384,22 @@ class IST:
                  if w != self.rank and (size := v.piece_size(held, self.rank, w, keys))]
         self.comm.exchange(sends, recvs, tag=self.tag)
         dealt: Dealt = {}
+        overlap: Overlap | None = {} if self.overlap > 1 else None
+        outer = self.outer != (1.0, 0.0)
         with torch.no_grad():
+            before = ({k: x.clone() for k, x in self._store.parameter_slices().items()}
+                      if outer else {})
             if v.piece_size(held, self.rank, self.rank, keys):
                 self._store.write_back(held, self.rank, sn.take(v, held, sub, self.rank, keys),
-                                       keys, dealt)
+                                       keys, dealt, overlap)
             for w, buf in sorted(recvs, key=lambda r: r[0]):
-                self._store.write_back(held, w, buf, keys, dealt)
+                self._store.write_back(held, w, buf, keys, dealt, overlap)
             self._store.average_dealt(dealt, keys)
+            if overlap is not None:
+                self._store.average_overlap(overlap, keys)
             self._store.average_shared(sub, keys, self.comm, self.n)
+            if outer:
+                self._store.outer_step(before, *self.outer)
         self._end_common()
 
     def _end_common(self) -> None:
@@ -455,7 +486,8 @@ class IST:
                 "state_store": {f"{n}|{k}": v for n, d in self.state_store.items()
                                 for k, v in d.items()},
                 "scalar_state": {k: v for k, v in self.opt_state.scalars.items()
-                                 if isinstance(v, (torch.Tensor, int, float))}}
+                                 if isinstance(v, (torch.Tensor, int, float))},
+                "outer": dict(self._store.outer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ready("was given a state")
@@ -465,6 +497,8 @@ class IST:
                 self.store[name].copy_(x)
         self.opt_state.keys = tuple(state.get("state_keys", ()))
         self.opt_state.scalars = dict(state.get("scalar_state", {}))
+        self._store.outer = {k: v.to(self.device).clone()
+                             for k, v in state.get("outer", {}).items()}
         self._store.state = {}
         for key, v in state.get("state_store", {}).items():
             name, _, k = key.partition("|")

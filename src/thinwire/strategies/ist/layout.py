@@ -44,6 +44,19 @@ def put_block(t: torch.Tensor, dims: Sequence[int], index: Sequence[torch.Tensor
     view[tuple(grid)] = src
 
 
+def add_block(t: torch.Tensor, dims: Sequence[int], index: Sequence[torch.Tensor],
+              block: torch.Tensor) -> None:
+    """``t`` at ``index[k]`` along ``dims[k]`` += ``block`` (as :func:`put_block`; the indices
+    of one block are distinct)."""
+    if len(dims) == 1:
+        t.index_add_(dims[0], index[0], block)
+        return
+    order = [*dims, *(d for d in range(t.dim()) if d not in dims)]
+    view, src = t.permute(order), block.permute(order)
+    grid = [ix.view(*([1] * k), -1, *([1] * (len(dims) - k - 1))) for k, ix in enumerate(index)]
+    view[tuple(grid)] += src
+
+
 @dataclass(frozen=True)
 class View:
     """A plan seen from ``rank`` of ``n``: ownership, device and the wire dtype of pieces."""

@@ -61,7 +61,7 @@ from thinwire.strategies.base import (
 )
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.ist import pieces as pc
-from thinwire.strategies.ist.partition import partition_groups
+from thinwire.strategies.ist.partition import partition_groups, resolve_overlap
 from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
 
 
@@ -79,6 +79,13 @@ class Options:
     optimizer_state: str = opt("reset", "optimizer state at repartition: reset (fresh each "
                                "round) or reindex (it travels with the subnet)",
                                choices=("reset", "reindex"))
+    overlap: int = opt(0, "workers holding each unit of a cut group: 1 (disjoint subnets, as "
+                       "published) to the number of workers (everyone holds everything); 0: "
+                       "auto, max(1, workers // 2), every subnet about half the model's cut "
+                       "units (docs/IST.md, 'Getting a good model out of IST')")
+    outer_lr: float = opt(1.0, "outer SGD on each round's change of the stored model (DiLoCo's "
+                          "outer step); 1 with outer_momentum 0: none")
+    outer_momentum: float = opt(0.0, "Nesterov momentum of the outer step (0: none)")
     switch_at: int = opt(0, "hybrid schedule: switch to local SGD at this step (0: never)")
     switch_patience: int = opt(0, "hybrid schedule, automatic: switch to local SGD once the "
                                "evaluation metric's best over the last P evaluations is no more "
@@ -97,6 +104,9 @@ class Options:
     def __post_init__(self) -> None:
         check(self.local_steps >= 0, "method.local_steps", "must be >= 1, or 0 for the model's "
               "default")
+        check(self.overlap >= 0, "method.overlap", "must be >= 1, or 0 for auto")
+        check(self.outer_lr > 0, "method.outer_lr", "must be > 0 (1: no outer step)")
+        check(0 <= self.outer_momentum < 1, "method.outer_momentum", "must be in [0, 1)")
         check(self.switch_at >= 0, "method.switch_at", "must be >= 0")
         check(self.period >= 1, "method.period", "must be >= 1")
         check(self.switch_patience >= 0, "method.switch_patience", "must be >= 0 (0: off)")
@@ -206,8 +216,11 @@ def _label(o: Options) -> str:
     state = ",reindex" if o.optimizer_state == "reindex" else ""
     drop = ",drop-last" if o.drop_last_step else ""
     whole = ",whole-data" if o.shards == "whole" else ""
+    overlap = f",overlap={o.overlap}" if o.overlap else ""
+    outer = (f",outer={o.outer_lr:g}/{o.outer_momentum:g}"
+             if (o.outer_lr, o.outer_momentum) != (1.0, 0.0) else "")
     k = o.local_steps or "auto"
-    return f"ist(K={k},{o.deployment}{scale}{state}{drop}{whole}){hybrid}"
+    return f"ist(K={k},{o.deployment}{scale}{state}{overlap}{outer}{drop}{whole}){hybrid}"
 
 
 def data_shard(o: Options, rank: int, world: int) -> tuple[int, int]:
@@ -259,7 +272,8 @@ class ISTStrategy(Strategy):
                        seed=self.cfg.train.seed, deployment=o.deployment,
                        scale=None if o.scale == "auto" else o.scale,
                        optimizer_state=o.optimizer_state, adapter=adapter,
-                       drop_last_step=o.drop_last_step)
+                       drop_last_step=o.drop_last_step, overlap=o.overlap,
+                       outer_lr=o.outer_lr, outer_momentum=o.outer_momentum)
         self._local_cls = LocalSGD
         self.local: Any = None
         self.switch_step = o.switch_at  # 0: not (yet) chosen
@@ -360,8 +374,9 @@ def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
     rank0_p2p = [0, 0]
     shared_calls = [0, 0]
     shared = pc.shared_bytes(plan, state_copies=copies)
+    overlap = resolve_overlap(o.overlap, n)
     for r in range(min(last, steps) // k):
-        held = partition_groups(groups, n, seed, r)
+        held = partition_groups(groups, n, seed, r, overlap)
         down = pc.piece_matrix(plan, own, held, state_copies=copies if r > 0 else 0)
         up = pc.piece_matrix(plan, own, held, state_copies=copies)
         out_d, in_d = down.sum(axis=1), down.sum(axis=0)
@@ -407,9 +422,10 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
 
 def worker_numel(plan: ISTPlan, workers: int) -> float:
     """Elements a worker's subnet trains when ``plan``'s units are dealt over ``workers``
-    (round 0's partition, the mean over workers; buffers excluded). Pure: the planner's
-    compute and memory of a subnet read it."""
-    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
+    (round 0's partition with the default overlap, the mean over workers; buffers excluded).
+    Pure: the planner's compute and memory of a subnet read it."""
+    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0,
+                            resolve_overlap(0, workers))
     total = sum(pc.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
                 for w in range(workers))
     return total / workers

@@ -5,7 +5,9 @@ state of every parameter is dropped at the start and at the end of a round. With
 per-element state (e.g. Adam's two moments) travels with the subnet's elements:
   1. at the end of the first round the state's names are read off the optimizer (tensors shaped
      like their parameter: :meth:`OptimizerState.harvest`); scalar entries (Adam's ``step``) are
-     kept as they were;
+     read again at the end of every round, so the next round goes on from them (every unit is
+     trained in every round, so the step count is the same for all of them: Adam's bias
+     correction then matches the moments' age);
   2. every round the subnet's state tensors travel beside its parameters, as extra copies of the
      same slices (:meth:`OptimizerState.of_subnet` on the way back);
   3. at the start of a round the received slices become the optimizer's state of the model's
@@ -34,8 +36,9 @@ class OptimizerState:
         return self.keys if self.reindex else ()
 
     def harvest(self) -> bool:
-        """Step 1 (once): the state names; True when they were read now."""
-        if not self.reindex or self.keys:
+        """Step 1: the state names (once) and the scalar entries (every round's end); True when
+        the names were read now."""
+        if not self.reindex:
             return False
         keys: set[str] = set()
         scalars: dict[str, Any] = {}
@@ -45,9 +48,12 @@ class OptimizerState:
                     if isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim() > 0:
                         keys.add(k)
                     elif k not in scalars:
-                        scalars[k] = v
+                        scalars[k] = v.clone() if isinstance(v, torch.Tensor) else v
+        if scalars:
+            self.scalars = scalars
+        if self.keys:
+            return False
         self.keys = tuple(sorted(keys))
-        self.scalars = scalars
         return True
 
     def of_subnet(self, tensors: Mapping[str, torch.Tensor], names: Sequence[str],

@@ -8,11 +8,18 @@ round:
   1. :meth:`Store.extract`: the flat piece of a worker's subnet this rank stores (the scatter);
   2. :meth:`Store.write_back`: a returned piece into the stored slices; blocks of dealt units
      are collected and :meth:`Store.average_dealt` writes base + the mean of their holders'
-     updates;
+     updates; with overlapping subnets (a unit held by several workers) the returned blocks of
+     cut tensors are summed and counted per element instead, and :meth:`Store.average_overlap`
+     writes each element the mean of the workers that trained it (one: its copy, bit for bit;
+     none, a cross block: unchanged);
   3. :meth:`Store.average_shared`: shared tensors at store + (sum of the workers' updates) / n,
      one all-reduce;
   4. :meth:`Store.unpack_owner`: an owner's stored slices placed into full-size tensors (the
-     assembled model).
+     assembled model);
+  5. :meth:`Store.outer_step` (``outer_lr`` != 1 or ``outer_momentum`` > 0): the round's
+     change of every stored parameter slice taken as a pseudo-gradient for an outer SGD step
+     with Nesterov momentum, as DiLoCo's outer step (Douillard et al. 2023): IST's round is an
+     outer step too, so the same optimizer applies (``outer`` holds its momentum buffers).
 """
 
 from __future__ import annotations
@@ -25,10 +32,14 @@ import torch
 from thinwire.models.adapter import TensorPlan
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist import pieces as pc
-from thinwire.strategies.ist.layout import View, element_index, put_block
+from thinwire.strategies.ist.layout import View, add_block, element_index, put_block
 
 Dealt = dict[str, list[list[torch.Tensor]]]
 """Returned copies of dealt-unit tensors: name -> per holder, [tensor, *state]."""
+
+Overlap = dict[str, list[tuple[torch.Tensor, torch.Tensor]]]
+"""Overlapping subnets: name -> per copy [tensor, *state], (sum of the returned blocks, how
+many returned each element), both shaped as the stored slice."""
 
 
 class Store:
@@ -38,6 +49,7 @@ class Store:
         self.view = view
         self.slices: dict[str, torch.Tensor] = {}
         self.state: dict[str, dict[str, torch.Tensor]] = {}
+        self.outer: dict[str, torch.Tensor] = {}
         plan, own, rank = view.plan, view.own, view.rank
         with torch.no_grad():
             for t in plan.tensors:
@@ -91,8 +103,9 @@ class Store:
 
     # --- step 2: write back -------------------------------------------------------------------
     def write_back(self, held: pc.Held, worker: int, piece: torch.Tensor,
-                   keys: Sequence[str], dealt: Dealt) -> None:
-        """A returned piece into the stored slices (dealt units collected in ``dealt``)."""
+                   keys: Sequence[str], dealt: Dealt, overlap: Overlap | None = None) -> None:
+        """A returned piece into the stored slices (dealt units collected in ``dealt``; with
+        ``overlap``, cut blocks summed and counted there instead of written)."""
         v = self.view
         at = 0
         for t in v.plan.tensors:
@@ -110,14 +123,33 @@ class Store:
             others = v.other_index(t, held, worker)
             dims = [t.cuts[0].dim] + [d for d, _ in others]
             index = [v.store_rows(t, units)] + [ix for _, ix in others]
-            for x in targets:
+            for k, x in enumerate(targets):
                 shape = list(x.shape)
                 for d, ix in zip(dims, index):
                     shape[d] = len(ix)
                 size = int(np.prod(shape))
-                put_block(x, dims, index, piece[at:at + size].view(shape).to(x.dtype))
+                block = piece[at:at + size].view(shape).to(x.dtype)
+                if overlap is None:
+                    put_block(x, dims, index, block)
+                else:
+                    acc = overlap.setdefault(t.name, [])
+                    if len(acc) <= k:
+                        acc.append((torch.zeros_like(x), torch.zeros_like(x, dtype=torch.int32)))
+                    add_block(acc[k][0], dims, index, block)
+                    add_block(acc[k][1], dims, index, torch.ones_like(block, dtype=torch.int32))
                 at += size
         assert at == piece.numel(), (at, piece.numel())
+
+    def average_overlap(self, overlap: Overlap, keys: Sequence[str]) -> None:
+        """Overlapping subnets: every element one or more workers trained becomes the mean of
+        their copies (sum / count: a single copy is written as it came back); elements nobody
+        trained (cross blocks) stay bitwise unchanged."""
+        plans = {t.name: t for t in self.view.plan.tensors}
+        for name, accs in overlap.items():
+            for base, (total, count) in zip(self.stored(plans[name], keys), accs):
+                hit = count > 0
+                mean = total / count.clamp(min=1).to(total.dtype)
+                base.copy_(torch.where(hit, mean.to(base.dtype), base))
 
     def average_dealt(self, dealt: Dealt, keys: Sequence[str]) -> None:
         """Blocks held by several workers: base + mean of their updates (bitwise unchanged when
@@ -158,6 +190,29 @@ class Store:
         for base in floats:
             base.add_(flat[at:at + base.numel()].view_as(base), alpha=1.0 / n)
             at += base.numel()
+
+    # --- step 5: the outer optimizer -----------------------------------------------------------
+    def parameter_slices(self) -> dict[str, torch.Tensor]:
+        """The stored slices of floating-point parameters (what the outer step moves)."""
+        return {t.name: self.slices[t.name] for t in self.view.plan.tensors
+                if not t.buffer and t.name in self.slices
+                and self.slices[t.name].is_floating_point()}
+
+    def outer_step(self, before: Mapping[str, torch.Tensor], lr: float, momentum: float
+                   ) -> None:
+        """Step 5: with g = before - after (the round's pseudo-gradient), b = momentum * b + g
+        (b = g the first time) and u = g + momentum * b (Nesterov), the slice becomes
+        before - lr * u, written as after - (lr * u - g): lr 1 and momentum 0 leave it
+        bitwise as the round left it."""
+        for name, after in self.parameter_slices().items():
+            g = before[name] - after
+            buf = self.outer.get(name)
+            if buf is None:
+                buf = self.outer[name] = g.clone()
+            else:
+                buf.mul_(momentum).add_(g)
+            u = g + momentum * buf if momentum else g
+            after.sub_(lr * u - g)
 
     # --- step 4: the assembled model ----------------------------------------------------------
     def owned_flat(self) -> torch.Tensor:
