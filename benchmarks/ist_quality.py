@@ -378,7 +378,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     rows = mean_over_seeds(rows)
     for r in rows:
         same = [x for x in rows if x["model"] == r["model"]]
-        plain = next((x for x in same if x["method"] == "plain"), None)
+        plain = next((x for x in same if x["method"] == "plain" and x["n"] == r["n"]), None)
         dp = next((x for x in same if x["method"] == "dp" and x["n"] == r["n"]), None)
         lines.append(_line(r, plain, dp))
     return "\n".join(lines)
@@ -391,11 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/ist_quality")
     p.add_argument("--table", default="ablation", choices=sorted(TABLES))
     p.add_argument("--models", default="", help="comma-separated subset of the table's models")
-    p.add_argument("--only", default="", help="comma-separated labels to run (with the refs)")
+    p.add_argument("--only", default="", help="labels to run, separated by ';' (with plain and "
+                   "dp)")
     a = p.parse_args(argv)
     groups = TABLES[a.table]()
     models = {m for m in a.models.split(",") if m}
-    only = {m for m in a.only.split(",") if m}
+    only = {m.strip() for m in a.only.split(";") if m.strip()}
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     rows: list[dict[str, Any]] = []
     t0 = time.time()

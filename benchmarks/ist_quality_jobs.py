@@ -1,9 +1,10 @@
 """The rows of benchmarks/ist_quality.py's tables: (workers, jobs) per process group.
 
-``ablation`` changes one factor at a time from the recommended configuration (the defaults:
-the residual stream kept whole, optimizer state dealt with its units, K = 10) and shows the old
-defaults beside it; ``target`` runs every model with the defaults against plain training, DP,
-local SGD and Streaming DiLoCo, at 2 and 4 workers.
+``ablation`` changes one factor at a time from thinwire.IST's defaults (the residual stream
+kept whole, optimizer state auto: dealt with its units except for convolutional models, overlap
+auto: max(1, n // 2), K = 10) and shows the old
+defaults (the stream cut, disjoint subnets) beside them, at 2 and 4 workers; ``target`` runs
+every model with the defaults against plain training, DP, local SGD and DiLoCo at equal samples.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ Groups = list[tuple[int, list[Job]]]
 
 MODELS = ("mlp", "rescnn", "encoder")
 SEEDS = (0, 1, 2)
-OLD = {"residual": "channels", "optimizer_state": "reset"}
+OLD = {"residual": "channels", "optimizer_state": "reset", "overlap": 1}
 
 
 def _seeds(jobs: list[Job], seeds: tuple[int, ...] = SEEDS) -> list[Job]:
@@ -35,12 +36,12 @@ def _ist(model: str, label: str, lr: float = 3e-3, **options: Any) -> Job:
 
 
 def ablation() -> Groups:
-    jobs: list[Job] = []
+    two: list[Job] = []
     for m in MODELS:
-        jobs += _refs(m)
-        jobs += [
+        two += _refs(m)
+        two += [
             _ist(m, "ist defaults"),
-            _ist(m, "old defaults (stream cut, state reset)", **OLD),
+            _ist(m, "old defaults (stream cut)", **OLD),
             _ist(m, "stream cut", residual="channels"),
             _ist(m, "state reset", optimizer_state="reset"),
             _ist(m, "state dealt", optimizer_state="reindex"),
@@ -56,12 +57,48 @@ def ablation() -> Groups:
     four: list[Job] = []
     for m in MODELS:
         four += _refs(m)
-        four += [_ist(m, "ist defaults"), _ist(m, "old defaults (stream cut, state reset)", **OLD),
-                 _ist(m, "state dealt", optimizer_state="reindex"),
-                 _ist(m, "overlap 2", overlap=2),
-                 _ist(m, "overlap 2, state dealt", overlap=2, optimizer_state="reindex"),
-                 _ist(m, "overlap 2, K=20", overlap=2, local_steps=20)]
-    return [(2, _seeds(jobs)), (4, _seeds(four))]
+        four += [
+            _ist(m, "ist defaults"),
+            _ist(m, "old defaults (stream cut)", **OLD),
+            _ist(m, "overlap 1 (disjoint)", overlap=1),
+            _ist(m, "overlap 3", overlap=3),
+            _ist(m, "state reset", optimizer_state="reset"),
+            _ist(m, "state dealt", optimizer_state="reindex"),
+            _ist(m, "K=20", local_steps=20),
+        ]
+    return [(2, _seeds(two)), (4, _seeds(four))]
 
 
-TABLES: dict[str, Callable[[], Groups]] = {"ablation": ablation}
+def target() -> Groups:
+    groups: Groups = []
+    for n in (2, 4):
+        jobs: list[Job] = []
+        for m in (*MODELS, "resnet"):
+            jobs += _seeds([*_refs(m), Job(m, "diloco", label="diloco(H=10)"),
+                            _ist(m, "ist defaults")], (0, 1))
+        gpt = {"batch": 16, "steps": 300}
+        jobs += [Job("gpt", "plain", **gpt), Job("gpt", "dp", **gpt),
+                 Job("gpt", "localsgd", label="localsgd(H=10)", **gpt),
+                 Job("gpt", "diloco", label="diloco(H=10)", **gpt),
+                 Job("gpt", "ist", label="ist defaults", **gpt)]  # type: ignore[arg-type]
+        groups.append((n, jobs))
+    return groups
+
+
+TABLES: dict[str, Callable[[], Groups]] = {"ablation": ablation, "target": target}
+
+
+def language() -> Groups:
+    """thinwire's GPT on tiny-shakespeare: the factors that matter for a language model."""
+    gpt = {"batch": 16, "steps": 300}
+    jobs = [Job("gpt", "plain", **gpt), Job("gpt", "dp", **gpt),  # type: ignore[arg-type]
+            Job("gpt", "localsgd", label="localsgd(H=10)", **gpt)]  # type: ignore[arg-type]
+    for label, options in (("ist defaults", {}), ("state dealt", {"optimizer_state": "reindex"}),
+                           ("K=5", {"local_steps": 5}), ("K=20", {"local_steps": 20}),
+                           ("scale none", {"scale": "none"}), ("lr x2", {})):
+        jobs.append(Job("gpt", "ist", label=label, ist=options,
+                        lr=6e-3 if label == "lr x2" else 3e-3, **gpt))  # type: ignore[arg-type]
+    return [(2, jobs)]
+
+
+TABLES["language"] = language

@@ -164,15 +164,19 @@ def test_partitions_disjoint_and_covering(name: str, n: int) -> None:
                 assert all(len(u) == 1 for u in units)
 
 
+@pytest.mark.parametrize("state", ["reset", "reindex"])
 @pytest.mark.parametrize("name", ADAPTED)
-def test_one_worker_equals_plain_training(name: str) -> None:
-    """n = 1: every unit on the one worker; IST is the plain loop bit for bit (momentum reset
-    every K steps in both: the plain loop builds a fresh optimizer each round)."""
+def test_one_worker_equals_plain_training(name: str, state: str) -> None:
+    """n = 1: every unit on the one worker; IST is the plain loop bit for bit: with ``reset``
+    momentum restarts every K steps in both (the plain loop builds a fresh optimizer each
+    round); with ``reindex`` the state dealt with its units is the plain loop's one optimizer's,
+    exactly."""
     case = CASES[name]
-    k, steps = 3, 6
+    k, steps = 3, 9
     model = case.build()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    ist = IST(model, opt, comm=Comm.local(), local_steps=k, adapter=case.adapter(model))
+    ist = IST(model, opt, comm=Comm.local(), local_steps=k, adapter=case.adapter(model),
+              optimizer_state=state)
     plain = case.build()
     a_losses, b_losses = [], []
     for step in range(steps):
@@ -182,7 +186,7 @@ def test_one_worker_equals_plain_training(name: str) -> None:
         loss.backward()
         opt.step()
         a_losses.append(loss.item())
-        if step % k == 0:
+        if step % k == 0 and (state == "reset" or step == 0):
             p_opt = torch.optim.SGD(plain.parameters(), lr=LR, momentum=0.9)
         p_opt.zero_grad()
         loss = case.loss(plain(x), y)

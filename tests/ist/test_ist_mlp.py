@@ -174,7 +174,7 @@ def test_ledger_equals_the_traffic_formula(n: int, deployment: str) -> None:
     out = run_workers(one_round, n, {"method.deployment": deployment, "model.hidden": "20,9",
                                      "method.overlap": 0})
     plan = linear_stack(build_mlp(D, (20, 9), C, norm="none", seed=0)).plan
-    o = Options(local_steps=3, deployment=deployment, scale="dropout")
+    o = Options(local_steps=3, deployment=deployment, scale="dropout", overlap=0)
     want = ist_traffic(plan, o, n, 3, seed=0)
     for r in range(n):
         ops = out[r]["by_op"]

@@ -116,6 +116,9 @@ class ISTPlan:
     """Every cut group is followed by a norm using batch statistics (IST's original scaling)."""
     default_local_steps: int = 10
     """K when the ``ist`` method's ``local_steps`` is 0 (the adapter's ``default_local_steps``)."""
+    default_optimizer_state: str = "reindex"
+    """The optimizer state across rounds when IST's ``optimizer_state`` is ``auto`` (the
+    adapter's ``default_optimizer_state``)."""
 
     @property
     def wire_dtype(self) -> str:
@@ -169,14 +172,19 @@ class ISTAdapter:
     than tensor shapes changed; ``scales`` lists the activation-scaling modes the model supports,
     the first being its default (``none`` always means: no scaling in training and none at
     evaluation, so :meth:`configure_eval` is skipped); ``default_local_steps`` is the model
-    family's K (module docstring)."""
+    family's K (module docstring); ``default_optimizer_state`` its optimizer state across rounds
+    (``reindex``: the state is dealt with its units, the measured choice for fully connected
+    and attention models; ``reset`` for convolutional ones, where dealing the state does not
+    help and costs the state's bytes: docs/BENCHMARKS.md, "IST's quality")."""
 
     scales: tuple[str, ...] = ("dropout", "none")
     default_local_steps: ClassVar[int] = 10
+    default_optimizer_state: str = "reindex"
 
     def __init__(self, plan: ISTPlan) -> None:
         plan.validate()
-        self.plan = dataclasses.replace(plan, default_local_steps=self.default_local_steps)
+        self.plan = dataclasses.replace(plan, default_local_steps=self.default_local_steps,
+                                        default_optimizer_state=self.default_optimizer_state)
 
     def configure(self, model: nn.Module, held: Mapping[str, np.ndarray] | None) -> None:
         """Make ``model`` run as the subnet holding ``held`` units (None: the full model)."""

@@ -923,6 +923,8 @@ class GraphAdapter(ISTAdapter):
                  batch_norms: Mapping[str, tuple[str, int]],
                  attentions: Mapping[str, tuple[str, int]],
                  blocks: Mapping[str, Sequence[str]], description: Sequence[str]) -> None:
+        if batch_norms or group_norms or blocks:  # a convolutional model: state reset
+            self.default_optimizer_state = "reset"
         super().__init__(plan)
         self.layer_norms = dict(layer_norms)    # module -> (group, channels per unit)
         self.group_norms = dict(group_norms)    # module -> (group, norm groups per unit)

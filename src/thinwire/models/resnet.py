@@ -187,6 +187,7 @@ class ResISTAdapter(ISTAdapter):
 
     scales = ("eval", "none")
     default_local_steps = 50
+    default_optimizer_state = "reset"
 
     def __init__(self, model: nn.Module) -> None:
         if not isinstance(model, ResNet):

@@ -80,7 +80,7 @@ from thinwire.strategies.ist.store import Dealt, Overlap, Store
 
 DEPLOYMENTS = ("central", "sharded")
 
-OPTIMIZER_STATES = ("reset", "reindex")
+OPTIMIZER_STATES = ("auto", "reset", "reindex")
 
 
 class IST:
@@ -95,7 +95,10 @@ class IST:
         seed: seed of the partitions (identical on every rank).
         deployment: ``central`` (rank 0 stores the model) or ``sharded``.
         scale: activation scaling, one of the adapter's ``scales`` (default: its first).
-        optimizer_state: ``reset`` (fresh state each round) or ``reindex`` (state travels).
+        optimizer_state: ``reset`` (fresh state each round), ``reindex`` (the state is dealt
+            with its units: it travels with them and Adam's step count goes on) or ``auto``,
+            the default: the adapter's ``default_optimizer_state`` (``reset`` for convolutional
+            models, ``reindex`` otherwise; docs/IST.md, "Getting a good model out of IST").
         adapter: the model's :class:`~thinwire.models.adapter.ISTAdapter`; default: derived
             from the model's graph (:func:`~thinwire.models.graph_adapter.derive_adapter`)
             with ``example_input``, or, without one, at the first training forward from the
@@ -120,7 +123,7 @@ class IST:
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
                  Sequence[torch.optim.Optimizer], *, comm: Comm | None = None,
                  local_steps: int = 10, seed: int = 0, deployment: str = "central",
-                 scale: str | None = None, optimizer_state: str = "reset",
+                 scale: str | None = None, optimizer_state: str = "auto",
                  adapter: ISTAdapter | None = None, tag: str = "subnet",
                  drop_last_step: bool = False, example_input: Any = None,
                  residual: str = "whole", embeddings: str = "shared",
@@ -134,7 +137,8 @@ class IST:
         if deployment not in DEPLOYMENTS:
             raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
         if optimizer_state not in OPTIMIZER_STATES:
-            raise UsageError(f"IST optimizer_state {optimizer_state!r}: use reset or reindex")
+            raise UsageError(f"IST optimizer_state {optimizer_state!r}: use auto, reset or "
+                             "reindex")
         if not (outer_lr > 0 and 0 <= outer_momentum < 1):
             raise UsageError(f"IST outer_lr {outer_lr} / outer_momentum {outer_momentum}: "
                              "use outer_lr > 0 and 0 <= outer_momentum < 1 (1 and 0: no "
@@ -151,7 +155,8 @@ class IST:
         self.K = local_steps
         self.seed = seed
         self.deployment = deployment
-        self.reindex = optimizer_state == "reindex"
+        self._state_arg = optimizer_state
+        self.reindex = optimizer_state == "reindex"  # auto: resolved with the adapter
         self.drop_last_step = drop_last_step
         self.outer = (float(outer_lr), float(outer_momentum))
         self.overlap = resolve_overlap(int(overlap), self.n)
@@ -196,6 +201,9 @@ class IST:
             raise UsageError(f"IST scale {self.scale!r} is not available for "
                              f"{type(model).__name__}; use one of "
                              f"{', '.join(adapter.scales)}")
+        if self._state_arg == "auto":
+            self.reindex = self.plan.default_optimizer_state == "reindex"
+            self.opt_state.reindex = self.reindex
         self.wire = getattr(torch, self.plan.wire_dtype)
         self.own = pc.Ownership(self.plan, self.n, self.deployment)
         self._check_model()

@@ -77,12 +77,15 @@ class Options:
                      "partitioned blocks scaled at evaluation, ResIST) or none",
                      choices=("auto", "batchnorm", "dropout", "eval", "none"))
     optimizer_state: str = opt("reset", "optimizer state at repartition: reset (fresh each "
-                               "round) or reindex (it travels with the subnet)",
-                               choices=("reset", "reindex"))
-    overlap: int = opt(0, "workers holding each unit of a cut group: 1 (disjoint subnets, as "
+                               "round, as published), reindex (it travels with the subnet) or "
+                               "auto (the model's: reset for the resnet, reindex otherwise; "
+                               "thinwire.IST's default)",
+                               choices=("auto", "reset", "reindex"))
+    overlap: int = opt(1, "workers holding each unit of a cut group: 1 (disjoint subnets, as "
                        "published) to the number of workers (everyone holds everything); 0: "
                        "auto, max(1, workers // 2), every subnet about half the model's cut "
-                       "units (docs/IST.md, 'Getting a good model out of IST')")
+                       "units (thinwire.IST's default; docs/IST.md, 'Getting a good model out "
+                       "of IST')")
     outer_lr: float = opt(1.0, "outer SGD on each round's change of the stored model (DiLoCo's "
                           "outer step); 1 with outer_momentum 0: none")
     outer_momentum: float = opt(0.0, "Nesterov momentum of the outer step (0: none)")
@@ -213,10 +216,10 @@ def _label(o: Options) -> str:
     if hybrid and o.period != 10:
         hybrid += f"(H={o.period})"
     scale = f",{o.scale}-scale" if o.scale != "auto" else ""
-    state = ",reindex" if o.optimizer_state == "reindex" else ""
+    state = f",{o.optimizer_state}" if o.optimizer_state != "reset" else ""
     drop = ",drop-last" if o.drop_last_step else ""
     whole = ",whole-data" if o.shards == "whole" else ""
-    overlap = f",overlap={o.overlap}" if o.overlap else ""
+    overlap = f",overlap={o.overlap or 'auto'}" if o.overlap != 1 else ""
     outer = (f",outer={o.outer_lr:g}/{o.outer_momentum:g}"
              if (o.outer_lr, o.outer_momentum) != (1.0, 0.0) else "")
     k = o.local_steps or "auto"
@@ -345,7 +348,7 @@ class ISTStrategy(Strategy):
         t = self.cfg.train
         buffers = 2 if t.optimizer == "adamw" else (1 if t.momentum > 0 else 0)
         state_stored = sum(x.numel() for d in self.ist.state_store.values() for x in d.values())
-        if self.o.optimizer_state == "reindex" and not state_stored:
+        if self.ist.reindex and not state_stored:
             state_stored = buffers * stored
         return MemoryReport(params=4 * (sub + stored), grads=4 * sub,
                             optimizer=4 * buffers * sub + 4 * state_stored, param_count=sub,
@@ -367,7 +370,9 @@ def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
     own = pc.Ownership(plan, n, o.deployment)
     groups = [(g.name, g.size, g.kind) for g in plan.groups]
     k = o.k(plan.default_local_steps)
-    copies = optimizer_states if o.optimizer_state == "reindex" else 0
+    state = (plan.default_optimizer_state if o.optimizer_state == "auto"
+             else o.optimizer_state)
+    copies = optimizer_states if state == "reindex" else 0
     last = o.switch_at if o.switch_at else steps
     sent = np.zeros(n, dtype=np.int64)
     recv = np.zeros(n, dtype=np.int64)
@@ -422,10 +427,10 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
 
 def worker_numel(plan: ISTPlan, workers: int) -> float:
     """Elements a worker's subnet trains when ``plan``'s units are dealt over ``workers``
-    (round 0's partition with the default overlap, the mean over workers; buffers excluded).
-    Pure: the planner's compute and memory of a subnet read it."""
-    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0,
-                            resolve_overlap(0, workers))
+    (round 0's disjoint partition, overlap 1, the mean over workers; buffers excluded). Pure:
+    the planner's compute and memory of a subnet read it (with ``overlap`` r > 1 a subnet holds
+    r times the cut units; the planner models the published, disjoint form)."""
+    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
     total = sum(pc.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
                 for w in range(workers))
     return total / workers
