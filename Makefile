@@ -17,7 +17,8 @@ data: $(STAMP)
 	$(PY) -m thinwire.data.shakespeare_words
 
 demo: $(STAMP) data
-	$(VENV)/bin/thinwire compare --config configs/demo.toml --overwrite
+	$(VENV)/bin/thinwire compare --config configs/demo.toml --overwrite \
+		--methods dp,localsgd,ist:overlap=0,optimizer_state=auto
 
 test: $(STAMP) data
 	$(PY) -m pytest -q

@@ -46,7 +46,16 @@ import torch.nn.functional as F
 from torch import nn
 
 TASKS = ("cnn", "lm")
-METHODS = ("dp", "localsgd", "ist", "ist-none")  # ist-none: IST with scale="none"
+METHODS = ("dp", "localsgd", "ist", "ist-none", "ist-old")
+# ist-none: IST with scale="none"; ist-old: the old defaults (the residual stream cut, disjoint
+# subnets, optimizer state reset); localsgdH (e.g. localsgd20): local SGD with period H
+
+
+def _method(name: str) -> tuple[str, int | None]:
+    """(method, local SGD period or None): ``localsgd20`` -> ("localsgd", 20)."""
+    if name.startswith("localsgd") and name[len("localsgd"):].isdigit():
+        return "localsgd", int(name[len("localsgd"):])
+    return name, None
 
 
 # --- the users' models ------------------------------------------------------------------------
@@ -195,11 +204,14 @@ def worker(a: argparse.Namespace) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     x0, _ = task.next_batch()
     ist = local = None
-    if a.method.startswith("ist"):
+    method, period = _method(a.method)
+    if method.startswith("ist"):
+        old = ({"residual": "channels", "overlap": 1, "optimizer_state": "reset"}
+               if method == "ist-old" else {})
         ist = thinwire.IST(model, opt, comm=comm, local_steps=a.local_steps, example_input=x0,
-                           scale="none" if a.method == "ist-none" else None)
-    elif a.method == "localsgd":
-        local = thinwire.LocalSGD(model, opt, a.period, comm=comm)
+                           scale="none" if method == "ist-none" else None, **old)
+    elif method == "localsgd":
+        local = thinwire.LocalSGD(model, opt, period or a.period, comm=comm)
     curve: list[dict[str, Any]] = []
     train_s = 0.0
     for step in range(1, a.steps + 1):
@@ -244,6 +256,18 @@ def worker(a: argparse.Namespace) -> None:
 
 
 # --- the driver ---------------------------------------------------------------------------------
+def _time_to(curve: list[dict[str, Any]], goal: float | None, task: str) -> str:
+    """Training seconds (rank 0) to the first evaluation at ``goal`` (DP's final metric:
+    accuracy at or above it, NLL at or below it), or "not reached"."""
+    if goal is None:
+        return ""
+    for c in curve:
+        if (c["metric"] >= goal) if task == "cnn" else (c["metric"] <= goal):
+            return f"{c['train_s']:.1f} (step {c['step']})"
+    return "not reached"
+
+
+
 def _run(a: argparse.Namespace, task: str, method: str, run_dir: Path) -> dict[str, Any]:
     from thinwire.testbed.netns import Testbed
     from thinwire.testbed.rates import parse_links
@@ -299,8 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     tasks = [t for t in a.tasks.split(",") if t]
     methods = [m for m in a.methods.split(",") if m]
-    if (any(t not in TASKS for t in tasks) or any(m not in METHODS for m in methods)
-            or a.eval % a.local_steps or a.eval % a.period):
+    periods = [_method(m)[1] or a.period for m in methods if _method(m)[0] == "localsgd"]
+    if (any(t not in TASKS for t in tasks) or any(_method(m)[0] not in METHODS + ("localsgd",)
+                                                  for m in methods)
+            or a.eval % a.local_steps or any(a.eval % p for p in periods)):
         print(f"error: --tasks from {','.join(TASKS)}, --methods from {','.join(METHODS)}; "
               "--eval a multiple of --local-steps and --period", file=sys.stderr)
         return 2
@@ -313,16 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         metric = "test accuracy" if task == "cnn" else "val NLL"
         lines += [f"## {task}", "", f"| method | {metric} | sent per worker (mean) | "
-                  "rank 0 sent | train s (rank 0) | wall s | curve (step: metric @ MB) |",
-                  "|---|---|---|---|---|---|---|"]
-        for method in methods:
-            r = _run(a, task, method, Path(a.out) / task / method)
+                  "rank 0 sent | train s (rank 0) | wall s | s to DP's final | curve (step: "
+                  "metric @ MB) |", "|---|---|---|---|---|---|---|---|"]
+        runs = {m: _run(a, task, m, Path(a.out) / task / m) for m in methods}
+        goal = runs["dp"]["curve"][-1]["metric"] if "dp" in runs else None
+        for method, r in runs.items():
             last = r["curve"][-1]
             curve = "; ".join(f"{c['step']}: {c['metric']:.3f} @ {c['sent'] / 1e6:.1f}"
                               for c in r["curve"])
             lines.append(f"| {method} | {last['metric']:.4f} | "
                          f"{np.mean(r['sent']) / 1e6:.2f} MB | {r['sent'][0] / 1e6:.2f} MB | "
-                         f"{r['train_s']:.1f} | {r['wall_s']:.1f} | {curve} |")
+                         f"{r['train_s']:.1f} | {r['wall_s']:.1f} | "
+                         f"{_time_to(r['curve'], goal, task)} | {curve} |")
             print(lines[-1], flush=True)
         lines.append("")
     lines.append(f"load average after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
