@@ -106,10 +106,17 @@ def run_processes(specs: list[tuple[list[str], dict[str, str]]], log_dir: Path,
     logs = [log_dir / f"worker{r}.log" for r in range(len(specs))]
     t0 = time.monotonic()
     try:
-        for (argv, env), log in zip(specs, logs):
-            with open(log, "wb") as f:
-                procs.append(subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+        for r, ((argv, env), log) in enumerate(zip(specs, logs)):
+            try:
+                with open(log, "wb") as f:
+                    procs.append(subprocess.Popen(argv, env=env, stdout=f,
+                                                  stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL,
+                                                  start_new_session=True))
+            except OSError as exc:  # not executable, missing, no processes left, no log
+                raise BenchFailed(f"worker rank {r} could not be started ({exc.strerror or exc}: "
+                                  f"{exc.filename or argv[0]}); check that it exists and is "
+                                  "executable and that the run directory is writable") from None
         while True:
             codes = [p.poll() for p in procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
