@@ -30,3 +30,41 @@ def test_a_worker_that_cannot_be_spawned_is_one_line_and_kills_the_others(
     out = subprocess.run(["pgrep", "-f", "import time; time.sleep(60)"], capture_output=True,
                          text=True).stdout.split()
     assert out == [], out  # the rank that did start was killed
+
+
+# --- options accepted that did nothing -----------------------------------------------------------
+PIPE = {"model.name": "gpt", "method.name": "pipeline", "parallel.pp": "2", "runtime.workers": "2"}
+
+
+@pytest.mark.parametrize("over,where,applies", [
+    ({**PIPE, "method.codec_fwd": "int8:exchange=scatter"}, "method.codec_fwd",
+     "--method.compressor"),
+    ({**PIPE, "method.codec_bwd": "fp4:exchange=scatter"}, "method.codec_bwd",
+     "--method.compressor"),
+    ({**PIPE, "method.overrides": "0@int8:exchange=scatter|none"}, "method.overrides",
+     "--method.compressor"),
+    ({**PIPE, "parallel.tp": "2", "runtime.workers": "4",
+      "method.tp_codec": "int8:exchange=scatter"}, "method.tp_codec", "--method.compressor"),
+    ({"model.name": "gpt", "method.name": "tensor", "parallel.tp": "2", "runtime.workers": "2",
+      "method.codec": "fp4:exchange=scatter"}, "method.codec", "--method.compressor"),
+    ({**PIPE, "method.codec_fwd": "lowrank:rank=4"}, "method.codec_fwd", "codec_bwd"),
+])
+def test_codec_options_that_do_nothing_where_given_are_refused(over: dict[str, str], where: str,
+                                                               applies: str) -> None:
+    from thinwire import config as config_mod
+    from thinwire.errors import UsageError
+
+    with pytest.raises(UsageError) as exc:
+        config_mod.load(None, over)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith(where) and applies in text, text
+
+
+def test_the_scattered_exchange_stays_where_it_averages() -> None:
+    from thinwire import config as config_mod
+
+    cfg = config_mod.load(None, {"method.name": "diloco", "method.compressor":
+                                 "fp4:exchange=scatter"})
+    assert "scatter" in cfg.method.options.compressor
+    cfg = config_mod.load(None, {**PIPE, "method.codec_bwd": "lowrank:rank=4"})
+    assert cfg.method.options.codec_bwd == "lowrank:rank=4"
