@@ -68,3 +68,41 @@ def test_the_scattered_exchange_stays_where_it_averages() -> None:
     assert "scatter" in cfg.method.options.compressor
     cfg = config_mod.load(None, {**PIPE, "method.codec_bwd": "lowrank:rank=4"})
     assert cfg.method.options.codec_bwd == "lowrank:rank=4"
+
+
+class Trained(Exception):
+    """Raised instead of a run: the command got past its checks."""
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["compare", "--target", "2", "--data.name", "digits"], "accuracy is a fraction"),
+    (["compare", "--target", "0", "--data.name", "digits"], "(0, 1]"),
+    (["compare", "--target", "0.5", "--model", "gpt", "--methods", "dp"], "at least 1"),
+])
+def test_a_target_the_metric_never_reaches_is_refused_before_training(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        argv: list[str], needle: str) -> None:
+    from thinwire import run as run_mod
+    from thinwire.cli import main
+
+    def trained(*args: object, **kwargs: object) -> None:
+        raise Trained
+
+    monkeypatch.setattr(run_mod, "run_config", trained)
+    assert main([*argv, "--run.out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "--target" in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_refuses_an_accuracy_target_above_one(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from report_cases import write_report_run
+
+    from thinwire.cli import main
+
+    run = write_report_run(tmp_path / "runs" / "a")
+    assert main(["report", str(run), "--target", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "accuracy is a fraction" in err[0], err
+    assert main(["report", str(run), "--target", "0.5"]) == 0
