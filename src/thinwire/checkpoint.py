@@ -18,6 +18,9 @@ the property-based ``tests/reliability/test_fuzz_inputs.py``):
   torch file whose content is not a thinwire state (wrong types).
 - A failed write (ENOSPC, EDQUOT, EROFS...) is a one-line CheckpointError naming the errno and
   the file; the temporary file is removed and earlier checkpoints are untouched.
+- Temporary files are created anew (``O_EXCL | O_NOFOLLOW``, :func:`thinwire.rundir.
+  create_exclusive`): a link planted at a temporary file's path is removed, never followed, so
+  a checkpoint never writes outside the run directory; an interrupted write leaves none.
 - :func:`require_resumable` turns "resume, but there is no checkpoint" into a one-line error
   instead of a silent fresh start, and refuses to resume a run whose newest checkpoint is at
   or beyond the run's ``train.steps`` (a finished run: resuming it would only rewrite its
@@ -96,9 +99,11 @@ def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> Non
     d = _step_dir(run_dir, step)
     target = d / f"rank{rank}.pt"
     tmp = d / f"rank{rank}.pt.tmp"
+    from thinwire.rundir import create_exclusive
+
     try:
         d.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with open(create_exclusive(tmp), "wb") as f:
             rec = _RecordingFile(f)
             try:
                 torch.save(state, rec)  # type: ignore[arg-type]
@@ -112,6 +117,9 @@ def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> Non
     except OSError as exc:
         _unlink(tmp)
         raise _write_error(run_dir, target, exc) from None
+    except BaseException:  # a signal mid-write: no temporary file is left
+        _unlink(tmp)
+        raise
 
 
 def mark_complete(run_dir: Path, step: int, world_size: int, keep: int = 2) -> None:

@@ -227,17 +227,29 @@ def write_bytes(path: Path, data: bytes) -> None:
 def replace_atomically(path: Path, data: bytes, tmp: Path) -> None:
     """Write ``data`` to ``tmp``, fsync it and rename it over ``path``; on OSError ``tmp`` is
     removed and the error propagates (``path`` keeps its old content or stays absent)."""
+    fd = create_exclusive(tmp)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
         with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:  # OSError, or a signal mid-write: no temporary file is left
         _unlink_quietly(tmp)
         raise
+
+
+def create_exclusive(tmp: Path) -> int:
+    """A file descriptor of a new file at ``tmp``, open for writing (``O_CREAT | O_EXCL |
+    O_NOFOLLOW``): whatever is at ``tmp`` already (a crash's leftover, or a link or hard link
+    planted in the run directory) is removed first, never followed or written through; one
+    that reappears at once is an OSError (EEXIST)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)  # the name only: a link's target is untouched
+    return os.open(tmp, flags, 0o644)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -4,6 +4,7 @@ promises."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -106,3 +107,43 @@ def test_report_refuses_an_accuracy_target_above_one(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "accuracy is a fraction" in err[0], err
     assert main(["report", str(run), "--target", "0.5"]) == 0
+
+
+# --- checkpoint writes refuse links planted in the run directory ---------------------------------
+def test_checkpoint_writes_never_follow_a_link_planted_at_their_temporary_file(
+        tmp_path: Path) -> None:
+    from thinwire import checkpoint
+
+    run = tmp_path / "run"
+    d = checkpoint.step_dir(run, 4)
+    d.mkdir(parents=True)
+    victims = {name: tmp_path / f"victim-{name}" for name in ("rank0", "rank1", "COMPLETE")}
+    for v in victims.values():
+        v.write_text("precious\n")
+    (d / "rank0.pt.tmp").symlink_to(victims["rank0"])  # a symbolic link
+    os.link(victims["rank1"], d / "rank1.pt.tmp")  # a hard link: O_TRUNC would write through
+    (d / "COMPLETE.tmp").symlink_to(victims["COMPLETE"])
+    state = {"strategy": {}, "trainer": {k: 0.0 for k in checkpoint.TRAINER_KEYS}}
+    for rank in (0, 1):
+        checkpoint.save_rank(run, 4, rank, state)
+    checkpoint.mark_complete(run, 4, 2)
+    assert all(v.read_text() == "precious\n" for v in victims.values())
+    for name in ("rank0.pt", "rank1.pt", "COMPLETE"):
+        assert (d / name).is_file() and not (d / name).is_symlink(), name
+    assert sorted(p.name for p in d.iterdir()) == ["COMPLETE", "rank0.pt", "rank1.pt"]
+    assert checkpoint.require_resumable(run, 2) == 4
+
+
+def test_an_interrupted_checkpoint_write_leaves_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from thinwire import checkpoint
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_rank(tmp_path, 4, 0, {"strategy": {}, "trainer": {}})
+    assert list(checkpoint.step_dir(tmp_path, 4).iterdir()) == []

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from thinwire.rundir import create_exclusive
 from thinwire.testbed.netns import Testbed
 from thinwire.testbed.rates import Link
 
@@ -108,7 +109,7 @@ def run_processes(specs: list[tuple[list[str], dict[str, str]]], log_dir: Path,
     try:
         for r, ((argv, env), log) in enumerate(zip(specs, logs)):
             try:
-                with open(log, "wb") as f:
+                with open(create_exclusive(log), "wb") as f:
                     procs.append(subprocess.Popen(argv, env=env, stdout=f,
                                                   stderr=subprocess.STDOUT,
                                                   stdin=subprocess.DEVNULL,
