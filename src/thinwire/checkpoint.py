@@ -21,6 +21,8 @@ the property-based ``tests/reliability/test_fuzz_inputs.py``):
 - Temporary files are created anew (``O_EXCL | O_NOFOLLOW``, :func:`thinwire.rundir.
   create_exclusive`): a link planted at a temporary file's path is removed, never followed, so
   a checkpoint never writes outside the run directory; an interrupted write leaves none.
+- :func:`require_resumable` reports what ``checkpoints/`` holds that is not a step directory
+  (:func:`strays`: ``step_abc``, a stray ``COMPLETE``) instead of ignoring it.
 - :func:`require_resumable` turns "resume, but there is no checkpoint" into a one-line error
   instead of a silent fresh start, and refuses to resume a run whose newest checkpoint is at
   or beyond the run's ``train.steps`` (a finished run: resuming it would only rewrite its
@@ -158,6 +160,17 @@ def complete_steps(run_dir: Path) -> list[int]:
     return sorted(steps)
 
 
+def strays(run_dir: Path) -> list[Path]:
+    """What ``checkpoints/`` holds besides step directories (``step_abc``, a ``COMPLETE`` file
+    beside them, a step name that is a file), sorted: :func:`complete_steps` would ignore
+    them, so a resume reports them instead."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if not (_STEP_RE.fullmatch(p.name) and p.is_dir() and not p.is_symlink()))
+
+
 def latest_step(run_dir: Path) -> int | None:
     steps = complete_steps(run_dir)
     return steps[-1] if steps else None
@@ -198,6 +211,12 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
     state is the same on every rank, :func:`load_rank`), or (``check_ranks``) any rank file is
     missing or unusable: the launching process calls this before any worker starts.
     """
+    stray = strays(run_dir)
+    if stray:
+        raise CheckpointError(f"run.resume: {stray[0]} is not a checkpoint (thinwire writes "
+                              "checkpoints/step_NNNNNNNN/ directories holding rankR.pt files "
+                              "and COMPLETE), so resuming would ignore it; move it out of "
+                              f"{run_dir / 'checkpoints'} and resume again")
     step = latest_step(run_dir)
     if step is None:
         raise CheckpointError(f"run.resume: no complete checkpoint in {run_dir / 'checkpoints'}; "

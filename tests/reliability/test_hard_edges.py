@@ -147,3 +147,25 @@ def test_an_interrupted_checkpoint_write_leaves_no_temporary_file(
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save_rank(tmp_path, 4, 0, {"strategy": {}, "trainer": {}})
     assert list(checkpoint.step_dir(tmp_path, 4).iterdir()) == []
+
+
+@pytest.mark.parametrize("plant", ["step_abc/", "COMPLETE", "step_00000008", "notes.txt"])
+def test_what_a_resume_would_ignore_in_checkpoints_is_reported(tmp_path: Path,
+                                                               plant: str) -> None:
+    from thinwire import checkpoint
+
+    run = tmp_path / "run"
+    checkpoint.save_rank(run, 4, 0, {"strategy": {}, "trainer": {k: 0.0 for k in
+                                                                 checkpoint.TRAINER_KEYS}})
+    checkpoint.mark_complete(run, 4, 1)
+    assert checkpoint.require_resumable(run, 1) == 4
+    where = run / "checkpoints" / plant.rstrip("/")
+    if plant.endswith("/"):
+        where.mkdir()
+        (where / "COMPLETE").write_text("1\n")
+    else:
+        where.write_text("1\n")
+    with pytest.raises(checkpoint.CheckpointError) as exc:
+        checkpoint.require_resumable(run, 1)
+    text = str(exc.value)
+    assert "\n" not in text and str(where) in text and "move it out" in text, text
