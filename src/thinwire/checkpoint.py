@@ -26,7 +26,9 @@ the property-based ``tests/reliability/test_fuzz_inputs.py``):
 - :func:`require_resumable` turns "resume, but there is no checkpoint" into a one-line error
   instead of a silent fresh start, and refuses to resume a run whose newest checkpoint is at
   or beyond the run's ``train.steps`` (a finished run: resuming it would only rewrite its
-  results; ``tests/reliability/test_data_loss.py``).
+  results; ``tests/reliability/test_data_loss.py``), unless its final write (summary, model,
+  ledgers) is not whole (:func:`final_state_problem`): then the resume redoes that write from
+  the final checkpoint.
 """
 
 from __future__ import annotations
@@ -226,6 +228,8 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
     if check_ranks:
         for rank in range(world_size):
             load_rank(run_dir, step, rank, world_size, rescalable=rescalable)
+    if steps is not None and step == steps and final_state_problem(run_dir, step):
+        return step  # the final write failed: the resume redoes it from this checkpoint
     if steps is not None and step >= steps:
         state = (f"is complete: it trained all {step} steps" if step == steps else
                  f"has trained {step} steps, more than --train.steps {steps}")
@@ -233,6 +237,26 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
                               f"its results are kept; pass --steps above {step} to continue it, "
                               "or choose another --run.name for a new run")
     return step
+
+
+def final_state_problem(run_dir: Path, step: int) -> str:
+    """What the final write of a run trained to ``step`` lacks ('' when it is whole): its
+    ``summary.json`` (written last, once every rank's model and ledger files are written)
+    missing, damaged or of another step, or a file the summary lists (``final_files``)
+    missing."""
+    import json
+
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{path} is damaged ({type(exc).__name__})"
+    if not isinstance(summary, dict) or summary.get("steps") != step:
+        return f"{path} is not the summary of step {step}"
+    missing = [f for f in summary.get("final_files", ()) if not (run_dir / str(f)).is_file()]
+    return f"{run_dir / str(missing[0])} is missing" if missing else ""
 
 
 def _check_world(run_dir: Path, step: int, world_size: int, rescalable: bool = False) -> int:

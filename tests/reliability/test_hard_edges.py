@@ -169,3 +169,61 @@ def test_what_a_resume_would_ignore_in_checkpoints_is_reported(tmp_path: Path,
         checkpoint.require_resumable(run, 1)
     text = str(exc.value)
     assert "\n" not in text and str(where) in text and "move it out" in text, text
+
+
+# --- a run whose final write failed is never called complete --------------------------------------
+RUN = {"data.name": "digits", "model.hidden": "16", "train.batch_size": 16, "train.steps": 8,
+       "train.eval_every": 4, "run.checkpoint_every": 4, "run.progress": False}
+
+
+def _train(run: Path, **over: object) -> None:
+    import torch
+
+    from thinwire.config import load
+    from thinwire.runtime.comm import Comm
+    from thinwire.trainer import Trainer
+
+    run.mkdir(parents=True, exist_ok=True)
+    cfg = load(None, {**RUN, "run.out": str(run.parent), "run.name": run.name, **over})
+    Trainer(cfg, Comm.local(), torch.device("cpu"), run).run()
+
+
+@pytest.mark.parametrize("fails", ["summary.json", "model.pt", "ledger.rank0.json"])
+def test_a_failed_final_write_is_redone_by_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  fails: str) -> None:
+    import errno
+    import json
+
+    import torch
+
+    from thinwire import checkpoint, rundir
+    from thinwire.errors import UsageError
+    from thinwire.metrics import read_jsonl
+
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    _train(whole)
+    real = rundir.replace_atomically
+
+    def full_disk(path: Path, data: bytes, tmp: Path) -> None:
+        if path.name == fails:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp))
+        real(path, data, tmp)
+
+    monkeypatch.setattr(rundir, "replace_atomically", full_disk)
+    with pytest.raises(UsageError, match="ENOSPC"):
+        _train(broken)
+    monkeypatch.undo()
+    assert not (broken / "summary.json").exists() and not (broken / fails).exists()
+    assert checkpoint.final_state_problem(broken, 8).endswith("is missing")
+    assert checkpoint.require_resumable(broken, 1, steps=8) == 8  # not "complete"
+    _train(broken, **{"run.resume": True})
+    assert checkpoint.final_state_problem(broken, 8) == ""
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, broken))
+    assert a["final"] == b["final"] and a["final_files"] == b["final_files"]
+    assert b["final_files"] == ["model.pt", "ledger.rank0.json"]
+    ma, mb = (torch.load(d / "model.pt", weights_only=True) for d in (whole, broken))
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+    assert read_jsonl(whole / "metrics.jsonl") != [] and [
+        r["step"] for r in read_jsonl(broken / "metrics.jsonl") if r["kind"] == "eval"] == [4, 8]
+    with pytest.raises(checkpoint.CheckpointError, match="is complete"):
+        checkpoint.require_resumable(broken, 1, steps=8)
