@@ -227,3 +227,17 @@ def test_a_failed_final_write_is_redone_by_resume(tmp_path: Path, monkeypatch: p
         r["step"] for r in read_jsonl(broken / "metrics.jsonl") if r["kind"] == "eval"] == [4, 8]
     with pytest.raises(checkpoint.CheckpointError, match="is complete"):
         checkpoint.require_resumable(broken, 1, steps=8)
+
+
+@pytest.mark.parametrize("method", [{"method.name": "hybrid"}, {"method.name": "slide"},
+                                    {"method.name": "slide", "method.full": "true"}])
+def test_clip_norm_is_refused_by_methods_that_do_not_clip(method: dict[str, str]) -> None:
+    from thinwire import config as config_mod
+    from thinwire.errors import UsageError
+
+    over = {**method, "runtime.workers": "2"}
+    config_mod.load(None, over)  # the method itself is fine
+    with pytest.raises(UsageError) as exc:
+        config_mod.load(None, {**over, "train.clip_norm": "1.0"})
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("train.clip_norm") and "set 0" in text, text
