@@ -141,6 +141,24 @@ def mark_complete(run_dir: Path, step: int, world_size: int, keep: int = 2) -> N
         shutil.rmtree(_step_dir(run_dir, old), ignore_errors=True)
 
 
+def remove_temporaries(run_dir: Path) -> list[Path]:
+    """Remove the checkpoint temporary files (``step_*/rank*.pt.tmp``, ``step_*/COMPLETE.tmp``)
+    a worker ended by a signal mid-write left in ``run_dir``; regular files only (a link is
+    removed as a link). Returns what was removed."""
+    root = run_dir / "checkpoints"
+    removed = []
+    try:
+        found = [p for d in root.iterdir() if _STEP_RE.fullmatch(d.name) and d.is_dir()
+                 and not d.is_symlink() for p in d.iterdir()
+                 if re.fullmatch(r"(rank\d+\.pt|COMPLETE)\.tmp", p.name)]
+    except OSError:
+        return []
+    for p in found:
+        _unlink(p)
+        removed.append(p)
+    return removed
+
+
 def _unlink(path: Path) -> None:
     try:
         os.unlink(path)

@@ -65,7 +65,11 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -279,6 +283,14 @@ def staging_path(root: Path, name: str) -> Path:
     return root / f".{name}.staging"
 
 
+def staged_run(path: Path) -> str | None:
+    """The name of the run whose replacement ``path`` stages (``.NAME.staging``), else None."""
+    name = path.name
+    if name.startswith(".") and name.endswith(".staging") and len(name) > len("..staging"):
+        return name[1:-len(".staging")]
+    return None
+
+
 def replaced_path(root: Path, name: str) -> Path:
     return root / f".{name}.replaced"
 
@@ -404,6 +416,29 @@ def _open_lock(lock: Path, content: bytes) -> int:
     return fd
 
 
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held back while the body cleans up (main thread only): one
+    that arrives meanwhile is raised as KeyboardInterrupt when the body is done, unless an
+    exception is already on its way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    old = {s: signal.signal(s, lambda signum, _frame: got.append(signum)) for s in sigs}
+    try:
+        yield
+    except BaseException:
+        got.clear()
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+    if got:
+        raise KeyboardInterrupt(f"signal {got[0]}")
+
+
 # --- the run directory --------------------------------------------------------------------------
 @dataclass
 class RunDir:
@@ -432,12 +467,16 @@ class RunDir:
         removed first."""
         if self._lock is None:
             return
-        try:
-            if self.mode == "replace" and not self.committed and is_run_dir(self.path):
-                shutil.rmtree(self.path, ignore_errors=True)
-        finally:
-            self._lock.release()
-            self._lock = None
+        with deferred_signals():  # a Ctrl-C now would leave the staging directory and lock
+            try:
+                if self.mode == "replace" and not self.committed and is_run_dir(self.path):
+                    shutil.rmtree(self.path, ignore_errors=True)
+                from thinwire.checkpoint import remove_temporaries
+
+                remove_temporaries(self.path)
+            finally:
+                self._lock.release()
+                self._lock = None
 
     def __enter__(self) -> RunDir:
         return self
