@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from inproc import train_here
 
 from thinwire.testbed.run import BenchFailed, run_processes
 
@@ -177,15 +178,7 @@ RUN = {"data.name": "digits", "model.hidden": "16", "train.batch_size": 16, "tra
 
 
 def _train(run: Path, **over: object) -> None:
-    import torch
-
-    from thinwire.config import load
-    from thinwire.runtime.comm import Comm
-    from thinwire.trainer import Trainer
-
-    run.mkdir(parents=True, exist_ok=True)
-    cfg = load(None, {**RUN, "run.out": str(run.parent), "run.name": run.name, **over})
-    Trainer(cfg, Comm.local(), torch.device("cpu"), run).run()
+    train_here(run, RUN, **over)
 
 
 @pytest.mark.parametrize("fails", ["summary.json", "model.pt", "ledger.rank0.json"])

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from inproc import train_here
 
 from thinwire import checkpoint
 
@@ -26,13 +26,7 @@ RUN = {"data.name": "digits", "model.hidden": "16", "train.batch_size": 16, "tra
 
 
 def _train(run: Path, **over: Any) -> None:
-    from thinwire.config import load
-    from thinwire.runtime.comm import Comm
-    from thinwire.trainer import Trainer
-
-    run.mkdir(parents=True, exist_ok=True)
-    cfg = load(None, {**RUN, "run.out": str(run.parent), "run.name": run.name, **over})
-    Trainer(cfg, Comm.local(), torch.device("cpu"), run).run()
+    train_here(run, RUN, **over)
 
 
 def _interrupted(run: Path, delays: list[float]) -> None:

@@ -6,7 +6,6 @@ launched."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 from thinwire import run as run_mod
 from thinwire.cli import main
 from thinwire.config import CHOICES, SECTIONS, iter_options
+from thinwire.config import _toml_value as config_toml_value
 
 FIELDS = [(dotted, typ, owners) for dotted, _f, typ, owners in iter_options()]
 
@@ -51,17 +51,14 @@ WRONG = {"int": ("list", "table", "bool", "str", "datetime"),
 
 
 def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
+    """TOML for ``v``: the config writer's for scalars, and dates, tables and nested lists."""
     if isinstance(v, (dt.date, dt.datetime)):
         return v.isoformat()
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
     if isinstance(v, list):
         return "[" + ", ".join(map(toml_value, v)) + "]"
-    return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
+    return config_toml_value(v)
 
 
 @st.composite
