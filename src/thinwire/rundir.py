@@ -471,9 +471,6 @@ class RunDir:
             try:
                 if self.mode == "replace" and not self.committed and is_run_dir(self.path):
                     shutil.rmtree(self.path, ignore_errors=True)
-                from thinwire.checkpoint import remove_temporaries
-
-                remove_temporaries(self.path)
             finally:
                 self._lock.release()
                 self._lock = None
