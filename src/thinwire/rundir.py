@@ -564,6 +564,30 @@ def _recover(root: Path, name: str) -> None:
             shutil.rmtree(replaced)
     if os.path.lexists(staging):
         shutil.rmtree(staging)  # an unfinished replacement: the previous run stays
+    for hidden in (staging, replaced):  # a lock a killed worker took there (older versions)
+        clear_stale_lock(lock_path(root, hidden.name))
+
+
+def clear_stale_lock(lock: Path) -> bool:
+    """Remove thinwire's lock file ``lock`` when no process holds it (its holder is gone);
+    a file that is not thinwire's, a link, or a lock still held is left. True when removed."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not (stat.S_ISREG(os.fstat(fd).st_mode)
+                and os.pread(fd, len(LOCK_TAG), 0) == LOCK_TAG.encode()):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not _same_file(fd, lock):
+            return False
+        os.unlink(lock)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _swap_into_place(new: Path, final: Path) -> None:

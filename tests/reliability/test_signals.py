@@ -77,3 +77,21 @@ def test_an_interrupted_job_leaves_no_checkpoint_temporary_file(
     assert capsys.readouterr().err.strip() == "thinwire train: interrupted"
     assert not stray[0].exists() and stray[1].exists()  # only thinwire's own temporaries
     assert checkpoint.require_resumable(run, 2) == 2
+
+
+def test_a_stale_staging_lock_of_a_dead_job_is_cleared(tmp_path: Path) -> None:
+    """A lock file a killed worker left beside the run (thinwire's tag, no holder) is removed
+    by the next job on that run; one still held, or a user's file of that name, is left."""
+    old = tmp_path / "dp"
+    old.mkdir()
+    rundir.mark(old)
+    stale = rundir.lock_path(tmp_path, rundir.staging_path(tmp_path, "dp").name)
+    stale.write_text(f"{rundir.LOCK_TAG} pid 999999\n")
+    with rundir.open_run(tmp_path, "dp", overwrite=True):
+        assert not stale.exists()
+    users = rundir.lock_path(tmp_path, rundir.replaced_path(tmp_path, "dp").name)
+    users.write_text("my notes\n")
+    with rundir.open_run(tmp_path, "dp", overwrite=True):
+        pass
+    assert users.read_text() == "my notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [users.name, "dp"]
