@@ -453,11 +453,13 @@ BOTTLENECKS = ("ae", "subspace")
 
 def boundary_names(*, forward: bool) -> str:
     """The boundary codecs for an option's help: every codec of
-    :data:`thinwire.compression.CODECS`, the pipeline's own (:data:`OWN`) and, forward, the
-    bottlenecks (read from the tables, so a new codec appears in the help)."""
+    :data:`thinwire.compression.CODECS`, the pipeline's own (:data:`OWN`; forward, not those of
+    :data:`BACKWARD_ONLY`) and, forward, the bottlenecks (read from the tables, so a new codec
+    appears in the help)."""
     from thinwire.compression.registry import CODECS
 
-    return ", ".join([*CODECS.names(), *OWN, *(BOTTLENECKS if forward else ())])
+    own = [n for n in OWN if not (forward and n in BACKWARD_ONLY)]
+    return ", ".join([*CODECS.names(), *own, *(BOTTLENECKS if forward else ())])
 
 
 def bottleneck_options(spec: str) -> tuple[str, BottleneckOptions]:
