@@ -140,7 +140,10 @@ def _interrupt_once() -> Iterator[None]:
     teardown short. The caller's handlers come back with :func:`_saved_signal_handlers`."""
     from torch.distributed.elastic.multiprocessing import api
 
-    torch_handler = api._terminate_process_handler
+    torch_handler = getattr(api, "_terminate_process_handler", None)
+    if torch_handler is None:  # another torch: its own handler, every signal raising
+        yield
+        return
 
     def once(signum: int, frame: Any) -> None:
         ignore_signals()
