@@ -55,7 +55,13 @@ def _interrupted(run: Path, delays: list[float]) -> None:
             os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
             break
-    os.waitpid(pid, 0)
+    end = time.monotonic() + 60  # a hard bound: a child that hangs is killed and fails
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the interrupted run did not end within 60 s")
+        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
