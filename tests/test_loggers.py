@@ -87,3 +87,32 @@ def test_bad_loggers_are_one_line_config_errors(text: str, message: str) -> None
         load(None, {"run.loggers": text})
     assert "\n" not in str(e.value) and str(e.value).startswith("run.loggers: ")
     assert parse_loggers("jsonl, tensorboard,jsonl") == ("jsonl", "tensorboard")
+
+
+def test_tensorboard_on_a_full_disk_is_one_line_naming_the_event_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """The writer thread meets ENOSPC first: it ends quietly (no "Exception in thread"), and
+    the next write is a one-line error naming the event file, not the folder."""
+    import errno
+
+    from tensorboard.summary.writer import record_writer
+
+    from thinwire.errors import UsageError
+    from thinwire.loggers import TensorBoardLogger
+
+    logger = TensorBoardLogger(tmp_path)
+
+    def full(self: object, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", full)
+    with pytest.raises(UsageError) as exc:
+        for step in range(20):
+            logger.write({"kind": "train", "step": step, "loss": 1.0})
+    text = str(exc.value)
+    assert "\n" not in text and "ENOSPC" in text and "events.out.tfevents." in text, text
+    assert str(tmp_path / "tensorboard") in text, text
+    with pytest.raises(UsageError):
+        logger.close()
+    err = capfd.readouterr().err
+    assert "Exception in thread" not in err and "Traceback" not in err, err

@@ -130,6 +130,80 @@ MUTANTS = (
            "worker count", "strategies/data_parallel.py",
            'rescalable=lambda o: o.compressor == "none"', "rescalable=lambda o: True",
            ("tests/reliability/test_guarded_behaviours.py",)),
+    # --- hard edges: constants and rules no test pinned before ------------------------------------
+    Mutant("slide-padded-count", "slide", "SLIDE's loss divides a sample's label term by its "
+           "padded label slots, not its labels", "strategies/slide/method.py",
+           "cnt = (y_all >= 0).sum(1).clamp(min=1).float()",
+           "cnt = torch.full((G,), float(y_all.shape[1]), device=h_all.device)",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_slide_loss_divides_by_the_true_label_count_not_the_slots",)),
+    Mutant("diloco-alpha-swap", "methods", "Streaming DiLoCo's merge gives the local copy "
+           "1 - alpha and the synced one alpha", "strategies/diloco.py",
+           "self.params[i].mul_(1 - self.alpha).add_(local[j], alpha=self.alpha)",
+           "self.params[i].mul_(self.alpha).add_(local[j], alpha=1 - self.alpha)",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_streaming_diloco_merges_alpha_of_the_local_copy",)),
+    Mutant("diloco-shared-residual", "methods", "Streaming DiLoCo's fragments share one codec "
+           "residual", "strategies/diloco.py",
+           "delta, key, key=p, tag=self.tag,", "delta, key, key=0, tag=self.tag,",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_each_fragment_keeps_its_own_codec_residual",)),
+    Mutant("scatter-ef-twice", "codecs", "the scattered exchange re-encodes the mean with error "
+           "feedback (overwriting the rank's own shard's residual)", "compression/scatter.py",
+           "wire = to_bytes(self._plain.encode(mine, step, key=shard_key))",
+           "wire = to_bytes(self.inner.encode(mine, step, key=shard_key))",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_the_scattered_exchange_re_encodes_the_mean_without_error_feedback",)),
+    Mutant("fp4-zero", "codecs", "fp4's zero threshold at 2^-8 of the scale, not 2^-7 (half the "
+           "smallest step)", "compression/fp4.py", "torch.where(m < 2.0**-7,",
+           "torch.where(m < 2.0**-8,",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_fp4_rounds_to_zero_below_half_the_smallest_step",)),
+    Mutant("graph-poison-lost", "IST", "the graph adapter's union of two channel groups drops "
+           "the absorbed group's must-share mark", "models/graph_adapter.py",
+           "g.poisoned = g.poisoned or o.poisoned", "g.poisoned = g.poisoned",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_a_residual_stream_with_one_uncuttable_consumer_is_never_cut",)),
+    Mutant("device-first-only", "comm", "the device rule checks only the first tensor of a "
+           "call", "runtime/comm.py",
+           "for t in tensors:\n            if want is not None",
+           "for t in tensors[:1]:\n            if want is not None",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_the_device_rule_checks_every_tensor_of_a_call",)),
+    Mutant("crossover-bisect", "planner", "the crossover bandwidth's bisection keeps the wrong "
+           "half", "planner/insight.py",
+           "a, b = (mid, b) if gain(math.exp(mid)) < 0 else (a, mid)",
+           "a, b = (a, mid) if gain(math.exp(mid)) < 0 else (mid, b)",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_the_crossover_bandwidth_is_where_the_penalised_times_meet",)),
+    Mutant("tmp-follows-links", "checkpoint", "temporary files opened without O_EXCL and "
+           "O_NOFOLLOW (a planted link written through)", "rundir.py",
+           "flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC",
+           "flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC",
+           ("tests/reliability/test_hard_edges.py::"
+            "test_checkpoint_writes_never_follow_a_link_planted_at_their_temporary_file",)),
+    Mutant("final-not-verified", "checkpoint", "a resume calls a run complete when its final "
+           "checkpoint is sealed, whatever its final write left", "checkpoint.py",
+           "if steps is not None and step == steps and final_state_problem(run_dir, step):",
+           "if False:", ("tests/reliability/test_hard_edges.py::"
+                         "test_a_failed_final_write_is_redone_by_resume",)),
+    Mutant("ist-optstate-zeros", "IST", "reindexed optimizer state travels as zeros (the bytes "
+           "unchanged, the momentum lost every round)", "strategies/ist/optstate.py",
+           "xs += [st[k] if k in st else torch.zeros_like(x) for k in self.keys]",
+           "xs += [torch.zeros_like(x) for k in self.keys]",
+           ("tests/ist/test_ist_mlp.py::test_reindexed_momentum_travels_with_the_subnet",)),
+    Mutant("rebuild-buffers", "codecs", "rebuild_buckets' warm-up forward leaves its moved "
+           "buffers (BatchNorm statistics) in the model", "compression/hooks.py",
+           "b.copy_(kept)", "pass",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_rebuild_buckets_warm_up_leaves_buffers_draws_and_codec_as_they_were",)),
+    Mutant("rebuild-rng", "codecs", "rebuild_buckets' warm-up consumes the random stream "
+           "(dropout's draws not put back)", "compression/hooks.py",
+           "with torch.random.fork_rng(devices=[] if dev.type == \"cpu\" else [dev],",
+           "with torch.random.fork_rng(enabled=False, devices=[] if dev.type == \"cpu\" "
+           "else [dev],",
+           ("tests/reliability/test_planted_edges.py::"
+            "test_rebuild_buckets_warm_up_leaves_buffers_draws_and_codec_as_they_were",)),
 )
 
 

@@ -18,10 +18,17 @@ the property-based ``tests/reliability/test_fuzz_inputs.py``):
   torch file whose content is not a thinwire state (wrong types).
 - A failed write (ENOSPC, EDQUOT, EROFS...) is a one-line CheckpointError naming the errno and
   the file; the temporary file is removed and earlier checkpoints are untouched.
+- Temporary files are created anew (``O_EXCL | O_NOFOLLOW``, :func:`thinwire.rundir.
+  create_exclusive`): a link planted at a temporary file's path is removed, never followed, so
+  a checkpoint never writes outside the run directory; an interrupted write leaves none.
+- :func:`require_resumable` reports what ``checkpoints/`` holds that is not a step directory
+  (:func:`strays`: ``step_abc``, a stray ``COMPLETE``) instead of ignoring it.
 - :func:`require_resumable` turns "resume, but there is no checkpoint" into a one-line error
   instead of a silent fresh start, and refuses to resume a run whose newest checkpoint is at
   or beyond the run's ``train.steps`` (a finished run: resuming it would only rewrite its
-  results; ``tests/reliability/test_data_loss.py``).
+  results; ``tests/reliability/test_data_loss.py``), unless its final write (summary, model,
+  ledgers) is not whole (:func:`final_state_problem`): then the resume redoes that write from
+  the final checkpoint.
 """
 
 from __future__ import annotations
@@ -96,9 +103,11 @@ def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> Non
     d = _step_dir(run_dir, step)
     target = d / f"rank{rank}.pt"
     tmp = d / f"rank{rank}.pt.tmp"
+    from thinwire.rundir import create_exclusive
+
     try:
         d.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with open(create_exclusive(tmp), "wb") as f:
             rec = _RecordingFile(f)
             try:
                 torch.save(state, rec)  # type: ignore[arg-type]
@@ -112,6 +121,9 @@ def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> Non
     except OSError as exc:
         _unlink(tmp)
         raise _write_error(run_dir, target, exc) from None
+    except BaseException:  # a signal mid-write: no temporary file is left
+        _unlink(tmp)
+        raise
 
 
 def mark_complete(run_dir: Path, step: int, world_size: int, keep: int = 2) -> None:
@@ -127,6 +139,24 @@ def mark_complete(run_dir: Path, step: int, world_size: int, keep: int = 2) -> N
         raise _write_error(run_dir, d / "COMPLETE", exc) from None
     for old in complete_steps(run_dir)[:-keep]:
         shutil.rmtree(_step_dir(run_dir, old), ignore_errors=True)
+
+
+def remove_temporaries(run_dir: Path) -> list[Path]:
+    """Remove the checkpoint temporary files (``step_*/rank*.pt.tmp``, ``step_*/COMPLETE.tmp``)
+    a worker ended by a signal mid-write left in ``run_dir``; regular files only (a link is
+    removed as a link). Returns what was removed."""
+    root = run_dir / "checkpoints"
+    removed = []
+    try:
+        found = [p for d in root.iterdir() if _STEP_RE.fullmatch(d.name) and d.is_dir()
+                 and not d.is_symlink() for p in d.iterdir()
+                 if re.fullmatch(r"(rank\d+\.pt|COMPLETE)\.tmp", p.name)]
+    except OSError:
+        return []
+    for p in found:
+        _unlink(p)
+        removed.append(p)
+    return removed
 
 
 def _unlink(path: Path) -> None:
@@ -148,6 +178,17 @@ def complete_steps(run_dir: Path) -> list[int]:
         if m and (p / "COMPLETE").is_file():
             steps.append(int(m.group(1)))
     return sorted(steps)
+
+
+def strays(run_dir: Path) -> list[Path]:
+    """What ``checkpoints/`` holds besides step directories (``step_abc``, a ``COMPLETE`` file
+    beside them, a step name that is a file), sorted: :func:`complete_steps` would ignore
+    them, so a resume reports them instead."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if not (_STEP_RE.fullmatch(p.name) and p.is_dir() and not p.is_symlink()))
 
 
 def latest_step(run_dir: Path) -> int | None:
@@ -190,6 +231,12 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
     state is the same on every rank, :func:`load_rank`), or (``check_ranks``) any rank file is
     missing or unusable: the launching process calls this before any worker starts.
     """
+    stray = strays(run_dir)
+    if stray:
+        raise CheckpointError(f"run.resume: {stray[0]} is not a checkpoint (thinwire writes "
+                              "checkpoints/step_NNNNNNNN/ directories holding rankR.pt files "
+                              "and COMPLETE), so resuming would ignore it; move it out of "
+                              f"{run_dir / 'checkpoints'} and resume again")
     step = latest_step(run_dir)
     if step is None:
         raise CheckpointError(f"run.resume: no complete checkpoint in {run_dir / 'checkpoints'}; "
@@ -199,6 +246,8 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
     if check_ranks:
         for rank in range(world_size):
             load_rank(run_dir, step, rank, world_size, rescalable=rescalable)
+    if steps is not None and step == steps and final_state_problem(run_dir, step):
+        return step  # the final write failed: the resume redoes it from this checkpoint
     if steps is not None and step >= steps:
         state = (f"is complete: it trained all {step} steps" if step == steps else
                  f"has trained {step} steps, more than --train.steps {steps}")
@@ -206,6 +255,26 @@ def require_resumable(run_dir: Path, world_size: int, *, check_ranks: bool = Tru
                               f"its results are kept; pass --steps above {step} to continue it, "
                               "or choose another --run.name for a new run")
     return step
+
+
+def final_state_problem(run_dir: Path, step: int) -> str:
+    """What the final write of a run trained to ``step`` lacks ('' when it is whole): its
+    ``summary.json`` (written last, once every rank's model and ledger files are written)
+    missing, damaged or of another step, or a file the summary lists (``final_files``)
+    missing."""
+    import json
+
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return f"{path} is missing"
+    except (OSError, ValueError) as exc:
+        return f"{path} is damaged ({type(exc).__name__})"
+    if not isinstance(summary, dict) or summary.get("steps") != step:
+        return f"{path} is not the summary of step {step}"
+    missing = [f for f in summary.get("final_files", ()) if not (run_dir / str(f)).is_file()]
+    return f"{run_dir / str(missing[0])} is missing" if missing else ""
 
 
 def _check_world(run_dir: Path, step: int, world_size: int, rescalable: bool = False) -> int:

@@ -67,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"thinwire {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        from thinwire.launch import ignore_signals
+
+        ignore_signals()  # handled once: a second Ctrl-C cannot cut the exit short
         print(f"thinwire {args.command}: interrupted", file=sys.stderr)
         return 130
 

@@ -31,7 +31,8 @@ Guarantees (tests in ``tests/reliability/``):
   default action: no tracebacks) and raise :class:`Interrupted`, a KeyboardInterrupt, so the
   command line prints one line and exits 130 (``128 + SIGINT``: one code for "interrupted",
   whichever signal it was). torch's own log lines go to ``RUN_DIR/launcher.log``, not the
-  terminal; the signal handlers in force before the call are restored after it.
+  terminal; the signal handlers in force before the call are restored after it. Signals are
+  handled once: those that follow the first are ignored while the job is torn down.
 - **No orphans.** Workers die with the launcher, however it ends (see :mod:`thinwire.worker`).
 - **Elastic restarts** (``test_elastic_restart.py``). With ``max_restarts`` > 0 the agent restarts the
   whole worker group after a failure, and the restarted workers resume from the newest complete
@@ -108,7 +109,8 @@ def launch(run_dir: Path, workers: int, *, env: Mapping[str, str] | None = None,
         raise UsageError(describe_os_error(exc, Path(tempfile.gettempdir()) / "thinwire-launch-*")
                          ) from None
     worker_env = {**(env or {}), LAUNCHER_PID_ENV: str(os.getpid()), **_default_env()}
-    with _environ(worker_env), _saved_signal_handlers(), _torch_logs(Path(run_dir)):
+    with _environ(worker_env), _saved_signal_handlers(), _interrupt_once(), \
+            _torch_logs(Path(run_dir)):
         store, port = loopback_store()
         watcher = Watcher(os.getpid(), module)
         watcher.start()
@@ -128,6 +130,40 @@ def launch(run_dir: Path, workers: int, *, env: Mapping[str, str] | None = None,
             watcher.stop()
             del store
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+@contextmanager
+def _interrupt_once() -> Iterator[None]:
+    """Signals handled once: torch's agent raises its SignalException at the first termination
+    signal and stops the workers; the signals after it are ignored while the job is torn down
+    (the agent's shutdown, the launcher's temporary folder), so a second Ctrl-C cannot cut the
+    teardown short. The caller's handlers come back with :func:`_saved_signal_handlers`."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    torch_handler = getattr(api, "_terminate_process_handler", None)
+    if torch_handler is None:  # another torch: its own handler, every signal raising
+        yield
+        return
+
+    def once(signum: int, frame: Any) -> None:
+        ignore_signals()
+        torch_handler(signum, frame)
+
+    api._terminate_process_handler = once  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        api._terminate_process_handler = torch_handler  # type: ignore[assignment]
+
+
+def ignore_signals() -> None:
+    """Ignore every termination signal the launcher handles (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in HANDLED_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 # --- the loopback store -------------------------------------------------------------------------

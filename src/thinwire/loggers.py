@@ -21,9 +21,11 @@ records are the uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,33 +67,70 @@ class JsonlLogger(Logger):
 
 
 class TensorBoardLogger(Logger):
-    """TensorBoard event files in ``RUN_DIR/tensorboard``, one scalar per numeric field."""
+    """TensorBoard event files in ``RUN_DIR/tensorboard``, one scalar per numeric field.
+
+    A failed write (ENOSPC...) is a one-line UsageError naming the event file; TensorBoard's
+    writer thread, which meets the error first, ends without printing it."""
 
     def __init__(self, run_dir: Path, *, resume_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        # purge_step: TensorBoard discards the events at and after it that an earlier attempt
-        # wrote; records at exactly resume_step were written before the checkpoint, so + 1
-        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"),
-                                     purge_step=None if resume_step is None else resume_step + 1)
+        _quiet_writer_threads()
+        self._file: Path | str = run_dir / "tensorboard"
+        with self._named():
+            # purge_step: TensorBoard discards the events at and after it that an earlier
+            # attempt wrote; records at exactly resume_step were written before the checkpoint
+            self._writer = SummaryWriter(log_dir=str(self._file), purge_step=None
+                                         if resume_step is None else resume_step + 1)
+            self._file = self._writer._get_file_writer().event_writer._file_name
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """An OSError of the event file's writer as a one-line UsageError naming the file."""
+        from thinwire.errors import UsageError
+        from thinwire.rundir import describe_os_error
+
+        try:
+            yield
+        except OSError as exc:
+            raise UsageError("tensorboard: " + describe_os_error(exc, self._file)) from None
 
     def write(self, record: dict[str, Any]) -> None:
         kind, step = record.get("kind", "train"), int(record["step"])
-        for key, value in record.items():
-            if key in ("kind", "step") or isinstance(value, bool):
-                continue
-            if isinstance(value, (int, float)):
-                self._writer.add_scalar(f"{kind}/{key}", float(value), global_step=step)
-        self._writer.flush()
+        with self._named():
+            for key, value in record.items():
+                if key in ("kind", "step") or isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float)):
+                    self._writer.add_scalar(f"{kind}/{key}", float(value), global_step=step)
+            self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        with self._named():
+            self._writer.close()
 
     @classmethod
     def missing(cls) -> str | None:
         if importlib.util.find_spec("tensorboard") is None:
             return "the tensorboard package (pip install 'thinwire[tensorboard]')"
         return None
+
+
+def _quiet_writer_threads() -> None:
+    """Install, once, a thread excepthook that drops the OSError ending TensorBoard's writer
+    thread (the foreground call that follows raises the same error, named); every other
+    thread's exception goes to the hook that was there."""
+    previous = threading.excepthook
+    if getattr(previous, "thinwire_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if not (isinstance(args.exc_value, OSError)
+                and type(args.thread).__name__ == "_AsyncWriterThread"):
+            previous(args)
+
+    hook.thinwire_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 LOGGERS: Registry[type[Logger]] = Registry("logger", {

@@ -255,11 +255,11 @@ class Registry(Generic[E]):
         return tuple(self.paths)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.paths
+        return isinstance(name, str) and name in self.paths
 
     def get(self, name: str) -> E:
         """The entry registered as ``name``; an unknown name is a one-line error."""
-        if name not in self.paths:
+        if name not in self:
             raise OptionError(f"unknown {self.kind} {name!r}; known: {', '.join(self.paths)}")
         if name not in self._cache:
             module, _, attr = self.paths[name].partition(":")

@@ -102,8 +102,12 @@ def run_directory(cfg: Config) -> Iterator[Any]:
             checkpoint.require_resumable(rd.path, cfg.runtime.workers, rescalable=rescalable(cfg),
                                          steps=cfg.train.steps)
         rundir.write_text(rd.path / "config.toml", config_mod.dumps(cfg))
-        yield rd
-        rd.commit()
+        try:
+            yield rd
+            rd.commit()
+        finally:  # however the job ended: a worker killed mid-write leaves its temporary file
+            with rundir.deferred_signals():
+                checkpoint.remove_temporaries(rd.path)
 
 
 def run_config(cfg: Config) -> dict[str, Any]:

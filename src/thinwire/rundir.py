@@ -65,7 +65,11 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -227,17 +231,29 @@ def write_bytes(path: Path, data: bytes) -> None:
 def replace_atomically(path: Path, data: bytes, tmp: Path) -> None:
     """Write ``data`` to ``tmp``, fsync it and rename it over ``path``; on OSError ``tmp`` is
     removed and the error propagates (``path`` keeps its old content or stays absent)."""
+    fd = create_exclusive(tmp)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
         with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:  # OSError, or a signal mid-write: no temporary file is left
         _unlink_quietly(tmp)
         raise
+
+
+def create_exclusive(tmp: Path) -> int:
+    """A file descriptor of a new file at ``tmp``, open for writing (``O_CREAT | O_EXCL |
+    O_NOFOLLOW``): whatever is at ``tmp`` already (a crash's leftover, or a link or hard link
+    planted in the run directory) is removed first, never followed or written through; one
+    that reappears at once is an OSError (EEXIST)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(tmp, flags, 0o644)
+    except FileExistsError:
+        os.unlink(tmp)  # the name only: a link's target is untouched
+    return os.open(tmp, flags, 0o644)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -265,6 +281,14 @@ def lock_path(root: Path, name: str) -> Path:
 
 def staging_path(root: Path, name: str) -> Path:
     return root / f".{name}.staging"
+
+
+def staged_run(path: Path) -> str | None:
+    """The name of the run whose replacement ``path`` stages (``.NAME.staging``), else None."""
+    name = path.name
+    if name.startswith(".") and name.endswith(".staging") and len(name) > len("..staging"):
+        return name[1:-len(".staging")]
+    return None
 
 
 def replaced_path(root: Path, name: str) -> Path:
@@ -392,6 +416,29 @@ def _open_lock(lock: Path, content: bytes) -> int:
     return fd
 
 
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held back while the body cleans up (main thread only): one
+    that arrives meanwhile is raised as KeyboardInterrupt when the body is done, unless an
+    exception is already on its way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    old = {s: signal.signal(s, lambda signum, _frame: got.append(signum)) for s in sigs}
+    try:
+        yield
+    except BaseException:
+        got.clear()
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+    if got:
+        raise KeyboardInterrupt(f"signal {got[0]}")
+
+
 # --- the run directory --------------------------------------------------------------------------
 @dataclass
 class RunDir:
@@ -420,12 +467,13 @@ class RunDir:
         removed first."""
         if self._lock is None:
             return
-        try:
-            if self.mode == "replace" and not self.committed and is_run_dir(self.path):
-                shutil.rmtree(self.path, ignore_errors=True)
-        finally:
-            self._lock.release()
-            self._lock = None
+        with deferred_signals():  # a Ctrl-C now would leave the staging directory and lock
+            try:
+                if self.mode == "replace" and not self.committed and is_run_dir(self.path):
+                    shutil.rmtree(self.path, ignore_errors=True)
+            finally:
+                self._lock.release()
+                self._lock = None
 
     def __enter__(self) -> RunDir:
         return self
@@ -516,6 +564,30 @@ def _recover(root: Path, name: str) -> None:
             shutil.rmtree(replaced)
     if os.path.lexists(staging):
         shutil.rmtree(staging)  # an unfinished replacement: the previous run stays
+    for hidden in (staging, replaced):  # a lock a killed worker took there (older versions)
+        clear_stale_lock(lock_path(root, hidden.name))
+
+
+def clear_stale_lock(lock: Path) -> bool:
+    """Remove thinwire's lock file ``lock`` when no process holds it (its holder is gone);
+    a file that is not thinwire's, a link, or a lock still held is left. True when removed."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not (stat.S_ISREG(os.fstat(fd).st_mode)
+                and os.pread(fd, len(LOCK_TAG), 0) == LOCK_TAG.encode()):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not _same_file(fd, lock):
+            return False
+        os.unlink(lock)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _swap_into_place(new: Path, final: Path) -> None:

@@ -138,6 +138,8 @@ class Trainer:
                 self._save(done, wall)
             if bar is not None:
                 bar.update(1)
+        if self.start == steps:  # resumed after the final checkpoint: the final write failed
+            last_eval = self._evaluate(steps, wall, final=True, record=False)
         if bar is not None:
             bar.close()
         summary = self._summary(wall, acc_compute, acc_comm, last_eval)
@@ -165,7 +167,8 @@ class Trainer:
         every = self.cfg.run.checkpoint_every
         return (every > 0 and done % every == 0) or done == self.cfg.train.steps
 
-    def _evaluate(self, step: int, wall: float, *, final: bool = False) -> dict[str, float]:
+    def _evaluate(self, step: int, wall: float, *, final: bool = False,
+                  record: bool = True) -> dict[str, float]:
         model = self.strategy.eval_model()  # every rank: a sharded strategy assembles here
         counters = self._counters()
         per_rank = self.comm.gather_floats([counters["sent_bytes"], counters["payload_bytes"]])
@@ -178,7 +181,7 @@ class Trainer:
                               self.task.higher_is_better)
         if final:
             self.final_model = model
-        if self.writer is None:
+        if self.writer is None or not record:  # record=False: its record is already written
             return result
         sent = [r[0] for r in per_rank]
         self.writer.write({"kind": "eval", "step": step, "metric": self.task.metric, **result,
@@ -216,7 +219,8 @@ class Trainer:
         rows = self.comm.gather_floats([c["sent_bytes"], c["payload_bytes"], c["recv_bytes"],
                                         mem.params, mem.grads, mem.optimizer, mem.param_count,
                                         mem.stored_count, mem.activations, mem.gathered,
-                                        mem.host, mem.peak, rss, device_peak])
+                                        mem.host, mem.peak, rss, device_peak,
+                                        float(self.final_model is not None)])
         self._export()
         cfg = self.cfg
         summary = {
@@ -250,12 +254,18 @@ class Trainer:
                             "offload": cfg.memory.offload},
             },
             "config": to_dict(cfg),
+            # what the final write holds besides this file (checkpoint.final_state_problem)
+            "final_files": (["model.pt"] if any(r[14] for r in rows) else [])
+            + [f"ledger.rank{r}.json" for r in range(len(rows))],
         }
         ledger = self.comm.ledger
         write_text(self.run_dir / f"ledger.rank{self.comm.rank}.json", json.dumps(
             {"by_op": ledger.by_op(), "totals": ledger.totals(),
              "totals_with_control": ledger.totals(include_control=True),
              "devices": sorted({e.device for e in ledger.entries if e.device})}, indent=1))
-        if self.writer is not None:  # last: a run is finished once its summary exists
+        # every rank's model and ledger are written (a rank whose write failed never gets
+        # here): a run is complete once its summary exists, so it is written last
+        self.comm.barrier()
+        if self.writer is not None:
             write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary

@@ -255,9 +255,10 @@ def claim_run_dir(run_dir: Path) -> Any:
         return None
     where = run_dir.resolve()
     launcher = os.environ.get(LAUNCHER_PID_ENV, "")
-    held = rundir.lock_holder(rundir.lock_path(where.parent, where.name))
     ours = {os.getpid(), os.getppid()} | ({int(launcher)} if launcher.isdigit() else set())
-    if held is not None and held in ours:
+    # a replacement's staging directory is held by the lock of the run it replaces
+    names = [where.name, *filter(None, [rundir.staged_run(where)])]
+    if any(rundir.lock_holder(rundir.lock_path(where.parent, n)) in ours for n in names):
         return None  # held by this process (in-process use) or by the job that started it
     return rundir.take_lock(where.parent, where.name)
 

@@ -187,6 +187,7 @@ def test_a_two_rank_run_sends_what_the_formula_on_the_derived_plan_says(net_file
     (["--model", "{d}/usernet.py:NeedsWidth", "--input", "4x1x6x6"], "give every argument"),
     (["--model", "{d}/usernet.py:Net", "--input", "4xax6"], "sizes joined by x"),
     (["--model", "{d}/usernet.py:Net", "--input", "4x0x6x6"], ">= 1"),
+    (["--model", "{d}/usernet.py:Net", "--input", "100000x1x100000x100000"], "smaller batch"),
     (["--model", "{d}/usernet.py:Net", "--input", "4x3x6x6"], "could not run Net"),
     (["--model", "{d}/usernet.py:Net"], "needs --input"),
     (["--model", "{d}/usernet.py:Branchy", "--input", "2x4"], "Branchy"),

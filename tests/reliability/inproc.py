@@ -32,3 +32,17 @@ def train_inproc(cfg: Any) -> Path:
         rc = worker._run(rd.path / "config.toml")
         assert rc == 0
     return rd.final
+
+
+def train_here(run: Path, base: dict[str, Any], **over: Any) -> None:
+    """The trainer alone on one process in ``run`` (created), config ``base`` with ``over``
+    (dotted keys): no run-directory rules, for tests of what the trainer writes."""
+    import torch
+
+    from thinwire.runtime.comm import Comm
+    from thinwire.trainer import Trainer
+
+    run.mkdir(parents=True, exist_ok=True)
+    cfg = config_mod.load(None, {**base, "run.out": str(run.parent), "run.name": run.name,
+                                 **over})
+    Trainer(cfg, Comm.local(), torch.device("cpu"), run).run()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire import config as config_mod
-from thinwire.commands.common import add_common, add_config_options, overrides
+from thinwire.commands.common import add_common, add_config_options, metric_of, overrides
 from thinwire.config import Config
 from thinwire.errors import UsageError
 from thinwire.testbed.rates import Link, parse_links
@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     modelled = args.modelled or reason is not None
     groups = ["modelled"] if modelled else [lk.label for lk in links]
     cfgs = _configs(args, groups)
+    from thinwire.report.tables import check_target
+
+    for cfg in cfgs[groups[0]]:
+        check_target(args.target, metric_of(cfg))
     from thinwire.run import preflight
 
     preflight(next(iter(cfgs.values()))[0])

@@ -95,3 +95,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["run.progress"] = False
     out.update({k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:") and v is not None})
     return out
+
+
+def metric_of(cfg: Any) -> str:
+    """The metric a config's runs are judged by (its dataset's task)."""
+    from thinwire.data.task import TASKS
+
+    return TASKS[config_mod.datasets().get(cfg.data.name).kind].metric

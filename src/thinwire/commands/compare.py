@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from thinwire.commands.common import add_common, add_config_options, overrides
+from thinwire.commands.common import add_common, add_config_options, metric_of, overrides
 from thinwire.errors import UsageError
 
 
@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--thin-links-timeout {args.thin_links_timeout:g}: use a positive "
                          "number of seconds (at most 86400)")
     cfgs = method_configs(split_methods(args.methods), args.config, overrides(args))
+    for cfg in cfgs:
+        check_target(args.target, metric_of(cfg))
     report_dir = check_out(cfgs[0].run.out) / "report"
     open_output_dir(report_dir, "compare (OUT/report)")  # refused before anything trains
     for cfg in cfgs:

@@ -306,6 +306,8 @@ def _model(args: argparse.Namespace, cluster: ClusterSpec) -> ModelSpec:
 
 def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
     """A plan's prediction, a search, a crossover or a scaling curve."""
+    if args.crossover and args.convergence and not args.model and not args.cluster:
+        args = _table_inputs(args)
     if not args.model or not args.cluster:
         raise UsageError("give --model NAME|FILE.toml|FILE.py:ClassName and --cluster "
                          "NAME|FILE.toml (see --list)")
@@ -417,6 +419,21 @@ def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
             out["plan"] = prediction_json(model, cluster, pred)
         text += "\n" + plan_report(model, cluster, pred)
     return out if args.json else text
+
+
+def _table_inputs(args: argparse.Namespace) -> argparse.Namespace:
+    """``--crossover --convergence TABLE`` without ``--model`` and ``--cluster``: the model,
+    cluster, devices and micro-batch of the table's runs (its ``plan``), where the table
+    records them."""
+    from thinwire.planner.convergence import load
+
+    plan = load(list(args.convergence)).plan
+    if not plan:
+        raise UsageError(f"--convergence {' '.join(args.convergence)}: the table records no "
+                         "model and cluster of its runs; give --model NAME and --cluster NAME "
+                         "(see --list)")
+    given = {k: v for k, v in plan.items() if getattr(args, k, None) is None}
+    return argparse.Namespace(**{**vars(args), **given})
 
 
 def _fit_command(args: argparse.Namespace) -> str:

@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_target(args.target)
     runs = [load_run(p) for p in args.runs]
+    check_target(args.target, runs[0].metric if runs else None)
     out = open_output_dir(Path(args.plots) if args.plots else Path(args.runs[0]).parent / "report",
                           "--plots")
     print(compare_table(runs, args.target))

@@ -111,13 +111,29 @@ def build(spec: str, *, seed: int = 0, rank: int = 0, **options: Any) -> Compres
     return build_codec(spec, options, seed=seed, rank=rank)
 
 
-def check_codec(spec: str, where: str) -> None:
+def check_codec(spec: str, where: str, *, averaged: bool = True) -> None:
     """A codec spec that :func:`build` accepts, or a one-line :class:`OptionError` naming
-    ``where`` (the option that holds it, e.g. ``method.compressor``)."""
+    ``where`` (the option that holds it, e.g. ``method.compressor``).
+
+    ``averaged=False``: ``where`` sends the codec's payloads point to point or gathers them
+    (a pipeline boundary, tensor-parallel collectives) instead of averaging a tensor over
+    data-parallel replicas, so ``exchange=scatter`` (step 5) is refused there."""
     try:
         build(spec)
     except OptionError as exc:
         raise OptionError(f"{where}: {exc}") from None
+    if not averaged:
+        refuse_scatter(spec, where)
+
+
+def refuse_scatter(spec: str, where: str) -> None:
+    """One line naming ``where`` and where ``exchange=scatter`` applies, when ``spec`` asks
+    for it (see :func:`check_codec`)."""
+    _name, values = parse_spec(spec, "codec")
+    if values.get("exchange", "gather").strip() == "scatter":
+        raise OptionError(f"{where}: exchange=scatter is the scattered averaging of a codec "
+                          "over data-parallel replicas and applies only to --method.compressor; "
+                          f"{where} sends its payloads as they are; drop exchange=scatter")
 
 
 def build_codec(spec: str, options: Mapping[str, Any] | None = None, *, seed: int = 0,

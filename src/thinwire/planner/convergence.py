@@ -103,6 +103,10 @@ class Convergence:
     provenance: str = ""
     fit_command: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    plan: dict[str, Any] = field(default_factory=dict)
+    """The planner inputs of the runs (``model``, ``cluster``, ``devices``,
+    ``micro_batch_size``): ``--crossover --convergence NAME`` prices them when ``--model`` and
+    ``--cluster`` are not given. A fit from runs leaves it empty (runs know no cluster)."""
 
     def method(self, spec: str) -> MethodSteps:
         for m in self.methods:
@@ -287,7 +291,8 @@ def from_json(d: dict[str, Any], where: str = "convergence table") -> Convergenc
                            bool(d["higher_is_better"]), tuple(float(t) for t in d["targets"]),
                            methods, str(d.get("baseline", "")), int(d.get("workers", 0)),
                            int(d.get("batch_size", 0)), str(d.get("provenance", "")),
-                           str(d.get("fit_command", "")), tuple(d.get("notes", ())))
+                           str(d.get("fit_command", "")), tuple(d.get("notes", ())),
+                           dict(d.get("plan", {})))
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise UsageError(f"{where} is not a convergence table ({type(exc).__name__}: {exc}); "
                          "write it with thinwire plan --convergence RUNS --out FILE") from None

@@ -32,6 +32,7 @@ use only.
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 import sys
 from pathlib import Path
@@ -97,6 +98,10 @@ def load_module(ref: str) -> Any:
                          "a default") from None
 
 
+MAX_EXAMPLE = 2**27
+"""Most elements of ``--input``'s example (512 MiB of floats): it is run through the model."""
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """``8x1x28x28`` -> (8, 1, 28, 28): the example input's shape, batch first."""
     try:
@@ -106,6 +111,10 @@ def parse_shape(text: str) -> tuple[int, ...]:
                          "8x1x28x28") from None
     if min(shape) < 1:
         raise UsageError(f"--input {text!r}: every size must be >= 1")
+    if math.prod(shape) > MAX_EXAMPLE:
+        raise UsageError(f"--input {text!r}: {math.prod(shape):.3g} elements, more than the "
+                         f"example input's limit of 2**{MAX_EXAMPLE.bit_length() - 1}; give a "
+                         "smaller batch (--global-batch sets the batch the plan prices)")
     return shape
 
 
@@ -115,9 +124,14 @@ def example_input(shape: tuple[int, ...], tokens: int = 0, seed: int = 0) -> Any
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    if tokens > 0:
-        return torch.randint(0, tokens, shape, generator=g)
-    return torch.randn(shape, generator=g)
+    try:
+        if tokens > 0:
+            return torch.randint(0, tokens, shape, generator=g)
+        return torch.randn(shape, generator=g)
+    except (RuntimeError, MemoryError) as exc:  # the allocation failed
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"--input {'x'.join(map(str, shape))}: the example input cannot be "
+                         f"allocated ({first}); give a smaller shape") from None
 
 
 def forward_flops(module: Any, example: Any) -> float:

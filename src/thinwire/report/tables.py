@@ -64,11 +64,27 @@ def load_run(path: str | Path) -> Run:
     return Run(p, summary, records)
 
 
-def check_target(target: float | None) -> None:
-    """``--target``: None (the best value every run reached) or a finite number."""
-    if target is not None and not math.isfinite(target):
+METRIC_RANGES: dict[str, tuple[float, float, str]] = {
+    "accuracy": (0.0, 1.0, "a fraction"), "auc": (0.0, 1.0, "a fraction"),
+    "precision@1": (0.0, 1.0, "a fraction"), "perplexity": (1.0, math.inf, "at least 1"),
+}
+"""A target a metric can reach: (low, high, what the metric is); low excluded for fractions
+(every run reaches 0), included for perplexity (1: every token certain)."""
+
+
+def check_target(target: float | None, metric: str | None = None) -> None:
+    """``--target``: None (the best value every run reached) or a finite number that
+    ``metric`` (when known) can reach: accuracy, AUC and precision in (0, 1], perplexity >= 1."""
+    if target is None:
+        return
+    if not math.isfinite(target):
         raise UsageError(f"--target {target}: give a finite metric value, e.g. --target 0.9 "
                          "(or leave it out for the best value every run reached)")
+    low, high, what = METRIC_RANGES.get(metric or "", (-math.inf, math.inf, ""))
+    if not (low < target <= high if high == 1.0 else low <= target <= high):
+        fix = "(0, 1], e.g. --target 0.9" if high == 1.0 else f"[{low:g}, {high:g}]"
+        raise UsageError(f"--target {target:g}: {metric} is {what}, so this target is never "
+                         f"reached; give a value in {fix}")
 
 
 _DAMAGED = "the file is damaged: re-run the run, or restore the file"

@@ -364,6 +364,9 @@ def _label(o: Options) -> str:
 def _check(cfg: Any) -> None:
     check(cfg.parallel.pp * cfg.parallel.tp == 1, "parallel",
           "method hybrid splits embedding tables over all workers; keep parallel.pp = tp = 1")
+    check(cfg.train.clip_norm == 0, "train.clip_norm",
+          "method hybrid does not clip gradients (its tables are split over the workers, so "
+          "no rank holds the whole gradient's norm); set 0")
 
 
 def _check_model(cfg: Any, model: nn.Module) -> None:

@@ -100,7 +100,7 @@ class Options:
         if self.codec != "none":
             from thinwire.compression import check_codec
 
-            check_codec(self.codec, "method.codec")
+            check_codec(self.codec, "method.codec", averaged=False)
 
 
 # --- the strategy -----------------------------------------------------------------------------------

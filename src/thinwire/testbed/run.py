@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from thinwire.rundir import create_exclusive
 from thinwire.testbed.netns import Testbed
 from thinwire.testbed.rates import Link
 
@@ -106,10 +107,17 @@ def run_processes(specs: list[tuple[list[str], dict[str, str]]], log_dir: Path,
     logs = [log_dir / f"worker{r}.log" for r in range(len(specs))]
     t0 = time.monotonic()
     try:
-        for (argv, env), log in zip(specs, logs):
-            with open(log, "wb") as f:
-                procs.append(subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+        for r, ((argv, env), log) in enumerate(zip(specs, logs)):
+            try:
+                with open(create_exclusive(log), "wb") as f:
+                    procs.append(subprocess.Popen(argv, env=env, stdout=f,
+                                                  stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL,
+                                                  start_new_session=True))
+            except OSError as exc:  # not executable, missing, no processes left, no log
+                raise BenchFailed(f"worker rank {r} could not be started ({exc.strerror or exc}: "
+                                  f"{exc.filename or argv[0]}); check that it exists and is "
+                                  "executable and that the run directory is writable") from None
         while True:
             codes = [p.poll() for p in procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]

@@ -442,17 +442,24 @@ OWN: dict[str, tuple[type, Any]] = {
 }
 """The pipeline's own wire codecs (the others come from :data:`thinwire.compression.CODECS`)."""
 
+BACKWARD_ONLY = {"lowrank": "Optimus-CC: its lazy error propagation adds a micro-batch's error "
+                             "to the next micro-batch's, whose weight gradients it joins; on an "
+                             "activation it would land on other samples"}
+"""The pipeline's codecs for activation gradients only (codec_fwd refuses them): why."""
+
 BOTTLENECKS = ("ae", "subspace")
 """Specs that are bottleneck modules, not wire codecs (:func:`bottleneck`)."""
 
 
 def boundary_names(*, forward: bool) -> str:
     """The boundary codecs for an option's help: every codec of
-    :data:`thinwire.compression.CODECS`, the pipeline's own (:data:`OWN`) and, forward, the
-    bottlenecks (read from the tables, so a new codec appears in the help)."""
+    :data:`thinwire.compression.CODECS`, the pipeline's own (:data:`OWN`; forward, not those of
+    :data:`BACKWARD_ONLY`) and, forward, the bottlenecks (read from the tables, so a new codec
+    appears in the help)."""
     from thinwire.compression.registry import CODECS
 
-    return ", ".join([*CODECS.names(), *OWN, *(BOTTLENECKS if forward else ())])
+    own = [n for n in OWN if not (forward and n in BACKWARD_ONLY)]
+    return ", ".join([*CODECS.names(), *own, *(BOTTLENECKS if forward else ())])
 
 
 def bottleneck_options(spec: str) -> tuple[str, BottleneckOptions]:
@@ -490,6 +497,8 @@ def build_boundary(spec: str, *, seed: int = 0, rank: int = 0) -> BoundaryCodec:
 def check_spec(spec: str, where: str, *, forward: bool) -> None:
     """A spec :func:`build_boundary` (or, forward, :func:`bottleneck`) accepts, or a one-line
     error naming ``where``."""
+    from thinwire.compression.registry import refuse_scatter
+
     try:
         if forward and is_bottleneck(spec):
             bottleneck_options(spec)
@@ -497,3 +506,9 @@ def check_spec(spec: str, where: str, *, forward: bool) -> None:
             build_boundary(spec)
     except OptionError as exc:
         raise OptionError(f"{where}: {exc}") from None
+    name = parse_spec(spec, "codec")[0]
+    if forward and name in BACKWARD_ONLY:
+        raise OptionError(f"{where}: {name} is a codec of activation gradients "
+                          f"({BACKWARD_ONLY[name]}); give it as codec_bwd, and for activations "
+                          "use e.g. int8, int4, aqsgd or a bottleneck (ae, subspace)")
+    refuse_scatter(spec, where)

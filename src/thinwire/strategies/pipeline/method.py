@@ -104,7 +104,7 @@ class Options:
               "needs --method.schedule 1f1b (GPipe has no cool-down)")
         parse_overrides(self.overrides)
         if self.tp_codec != "none":
-            check_codec(self.tp_codec, "method.tp_codec")
+            check_codec(self.tp_codec, "method.tp_codec", averaged=False)
 
     def boundaries(self) -> Boundaries:
         return Boundaries(self.codec_fwd, self.codec_bwd, self.uncompressed_first,

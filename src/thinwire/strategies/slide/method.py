@@ -477,6 +477,9 @@ def _check(cfg: Any) -> None:
     check(cfg.parallel.pp * cfg.parallel.tp == 1, "parallel",
           "method slide shards the wide layer over all workers; keep parallel.pp = tp = 1")
     t, o = cfg.train, cfg.method.options
+    check(t.clip_norm == 0, "train.clip_norm",
+          "method slide does not clip gradients (its wide layer is sharded over the workers "
+          "and updated on the active neurons only); set 0")
     if not o.full:
         check(t.weight_decay == 0, "train.weight_decay",
               "the sparse updates of method slide take no weight decay; use 0")
