@@ -192,6 +192,25 @@ MUTANTS = (
            "xs += [st[k] if k in st else torch.zeros_like(x) for k in self.keys]",
            "xs += [torch.zeros_like(x) for k in self.keys]",
            ("tests/ist/test_ist_mlp.py::test_reindexed_momentum_travels_with_the_subnet",)),
+    Mutant("ist-overlap-sum", "IST", "an element two overlapping subnets trained ends at the sum "
+           "of their copies, not their mean", "strategies/ist/store.py",
+           "mean = total / count.clamp(min=1).to(total.dtype)", "mean = total",
+           ("tests/ist/test_ist_remedies.py::"
+            "test_an_overlapped_unit_ends_at_the_mean_of_its_holders",)),
+    Mutant("ist-stream-cut", "IST", "the derived adapter cuts a residual stream it should keep "
+           "whole (the old default)", "models/graph_adapter.py",
+           '(residual == "whole" and g.stream)', '(residual == "none" and g.stream)',
+           ("tests/ist/test_ist_graph.py::test_derived_residual_stream_stays_whole_by_default",)),
+    Mutant("ist-step-frozen", "IST", "dealt Adam state restarts every round from the first "
+           "round's step count (bias correction of a young state on old moments)",
+           "strategies/ist/optstate.py", "        if scalars:\n            self.scalars = scalars",
+           "        if scalars and not self.scalars:\n            self.scalars = scalars",
+           ("tests/ist/test_ist_remedies.py::"
+            "test_dealt_state_carries_adams_step_count_across_rounds",)),
+    Mutant("ist-outer-sign", "IST", "the outer step moves against its pseudo-gradient's "
+           "descent direction", "strategies/ist/store.py", "after.sub_(lr * u - g)",
+           "after.add_(lr * u - g)", ("tests/ist/test_ist_remedies.py::"
+                                      "test_outer_step_is_nesterov_sgd_on_the_rounds_pseudo_gradient",)),
     Mutant("rebuild-buffers", "codecs", "rebuild_buckets' warm-up forward leaves its moved "
            "buffers (BatchNorm statistics) in the model", "compression/hooks.py",
            "b.copy_(kept)", "pass",

@@ -270,3 +270,13 @@ def test_the_defaults_train_conv_and_attention_models(kind: str, floor: float) -
     old = run_workers(_train_default, 2, kind, "channels")[0]
     assert new >= floor, (kind, new)
     assert old < floor, (kind, old)
+
+
+@pytest.mark.parametrize("empty", [[], ()])
+def test_an_empty_example_input_is_one_line(empty: object) -> None:
+    from thinwire.errors import UsageError
+
+    model = _mlp()
+    with pytest.raises(UsageError, match="example_input=.* is empty"):
+        IST(model, torch.optim.SGD(model.parameters(), lr=0.1), comm=Comm.local(),
+            example_input=empty)

@@ -173,6 +173,10 @@ class IST:
         self._hooks: list[Any] = []
         self._kept: dict[str, list[torch.Tensor]] | None = None
         self.adapter: ISTAdapter | None = None
+        if isinstance(example_input, (list, tuple)) and not example_input:
+            raise UsageError(f"IST example_input={example_input!r} is empty: pass a batch of "
+                             "the model's input (a tensor, or a tuple of the forward's "
+                             "arguments)")
         if adapter is None and example_input is not None:
             adapter = self._derived(example_input)
         if adapter is not None:
