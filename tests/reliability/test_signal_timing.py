@@ -38,15 +38,16 @@ def _interrupted(run: Path, delays: list[float]) -> None:
             raise KeyboardInterrupt
 
     pid = os.fork()
-    if pid == 0:  # the child: whatever happens, it ends here
+    if pid == 0:  # the child: whatever happens, it ends here, never back in pytest's loop
         try:
-            signal.signal(signal.SIGINT, on_sigint)
             try:
+                signal.signal(signal.SIGINT, on_sigint)
                 _train(run)
-            finally:
+            except BaseException:  # noqa: BLE001 - the interrupt under test
+                pass
+            finally:  # a second signal landing here raises out to the outer finally
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                 armed[0] = False
-        except BaseException:  # noqa: BLE001 - the interrupt under test
-            armed[0] = False
         finally:
             os._exit(0)
     for d in delays:
