@@ -31,6 +31,22 @@ from harness import DATA  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
+def signal_handlers_restored() -> Any:
+    """The termination signals' handlers as they were before each test: the command line,
+    called in-process by a test, ignores them once it was interrupted (a second Ctrl-C cannot
+    cut its exit short), which is right for the process it ends and wrong for pytest's."""
+    import signal
+
+    sigs = [s for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+            if (s := getattr(signal, name, None)) is not None]
+    saved = {s: signal.getsignal(s) for s in sigs}
+    yield
+    for s, h in saved.items():
+        if h is not None and signal.getsignal(s) is not h:
+            signal.signal(s, h)
+
+
+@pytest.fixture(autouse=True)
 def no_downloads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any attempt to open a URL fails the test (tests may replace it with a fake)."""
 

@@ -71,6 +71,10 @@ def test_the_fastest_changes_with_the_link(tmp_path):
     text, _ = report([dp, ist], 0.8, tmp_path / "r", links="100mbit,10gbit")
     assert "fastest to the target: 100mbit ist; 10gbit dp" in text
     assert "every link" not in text
+    # the other method's time over the fastest's, per link: 2 + 200/rate against 8 + 0.8/rate
+    rate = 12.5e6 * FRAME_EFFICIENCY
+    slow = (2 + 1e9 * 0.2 / rate) / (8 + 1e6 * 0.8 / rate)
+    assert f"at 100mbit, time to the target over the fastest's: dp {slow:.1f}x" in text
 
 
 NOT_ROOT = "not root: network namespaces and tc need CAP_NET_ADMIN (run as root)"

@@ -145,6 +145,14 @@ def to_target_table(results: Sequence[BenchResult], target: float, why: str = ""
     lines.append("fastest to the target: " + "; ".join(
         f"{lk.label} {fastest([r for r in results if r.link == lk], target) or 'none reaches it'}"
         for lk in links))
+    for lk in links:  # how far behind the fastest each other method is, said plainly
+        on = [r for r in results if r.link == lk]
+        best = min((h[1] for r in on if (h := r.to_target(target)) is not None), default=None)
+        behind = [f"{r.method} {h[1] / best:.1f}x" for r in on
+                  if best and (h := r.to_target(target)) is not None and h[1] > best]
+        if behind:
+            lines.append(f"at {lk.label}, time to the target over the fastest's: "
+                         + ", ".join(behind))
     if kind == "modelled":
         lines.append(f"Modelled, not measured: {why}." if why else "Modelled, not measured.")
         lines.append("Modelled: each run's compute time over loopback + its ledger's calls x "
