@@ -114,3 +114,21 @@ def language() -> Groups:
 
 
 TABLES["language"] = language
+
+
+def fashion() -> Groups:
+    """The residual CNN (16 channels) on Fashion-MNIST, 4 workers, 300 steps: a task still far
+    from converged, where each cut unit's share of the samples shows."""
+    m = "rescnn-fmnist"
+    kw: dict[str, Any] = {"steps": 300}
+    jobs = [Job(m, "plain", **kw), Job(m, "dp", **kw),
+            Job(m, "plain", label="plain, half the samples", batch=16, **kw),
+            Job(m, "localsgd", label="localsgd(H=10)", **kw),
+            Job(m, "ist", label="ist defaults", **kw),
+            Job(m, "ist", label="old defaults (stream cut)", ist=OLD, **kw),
+            Job(m, "ist", label="overlap 3", ist={"overlap": 3}, **kw),
+            Job(m, "ist", label="state dealt", ist={"optimizer_state": "reindex"}, **kw)]
+    return [(4, jobs)]
+
+
+TABLES["fashion"] = fashion

@@ -16,14 +16,19 @@ trains, what travels and when::
 
 The model's units come from its adapter: given (``adapter=``), or derived from the model's graph
 (:func:`~thinwire.models.graph_adapter.derive_adapter`) with ``example_input=`` or, with neither,
-from the real input of the first training forward.
+from the real input of the first training forward. The defaults (the residual stream kept whole,
+overlap auto, optimizer state auto) are the measured best of ``benchmarks/ist_quality.py``
+(docs/IST.md, "Getting a good model out of IST"); ``overlap=1, optimizer_state="reset",
+residual="channels"`` is the published algorithm as the original code runs it.
 
 The model object is the subnet: IST swaps the *data* of the model's own parameters for the
 subnet's slices, so the optimizer (which holds the same parameter objects), schedulers and
 clipping work unchanged, and a worker only ever holds its subnet plus the slices it stores.
 Round r covers the K optimizer steps after its first forward pass:
   1. the first training forward of a round draws the round's partition from (seed, r) with no
-     message (:func:`~thinwire.strategies.ist.partition.partition_groups`);
+     message (:func:`~thinwire.strategies.ist.partition.partition_groups`): disjoint groups, or
+     with ``overlap`` r > 1 each worker holding r of them, so every unit is trained by r
+     workers (auto, the default: r = max(1, n // 2));
   2. the ranks storing the model send each worker the pieces of its subnet
      (:mod:`~thinwire.strategies.ist.pieces`: central, rank 0 stores everything; sharded, each
      rank ~1/n of every group's units); the subnet's tensors replace the model's parameter data;
@@ -36,7 +41,7 @@ Round r covers the K optimizer steps after its first forward pass:
      assembled model at evaluation (the adapter's ``configure_eval``, ResIST's choice);
   4. after the K-th step (an optimizer post-step hook) the workers send the trained pieces back;
      owners write the disjoint blocks in place (elements held by several workers, as ResIST's
-     shared blocks, are averaged); tensors every subnet shares are averaged with one all-reduce
+     shared blocks or overlapping subnets' units, end at the mean of their holders' copies); tensors every subnet shares are averaged with one all-reduce
      of their updates; cut blocks nobody trained (cross blocks between two workers' neurons)
      stay bitwise unchanged; with ``outer_lr``/``outer_momentum`` the stored model then takes
      an outer SGD step with Nesterov momentum on the round's change, as DiLoCo's outer step
