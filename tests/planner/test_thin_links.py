@@ -178,3 +178,24 @@ def test_compare_falls_back_when_the_testbed_stops(tmp_path, monkeypatch):
     assert len(calls) == 1
     assert "(modelled)" in text
     assert "the testbed stopped early (wall-clock limit reached after 60 s" in text
+
+
+def test_compare_names_where_a_method_wins_when_it_did_not_here(monkeypatch) -> None:
+    """A method fastest on no link gets one line with its registry entry's regime; the winner
+    and a method without a regime get none."""
+    from types import SimpleNamespace
+
+    from thinwire.commands.compare import _regimes
+    from thinwire.strategies import METHODS
+
+    links = [SimpleNamespace(label="100mbit"), SimpleNamespace(label="1gbit")]
+    results = [SimpleNamespace(link=lk) for lk in links]
+    monkeypatch.setattr(tl, "fastest", lambda rs, target: "localsgd(H=10)")
+    cfgs = [SimpleNamespace(method=SimpleNamespace(name=n)) for n in ("dp", "localsgd", "ist")]
+    runs = [SimpleNamespace(label=lb) for lb in ("dp", "localsgd(H=10)", "ist(K=auto)")]
+    text = _regimes(cfgs, runs, results, links, 0.85)
+    lines = [ln for ln in text.splitlines() if ln]
+    assert lines == [f"ist(K=auto) is not the fastest here; it wins {METHODS.get('ist').regime}."]
+    assert "benchmarks/thin_wire.py" in lines[0]
+    monkeypatch.setattr(tl, "fastest", lambda rs, target: "ist(K=auto)")
+    assert _regimes(cfgs, runs, results, links, 0.85) == ""

@@ -74,6 +74,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _regimes(cfgs: list[Any], runs: list[Any], results: list[Any], links: list[Any],
+             target: float) -> str:
+    """For every method fastest on no link: the regime where it wins, from its registry entry
+    (``MethodEntry.regime``), so the table it lost says so plainly and names where it
+    wins."""
+    from thinwire.strategies import METHODS
+    from thinwire.testbed import thin_links as tl
+
+    won = {tl.fastest([r for r in results if r.link == lk], target) for lk in links}
+    lines = []
+    for cfg, run in zip(cfgs, runs):
+        method = getattr(cfg, "method", None)
+        regime = METHODS.get(method.name).regime if method is not None else ""
+        if run.label not in won and regime:
+            lines.append(f"{run.label} is not the fastest here; it wins {regime}.")
+    return "\n" + "\n".join(lines) if lines else ""
+
+
 def _thin_links(cfgs: list[Any], runs: list[Any], target: float | None, report_dir: Path,
                 requested: str, timeout_s: float) -> None:
     """Beside the table: time to the target at 100 Mbit/s and 1 Gbit/s, measured on the
@@ -105,6 +123,7 @@ def _thin_links(cfgs: list[Any], runs: list[Any], target: float | None, report_d
     if not results:
         results = tl.modelled(runs, links)
     text, plot = tl.report(results, target, report_dir, why)
+    text += _regimes(cfgs, runs, results, links, target)
     print(f"\n{text}")
     write_text(report_dir / "thin_links.md", text + "\n")
     print(f"wrote {plot}")

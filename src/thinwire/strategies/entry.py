@@ -111,7 +111,10 @@ class MethodEntry:
     - ``share(layout, options, workers)``: what one worker holds and computes
       (:class:`WorkerShare`) for a method that cuts the model its own way (a sharded wide
       layer), priced by the planner from the layout (None: the whole model, or the IST plan's
-      subnet for methods that cut IST units).
+      subnet for methods that cut IST units);
+    - ``regime``: where the method is measured to win, with the command that shows it (one
+      sentence; ``thinwire compare`` prints it beside a comparison the method did not win, so
+      a table it loses still names where it wins).
     """
 
     name: str
@@ -134,6 +137,7 @@ class MethodEntry:
     model_kinds: tuple[str, ...] = ()
     share: Callable[[Layout, Any, int], WorkerShare] | None = None
     formulas: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    regime: str = ""
 
     def formula(self, name: str) -> Callable[..., Any]:
         """The method's declared function ``name`` (``formulas``); a one-line error if the
