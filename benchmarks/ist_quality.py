@@ -254,6 +254,7 @@ def run_job(job: Job, rank: int, n: int) -> dict[str, Any] | None:
     """Steps 1-3 for one job on this rank; rank 0 returns the row."""
     import thinwire
     from thinwire.runtime.comm import Comm
+    from thinwire.strategies.grads import all_reduce_grads
 
     comm = Comm()
     model, data = build(job.model, job.seed)
@@ -287,14 +288,8 @@ def run_job(job: Job, rank: int, n: int) -> dict[str, Any] | None:
             x, y = data.batch(rank, n, gens[rank], job.batch)
             opt.zero_grad()
             data.loss(model(x), y).backward()
-            if job.method == "dp":
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                comm.all_reduce(flat, op="avg", tag="grad")
-                at = 0
-                for g in grads:
-                    g.copy_(flat[at:at + g.numel()].view_as(g))
-                    at += g.numel()
+            if job.method == "dp":  # one all-reduce of every gradient, through the ledger
+                all_reduce_grads(comm, list(model.parameters()))
             opt.step()
         if job.method == "ist":
             assert wrapper.at_boundary, "steps must be a multiple of IST's local steps"

@@ -67,6 +67,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -565,7 +566,10 @@ def _recover(root: Path, name: str) -> None:
     if os.path.lexists(staging):
         shutil.rmtree(staging)  # an unfinished replacement: the previous run stays
     for hidden in (staging, replaced):  # a lock a killed worker took there (older versions)
-        clear_stale_lock(lock_path(root, hidden.name))
+        lock = lock_path(root, hidden.name)
+        if clear_stale_lock(lock):
+            print(f"thinwire: removed {lock}, a stale lock of a job that is gone",
+                  file=sys.stderr)
 
 
 def clear_stale_lock(lock: Path) -> bool:

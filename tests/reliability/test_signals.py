@@ -79,9 +79,11 @@ def test_an_interrupted_job_leaves_no_checkpoint_temporary_file(
     assert checkpoint.require_resumable(run, 2) == 2
 
 
-def test_a_stale_staging_lock_of_a_dead_job_is_cleared(tmp_path: Path) -> None:
+def test_a_stale_staging_lock_of_a_dead_job_is_cleared(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A lock file a killed worker left beside the run (thinwire's tag, no holder) is removed
-    by the next job on that run; one still held, or a user's file of that name, is left."""
+    by the next job on that run, in one line naming it; one still held, or a user's file of
+    that name, is left."""
     old = tmp_path / "dp"
     old.mkdir()
     rundir.mark(old)
@@ -89,6 +91,8 @@ def test_a_stale_staging_lock_of_a_dead_job_is_cleared(tmp_path: Path) -> None:
     stale.write_text(f"{rundir.LOCK_TAG} pid 999999\n")
     with rundir.open_run(tmp_path, "dp", overwrite=True):
         assert not stale.exists()
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"thinwire: removed {stale}, a stale lock of a job that is gone"]
     users = rundir.lock_path(tmp_path, rundir.replaced_path(tmp_path, "dp").name)
     users.write_text("my notes\n")
     with rundir.open_run(tmp_path, "dp", overwrite=True):

@@ -33,28 +33,23 @@ def element_index(c: Cut, units_in_layout: int, positions: torch.Tensor) -> torc
 
 
 def put_block(t: torch.Tensor, dims: Sequence[int], index: Sequence[torch.Tensor],
-              block: torch.Tensor) -> None:
-    """``t`` at ``index[k]`` along ``dims[k]`` (outer product of the indices) <- ``block``."""
+              block: torch.Tensor, *, add: bool = False) -> None:
+    """``t`` at ``index[k]`` along ``dims[k]`` (outer product of the indices) <- ``block``, or
+    += ``block`` with ``add`` (the indices of one block are distinct)."""
     if len(dims) == 1:
-        t.index_copy_(dims[0], index[0], block)
+        if add:
+            t.index_add_(dims[0], index[0], block)
+        else:
+            t.index_copy_(dims[0], index[0], block)
         return
     order = [*dims, *(d for d in range(t.dim()) if d not in dims)]
     view, src = t.permute(order), block.permute(order)
-    grid = [ix.view(*([1] * k), -1, *([1] * (len(dims) - k - 1))) for k, ix in enumerate(index)]
-    view[tuple(grid)] = src
-
-
-def add_block(t: torch.Tensor, dims: Sequence[int], index: Sequence[torch.Tensor],
-              block: torch.Tensor) -> None:
-    """``t`` at ``index[k]`` along ``dims[k]`` += ``block`` (as :func:`put_block`; the indices
-    of one block are distinct)."""
-    if len(dims) == 1:
-        t.index_add_(dims[0], index[0], block)
-        return
-    order = [*dims, *(d for d in range(t.dim()) if d not in dims)]
-    view, src = t.permute(order), block.permute(order)
-    grid = [ix.view(*([1] * k), -1, *([1] * (len(dims) - k - 1))) for k, ix in enumerate(index)]
-    view[tuple(grid)] += src
+    grid = tuple(ix.view(*([1] * k), -1, *([1] * (len(dims) - k - 1)))
+                 for k, ix in enumerate(index))
+    if add:
+        view[grid] += src
+    else:
+        view[grid] = src
 
 
 @dataclass(frozen=True)

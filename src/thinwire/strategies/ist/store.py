@@ -32,7 +32,7 @@ import torch
 from thinwire.models.adapter import TensorPlan
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist import pieces as pc
-from thinwire.strategies.ist.layout import View, add_block, element_index, put_block
+from thinwire.strategies.ist.layout import View, element_index, put_block
 
 Dealt = dict[str, list[list[torch.Tensor]]]
 """Returned copies of dealt-unit tensors: name -> per holder, [tensor, *state]."""
@@ -135,8 +135,9 @@ class Store:
                     acc = overlap.setdefault(t.name, [])
                     if len(acc) <= k:
                         acc.append((torch.zeros_like(x), torch.zeros_like(x, dtype=torch.int32)))
-                    add_block(acc[k][0], dims, index, block)
-                    add_block(acc[k][1], dims, index, torch.ones_like(block, dtype=torch.int32))
+                    put_block(acc[k][0], dims, index, block, add=True)
+                    put_block(acc[k][1], dims, index, torch.ones_like(block, dtype=torch.int32),
+                              add=True)
                 at += size
         assert at == piece.numel(), (at, piece.numel())
 
