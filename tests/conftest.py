@@ -16,6 +16,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytest_plugins = ["ci_skips"]
 
 
+_SESSION_PID = os.getpid()
+
+
+def pytest_runtest_setup(item):  # noqa: ANN001
+    """A forked child of a test (a rank, an interrupted run) that ever returned into pytest's
+    loop ends here instead of running the rest of the suite beside its parent."""
+    if os.getpid() != _SESSION_PID:
+        os._exit(70)
+
+
 def pytest_collection_modifyitems(config, items):  # noqa: ANN001
     import torch
 

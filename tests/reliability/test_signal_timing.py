@@ -37,11 +37,15 @@ def _interrupted(run: Path, delays: list[float]) -> None:
         if armed[0]:
             raise KeyboardInterrupt
 
+    # SIGINT held back across the fork: a signal sent at once lands in the child only after
+    # its own handler is in place, inside the try (not at the fork, under pytest's handler)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
     if pid == 0:  # the child: whatever happens, it ends here, never back in pytest's loop
         try:
             try:
                 signal.signal(signal.SIGINT, on_sigint)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
                 _train(run)
             except BaseException:  # noqa: BLE001 - the interrupt under test
                 pass
@@ -50,6 +54,7 @@ def _interrupted(run: Path, delays: list[float]) -> None:
                 armed[0] = False
         finally:
             os._exit(0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     for d in delays:
         time.sleep(d)
         try:
