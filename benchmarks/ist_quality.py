@@ -218,6 +218,7 @@ class Job:
     fragments: int = 1               # diloco
     ist: dict[str, Any] = field(default_factory=dict)   # thinwire.IST keyword arguments
     seed: int = 0                    # the model's initialisation and every worker's batches
+    recal: bool = True               # BatchNorm statistics recomputed before evaluation
 
     def name(self) -> str:
         return self.label or self.method
@@ -305,7 +306,7 @@ def run_job(job: Job, rank: int, n: int) -> dict[str, Any] | None:
     if rank != 0:
         return None
     assert full is not None
-    metrics = data.evaluate(_recalibrate(full, data))
+    metrics = data.evaluate(_recalibrate(full, data) if job.recal else full.eval())
     return {"model": job.model, "label": job.name(), "method": job.method, "n": n,
             "seed": job.seed,
             "sent_mean": sum(sent) / n, "sent_max": max(sent), "train_s": train_s, **metrics}

@@ -132,3 +132,22 @@ def fashion() -> Groups:
 
 
 TABLES["fashion"] = fashion
+
+
+def norms() -> Groups:
+    """BatchNorm statistics at evaluation: recomputed on the assembled model (every table) or
+    as the subnets left them (each BatchNorm's running statistics of the channels a worker
+    held, written back with them; the stream's, averaged over the workers), beside DP's own."""
+    groups: Groups = []
+    for n in (2, 4):
+        jobs: list[Job] = []
+        for m in ("rescnn", "resnet"):
+            jobs += _seeds([Job(m, "plain"), Job(m, "dp"),
+                            Job(m, "dp", label="dp, statistics as trained", recal=False),
+                            _ist(m, "ist defaults"),
+                            replace(_ist(m, "ist, statistics as trained"), recal=False)])
+        groups.append((n, jobs))
+    return groups
+
+
+TABLES["norms"] = norms
