@@ -233,17 +233,14 @@ def _optimizer(job: Job, model: nn.Module) -> torch.optim.Optimizer:
 @torch.no_grad()
 def _recalibrate(model: nn.Module, data: Any) -> nn.Module:
     """BatchNorm statistics recomputed on 20 training batches of 64 (on a copy)."""
-    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not bns or data.lm:
+    from thinwire.models.norms import recalibrate_batchnorm
+
+    if data.lm:
         return model
     model = copy.deepcopy(model)
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None
-    model.train()
     gen = torch.Generator().manual_seed(3)
-    for _ in range(20):
-        model(data.x[torch.randint(0, len(data.x), (64,), generator=gen)])
+    recalibrate_batchnorm(model, [data.x[torch.randint(0, len(data.x), (64,), generator=gen)]
+                                  for _ in range(20)], running=True)
     return model.eval()
 
 

@@ -171,15 +171,13 @@ class Task:
             # BatchNorm statistics recalibrated on 10 training batches (on a copy), for every
             # method alike: IST's subnets ran with a share of the channels and scaled inputs,
             # so the running statistics they kept are not the full model's
+            from thinwire.models.norms import recalibrate_batchnorm
+
             model = copy.deepcopy(model)
-            for m in model.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.reset_running_stats()
-                    m.momentum = None
-            model.train()
             gen = torch.Generator().manual_seed(3)
-            for _ in range(10):
-                model(self.x[torch.randint(0, len(self.x), (64,), generator=gen)])
+            recalibrate_batchnorm(model, [self.x[torch.randint(0, len(self.x), (64,),
+                                                               generator=gen)]
+                                          for _ in range(10)], running=True)
             model.eval()
             return float((model(self.x_te).argmax(1) == self.y_te).float().mean())
         model.eval()

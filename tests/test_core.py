@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from harness import free_port, run_workers
 from method_cases import params as case_params
+from torch import nn
 
 from thinwire.config import load
 from thinwire.data.task import task_for
@@ -102,6 +103,21 @@ def test_recalibrated_batchnorm_predicts_single_samples() -> None:
     batch = model(x[:50])
     for i in (0, 7, 49):
         torch.testing.assert_close(model(x[i:i + 1])[0], batch[i], atol=1e-5, rtol=1e-5)
+
+
+def test_running_statistics_are_recomputed_on_request_and_momentum_kept() -> None:
+    """``running=True``: a norm that tracks statistics gets the cumulative mean of the batch
+    means (the first norm sees the inputs themselves), its momentum back afterwards; without
+    it, such a model is left as it is."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 2))
+    batches = [torch.randn(16, 3) + 5.0 for _ in range(4)]
+    assert recalibrate_batchnorm(model, batches) == 0
+    assert torch.equal(model[0].running_mean, torch.zeros(3))
+    assert recalibrate_batchnorm(model, batches, running=True) == 1
+    torch.testing.assert_close(model[0].running_mean,
+                               torch.stack([b.mean(0) for b in batches]).mean(0))
+    assert model[0].momentum == 0.1 and not model.training
 
 
 # --- the command line ---------------------------------------------------------------------------

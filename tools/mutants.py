@@ -194,7 +194,7 @@ MUTANTS = (
            ("tests/ist/test_ist_mlp.py::test_reindexed_momentum_travels_with_the_subnet",)),
     Mutant("ist-overlap-sum", "IST", "an element two overlapping subnets trained ends at the sum "
            "of their copies, not their mean", "strategies/ist/store.py",
-           "mean = total / count.clamp(min=1).to(total.dtype)", "mean = total",
+           "mean = total / holders.to(total.dtype)", "mean = total",
            ("tests/ist/test_ist_remedies.py::"
             "test_an_overlapped_unit_ends_at_the_mean_of_its_holders",)),
     Mutant("ist-stream-cut", "IST", "the derived adapter cuts a residual stream it should keep "

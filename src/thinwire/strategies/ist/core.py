@@ -41,8 +41,8 @@ Round r covers the K optimizer steps after its first forward pass:
      assembled model at evaluation (the adapter's ``configure_eval``, ResIST's choice);
   4. after the K-th step (an optimizer post-step hook) the workers send the trained pieces back;
      owners write the disjoint blocks in place (elements held by several workers, as ResIST's
-     shared blocks or overlapping subnets' units, end at the mean of their holders' copies); tensors every subnet shares are averaged with one all-reduce
-     of their updates; cut blocks nobody trained (cross blocks between two workers' neurons)
+     shared blocks or overlapping subnets' units, end at the mean of their holders' copies);
+     tensors every subnet shares are averaged with one all-reduce of their updates; cut blocks nobody trained (cross blocks between two workers' neurons)
      stay bitwise unchanged; with ``outer_lr``/``outer_momentum`` the stored model then takes
      an outer SGD step with Nesterov momentum on the round's change, as DiLoCo's outer step
      (:meth:`~thinwire.strategies.ist.store.Store.outer_step`; lr 1 and momentum 0, the
@@ -79,7 +79,7 @@ from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
 from thinwire.strategies.ist.assembly import gather_full
 from thinwire.strategies.ist.layout import View
-from thinwire.strategies.ist.optstate import OptimizerState
+from thinwire.strategies.ist.optstate import OptimizerState, reindexes
 from thinwire.strategies.ist.partition import partition_groups, resolve_overlap
 from thinwire.strategies.ist.store import Dealt, Overlap, Store
 
@@ -160,8 +160,7 @@ class IST:
         self.K = local_steps
         self.seed = seed
         self.deployment = deployment
-        self._state_arg = optimizer_state
-        self.reindex = optimizer_state == "reindex"  # auto: resolved with the adapter
+        self._state_arg = optimizer_state  # auto: resolved with the adapter's plan
         self.drop_last_step = drop_last_step
         self.outer = (float(outer_lr), float(outer_momentum))
         self.overlap = resolve_overlap(int(overlap), self.n)
@@ -173,7 +172,7 @@ class IST:
         self.active = False
         self.finished = False
         self.held: dict[str, tuple[np.ndarray, ...]] = {}
-        self.opt_state = OptimizerState(self.optimizers, self.reindex)
+        self.opt_state = OptimizerState(self.optimizers, optimizer_state == "reindex")
         self._scale_handles: list[Any] = []
         self._hooks: list[Any] = []
         self._kept: dict[str, list[torch.Tensor]] | None = None
@@ -187,6 +186,12 @@ class IST:
         if adapter is not None:
             self._setup(adapter)
         self._attach()
+
+    @property
+    def reindex(self) -> bool:
+        """Whether the optimizer state is dealt with its units (``optimizer_state`` resolved:
+        ``auto`` takes the adapter's default once the plan is known)."""
+        return self.opt_state.reindex
 
     def _adapter(self) -> ISTAdapter:
         """The adapter, set up by now (given, or derived at the first forward)."""
@@ -210,9 +215,7 @@ class IST:
             raise UsageError(f"IST scale {self.scale!r} is not available for "
                              f"{type(model).__name__}; use one of "
                              f"{', '.join(adapter.scales)}")
-        if self._state_arg == "auto":
-            self.reindex = self.plan.default_optimizer_state == "reindex"
-            self.opt_state.reindex = self.reindex
+        self.opt_state.reindex = reindexes(self._state_arg, self.plan.default_optimizer_state)
         self.wire = getattr(torch, self.plan.wire_dtype)
         self.own = pc.Ownership(self.plan, self.n, self.deployment)
         self._check_model()

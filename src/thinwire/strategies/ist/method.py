@@ -61,6 +61,7 @@ from thinwire.strategies.base import (
 )
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.ist import pieces as pc
+from thinwire.strategies.ist.optstate import reindexes
 from thinwire.strategies.ist.partition import partition_groups, resolve_overlap
 from thinwire.strategies.traffic import Layout, Traffic, ring_all_reduce
 
@@ -190,8 +191,12 @@ def local_steps_of(cfg: Any) -> int:
 
 
 def _check(cfg: Any) -> None:
-    """With an automatic K: the config's step alignment against the model's K."""
+    """The overlap against the workers; with an automatic K: the config's step alignment
+    against the model's K."""
     o: Options = cfg.method.options
+    check(o.overlap <= cfg.runtime.workers, "method.overlap",
+          f"{o.overlap} is more workers than the run has ({cfg.runtime.workers}); use 1 to "
+          f"{cfg.runtime.workers}, or 0 for auto")
     if o.switch_patience and not cfg.train.eval_every:
         raise UsageError("method.switch_patience switches on the evaluation curve; set "
                          "train.eval_every (e.g. a few times per 10% of train.steps)")
@@ -370,9 +375,8 @@ def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
     own = pc.Ownership(plan, n, o.deployment)
     groups = [(g.name, g.size, g.kind) for g in plan.groups]
     k = o.k(plan.default_local_steps)
-    state = (plan.default_optimizer_state if o.optimizer_state == "auto"
-             else o.optimizer_state)
-    copies = optimizer_states if state == "reindex" else 0
+    copies = (optimizer_states if reindexes(o.optimizer_state, plan.default_optimizer_state)
+              else 0)
     last = o.switch_at if o.switch_at else steps
     sent = np.zeros(n, dtype=np.int64)
     recv = np.zeros(n, dtype=np.int64)
@@ -445,5 +449,5 @@ METHOD = MethodEntry(
            "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST is 15.7x faster than DP "
            "and 2.6x faster than local SGD (python benchmarks/thin_wire.py, as root; "
            "docs/BENCHMARKS.md, 'Thin-wire testbed'); at equal samples the defaults of "
-           "thinwire.IST come within 2 points of DP on converged tasks (python "
-           "benchmarks/ist_quality.py)")
+           "thinwire.IST come within 2.5 points of DP's accuracy on converged tasks "
+           "(python benchmarks/ist_quality.py)")

@@ -22,6 +22,13 @@ from typing import Any
 import torch
 
 
+def reindexes(optimizer_state: str, default: str) -> bool:
+    """Whether ``optimizer_state`` deals the state with its units: ``reindex``, or ``auto``
+    with the plan's ``default`` (``ISTPlan.default_optimizer_state``) being ``reindex``. One
+    rule for IST's rounds and for its traffic formula."""
+    return (default if optimizer_state == "auto" else optimizer_state) == "reindex"
+
+
 class OptimizerState:
     """The optimizers' per-element state names and scalar entries (module docstring)."""
 

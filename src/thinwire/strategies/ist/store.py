@@ -37,9 +37,9 @@ from thinwire.strategies.ist.layout import View, element_index, put_block
 Dealt = dict[str, list[list[torch.Tensor]]]
 """Returned copies of dealt-unit tensors: name -> per holder, [tensor, *state]."""
 
-Overlap = dict[str, list[tuple[torch.Tensor, torch.Tensor]]]
-"""Overlapping subnets: name -> per copy [tensor, *state], (sum of the returned blocks, how
-many returned each element), both shaped as the stored slice."""
+Overlap = dict[str, tuple[torch.Tensor, list[torch.Tensor]]]
+"""Overlapping subnets: name -> (how many workers returned each element, the sum of the
+returned blocks per copy [tensor, *state]), all shaped as the stored slice."""
 
 
 class Store:
@@ -132,12 +132,14 @@ class Store:
                 if overlap is None:
                     put_block(x, dims, index, block)
                 else:
-                    acc = overlap.setdefault(t.name, [])
-                    if len(acc) <= k:
-                        acc.append((torch.zeros_like(x), torch.zeros_like(x, dtype=torch.int32)))
-                    put_block(acc[k][0], dims, index, block, add=True)
-                    put_block(acc[k][1], dims, index, torch.ones_like(block, dtype=torch.int32),
-                              add=True)
+                    if t.name not in overlap:  # one count for the tensor and its state
+                        overlap[t.name] = (torch.zeros_like(x, dtype=torch.int32),
+                                           [torch.zeros_like(y) for y in targets])
+                    count, sums = overlap[t.name]
+                    if k == 0:
+                        put_block(count, dims, index,
+                                  torch.ones_like(block, dtype=torch.int32), add=True)
+                    put_block(sums[k], dims, index, block, add=True)
                 at += size
         assert at == piece.numel(), (at, piece.numel())
 
@@ -146,10 +148,10 @@ class Store:
         their copies (sum / count: a single copy is written as it came back); elements nobody
         trained (cross blocks) stay bitwise unchanged."""
         plans = {t.name: t for t in self.view.plan.tensors}
-        for name, accs in overlap.items():
-            for base, (total, count) in zip(self.stored(plans[name], keys), accs):
-                hit = count > 0
-                mean = total / count.clamp(min=1).to(total.dtype)
+        for name, (count, sums) in overlap.items():
+            hit, holders = count > 0, count.clamp(min=1)
+            for base, total in zip(self.stored(plans[name], keys), sums):
+                mean = total / holders.to(total.dtype)
                 base.copy_(torch.where(hit, mean.to(base.dtype), base))
 
     def average_dealt(self, dealt: Dealt, keys: Sequence[str]) -> None:
