@@ -166,3 +166,21 @@ def test_ist_step_on_an_adapted_module_computes_a_workers_share(name):
     with pytest.raises(UsageError, match="cuts the model into units"):
         predict(dataclasses.replace(spec, ist=None), cluster,
                 StrategySpec(dp=4, micro_batch_size=8, dtype="fp32", method="ist"))
+
+
+def test_ist_overlap_multiplies_a_subnets_cut_units_in_the_planner():
+    """MLP 64-512-512-10 over 4 workers: a disjoint subnet holds 128 units of each hidden
+    layer, 64*128 + 128*128 + 128*10 weights and 128 + 128 biases plus the shared output bias;
+    with overlap 2 (each unit held by two workers) it holds 256 of each: the planner's
+    parameters and widths of a worker follow the spec's overlap, and overlap 0 resolves to
+    max(1, 4 // 2) = 2."""
+    from thinwire.planner.methods import worker_params, worker_widths
+
+    def subnet(h: int) -> int:
+        return 64 * h + h * h + h * 10 + h + h + 10
+
+    assert worker_params(DIGITS, 4, "ist") == subnet(128)
+    assert worker_params(DIGITS, 4, "ist:overlap=2") == subnet(256)
+    assert worker_params(DIGITS, 4, "ist:overlap=0") == subnet(256)
+    assert worker_params(DIGITS, 4, "ist:overlap=4") == DIGITS.params
+    assert worker_widths(DIGITS, 4, "ist:overlap=2") == (64.0, 256.0, 256.0, 10.0)

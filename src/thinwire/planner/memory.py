@@ -213,13 +213,13 @@ def _dense_memory(model: ModelSpec, s: StrategySpec, elem: float) -> tuple[float
             share = method_share(model, s.method, s.dp)
             if share is not None:
                 return share.params, share.other_bytes
-            return worker_params(model, s.dp), 0.0
+            return worker_params(model, s.dp, s.method), 0.0
         return float(model.params), 0.0
     if s.partitioned:
         from thinwire.planner.methods import worker_params, worker_widths
 
-        widths = worker_widths(model, s.dp)
-        psi = worker_params(model, s.dp)
+        widths = worker_widths(model, s.dp, s.method)
+        psi = worker_params(model, s.dp, s.method)
     else:
         widths, psi = tuple(float(w) for w in model.widths), float(model.params)
     return psi, mlp_activation_bytes(widths, s.micro_batch_size, elem)

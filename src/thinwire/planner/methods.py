@@ -255,13 +255,24 @@ def work_share(model: ModelSpec, spec: str, workers: int) -> float:
         if isinstance(model, TransformerSpec):
             raise UsageError(f"{spec}: a worker's share of a transformer's work is not modelled")
         return share.flops_per_sample / model.flops_per_sample
-    return worker_params(model, workers) / model.params
+    return worker_params(model, workers, spec) / model.params
+
+
+def _overlap(spec: str, workers: int) -> int:
+    """Workers holding each cut unit under ``spec`` (IST's ``overlap`` resolved; 1 where the
+    method has no such option, or no spec)."""
+    if not spec:
+        return 1
+    from thinwire.strategies.ist.partition import resolve_overlap
+
+    return resolve_overlap(int(getattr(resolve(spec).options, "overlap", 1)), workers)
 
 
 def worker_params(model: ModelSpec, workers: int, spec: str = "") -> float:
     """Step 4: parameters a worker trains when the model's IST plan deals its units over
-    ``workers`` (round 0's subnets, the mean over workers; the whole model for one worker), or
-    the method's own ``share`` when ``spec``'s entry declares one."""
+    ``workers`` (round 0's subnets, each unit held by ``spec``'s overlap of workers, the mean
+    over workers; the whole model for one worker), or the method's own ``share`` when
+    ``spec``'s entry declares one."""
     share = method_share(model, spec, workers)
     if share is not None:
         return share.params
@@ -271,11 +282,14 @@ def worker_params(model: ModelSpec, workers: int, spec: str = "") -> float:
     if plan is None:
         raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs and for "
                          "modules counted with their adapter only")
-    return float(declaring("worker_numel").formula("worker_numel")(plan, workers))
+    numel = declaring("worker_numel").formula("worker_numel")
+    return float(numel(plan, workers, _overlap(spec, workers)))
 
 
-def worker_widths(model: MLPSpec, workers: int) -> tuple[float, ...]:
-    """Step 4: the widths a worker's subnet has on average (each group's units / workers)."""
+def worker_widths(model: MLPSpec, workers: int, spec: str = "") -> tuple[float, ...]:
+    """Step 4: the widths a worker's subnet has on average (each group's units x the
+    overlap / workers)."""
     plan = mlp_ist_plan(model)
     w = model.widths
-    return (float(w[0]), *(g.size / workers for g in plan.groups), float(w[-1]))
+    r = _overlap(spec, workers)
+    return (float(w[0]), *(g.size * r / workers for g in plan.groups), float(w[-1]))

@@ -227,7 +227,7 @@ def _micro_batch(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> flo
         return 3 * matmul_time(share * model.flops_per_sample * b / 3, peak, curve)
     if not isinstance(model, MLPSpec):
         raise UsageError(f"model {model.name}: transformers take the pipeline path")
-    w = worker_widths(model, s.dp) if s.partitioned else model.widths
+    w = worker_widths(model, s.dp, s.method) if s.partitioned else model.widths
     mm = sum(3 * matmul_time(2.0 * b * x * y, peak, curve) for x, y in zip(w[:-1], w[1:]))
     return mm + vector_time(6.0 * DTYPE_BYTES[dtype] * b * sum(w[1:]), cluster)
 

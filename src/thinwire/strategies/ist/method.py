@@ -429,12 +429,13 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     return ist_traffic(layout.ist, options, workers, steps, seed, optimizer_states)
 
 
-def worker_numel(plan: ISTPlan, workers: int) -> float:
+def worker_numel(plan: ISTPlan, workers: int, overlap: int = 1) -> float:
     """Elements a worker's subnet trains when ``plan``'s units are dealt over ``workers``
-    (round 0's disjoint partition, overlap 1, the mean over workers; buffers excluded). Pure:
-    the planner's compute and memory of a subnet read it (with ``overlap`` r > 1 a subnet holds
-    r times the cut units; the planner models the published, disjoint form)."""
-    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0)
+    (round 0's partition, each unit held by ``overlap`` workers, resolved: 1 is the published
+    disjoint form; the mean over workers; buffers excluded). Pure: the planner's compute and
+    memory of a subnet read it."""
+    held = partition_groups([(g.name, g.size, g.kind) for g in plan.groups], workers, 0, 0,
+                            overlap)
     total = sum(pc.subnet_numel(t, held, w) for t in plan.tensors if not t.buffer
                 for w in range(workers))
     return total / workers
