@@ -160,7 +160,7 @@ MUTANTS = (
            ("tests/reliability/test_planted_edges.py::"
             "test_fp4_rounds_to_zero_below_half_the_smallest_step",)),
     Mutant("graph-poison-lost", "IST", "the graph adapter's union of two channel groups drops "
-           "the absorbed group's must-share mark", "models/graph_adapter.py",
+           "the absorbed group's must-share mark", "models/graph/groups.py",
            "g.poisoned = g.poisoned or o.poisoned", "g.poisoned = g.poisoned",
            ("tests/reliability/test_planted_edges.py::"
             "test_a_residual_stream_with_one_uncuttable_consumer_is_never_cut",)),
@@ -198,7 +198,7 @@ MUTANTS = (
            ("tests/ist/test_ist_remedies.py::"
             "test_an_overlapped_unit_ends_at_the_mean_of_its_holders",)),
     Mutant("ist-stream-cut", "IST", "the derived adapter cuts a residual stream it should keep "
-           "whole (the old default)", "models/graph_adapter.py",
+           "whole (the old default)", "models/graph/derive.py",
            '(residual == "whole" and g.stream)', '(residual == "none" and g.stream)',
            ("tests/ist/test_ist_graph.py::test_derived_residual_stream_stays_whole_by_default",)),
     Mutant("ist-step-frozen", "IST", "dealt Adam state restarts every round from the first "
