@@ -15,6 +15,10 @@ class Context(Protocol):
     """The propagation as a rule sees it."""
 
     ann: dict[fx.Node, Any]
+    owners: dict[str, Any]  # the traced model's modules by name
+
+    def module_path(self, n: fx.Node) -> list[str]:
+        """The modules (outermost first) whose forward made ``n`` (an exported graph)."""
 
     @property
     def groups(self) -> Graph:

@@ -17,7 +17,7 @@ from thinwire.models.graph.emit import blocks_adapter, channels_adapter
 from thinwire.models.graph.errors import subnet_fails
 from thinwire.models.graph.groups import Graph
 from thinwire.models.graph.propagate import Propagation
-from thinwire.models.graph.tracing import example_args, trace
+from thinwire.models.graph.tracing import call_kwargs, example_args, trace
 
 RESIDUAL_MODES = ("whole", "channels", "blocks")
 EMBEDDING_MODES = ("shared", "cut")
@@ -76,14 +76,16 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "who
     # traced and run on copies: the trace runs the modules on the example (BatchNorm statistics
     # move), the model itself stays untouched
     work = _copy_without_hooks(model)
-    wgm = trace(work, args, shared)
+    traced = trace(work, args, shared)
+    wgm = traced.gm
     graph = Graph()
-    prop = Propagation(wgm, graph, embeddings, shared)
+    prop = Propagation(wgm, graph, embeddings, shared, exported=traced.exported,
+                       owners=dict(work.named_modules()))
     was = work.training
     work.train()
     try:
         with torch.no_grad():
-            prop.run(*args)
+            prop.run(*traced.inputs)
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -103,11 +105,12 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "who
             g.poisoned = True
             graph.groups[graph.find(i)].poisoned = True
     adapter = channels_adapter(model, graph, named, params, min_units)
-    _check_subnet(work, adapter, args)
+    _check_subnet(work, adapter, args, call_kwargs(work))
     return adapter
 
 
-def _check_subnet(work: nn.Module, adapter: GraphAdapter, args: tuple[Any, ...]) -> None:
+def _check_subnet(work: nn.Module, adapter: GraphAdapter, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> None:
     """One forward of a subnet holding the first half of every group's units, on the copy: a
     forward that fixes a cut width in code (``x.view(b, n, 4, 16)`` where 4 is a head count)
     fails here, in one line, and not in the first round."""
@@ -128,7 +131,7 @@ def _check_subnet(work: nn.Module, adapter: GraphAdapter, args: tuple[Any, ...])
         adapter.configure(work, held)
         try:
             work.train()
-            work(*args)
+            work(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - reported in one line
             text = str(e).strip().splitlines()[0][:160] if str(e).strip() else repr(e)
             raise UsageError(subnet_fails(work, text)) from None

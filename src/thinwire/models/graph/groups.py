@@ -6,7 +6,7 @@ cannot be cut is *poisoned*."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -82,6 +82,44 @@ class Graph:
         g.stream = g.stream or o.stream or stream
         self.uses.setdefault(keep, []).extend(self.uses.pop(gone, []))
         return keep
+
+    def absorb(self, big: int, small: int, ratio: int) -> int:
+        """Join ``small`` into ``big`` where one channel of ``small`` stands for ``ratio``
+        channels of ``big`` (grouped-query attention: a key/value head serves ``ratio`` query
+        heads, so a unit is one key/value head with its query heads)."""
+        rb, rs = self.find(big), self.find(small)
+        if rb == rs:
+            return rb
+        gb, gs = self.groups[rb], self.groups[rs]
+        if gb.width != gs.width * ratio:
+            self.poison(rb)
+            self.poison(rs)
+            return rb
+        gb.base = math.lcm(gb.base, gs.base * ratio)
+        gb.poisoned = gb.poisoned or gs.poisoned
+        gb.embedding = gb.embedding or gs.embedding
+        gb.stream = gb.stream or gs.stream
+        self.uses.setdefault(rb, []).extend(
+            replace(u, inner=Fraction(u.inner) / ratio) for u in self.uses.pop(rs, []))
+        self.parent[rs] = rb
+        return rb
+
+    def split(self, g: int, chunks: int) -> int:
+        """A group for each of ``chunks`` equal pieces of ``g`` (q | k | v of a fused
+        projection): ``g``'s uses become the new group's, in ``chunks`` segments; ``g`` itself is
+        not cut any more."""
+        root = self.find(g)
+        old = self.groups[root]
+        s = self.new(old.width // chunks, old.origin)
+        new = self.groups[s]
+        new.base, new.poisoned = old.base, old.poisoned
+        new.embedding, new.stream = old.embedding, old.stream
+        self.uses[s] = [replace(u, segments=u.segments * chunks)
+                        for u in self.uses.pop(root, [])]
+        self.follows = [(m, a, s, per * chunks) if self.find(x) == root else (m, a, x, per)
+                        for m, a, x, per in self.follows]
+        old.poisoned = True
+        return s
 
     def poison(self, g: int) -> None:
         self.groups[self.find(g)].poisoned = True

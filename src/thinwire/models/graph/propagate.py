@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import fx
 
+import thinwire.models.graph.aten  # noqa: F401 - registers the aten rules
 from thinwire.models.graph.groups import Ann, Graph, Use, poison_ann
 from thinwire.models.graph.rules import ADDITIVE, function_rule, method_rule, module_rule
 
@@ -29,8 +30,11 @@ class Propagation(fx.Interpreter):
     :mod:`thinwire.models.graph.rules`."""
 
     def __init__(self, gm: fx.GraphModule, graph: Graph, embeddings: str,
-                 shared: Sequence[str]) -> None:
+                 shared: Sequence[str], *, exported: bool = False,
+                 owners: dict[str, Any] | None = None) -> None:
         super().__init__(gm)
+        self.exported = exported  # an aten graph of torch.export (rules: graph/aten.py)
+        self.owners = owners if owners is not None else dict(gm.named_modules())
         self.g = graph
         self.embeddings = embeddings
         self.shared = set(shared)
@@ -64,8 +68,17 @@ class Propagation(fx.Interpreter):
             self.ann[n] = {}
         return out
 
+    def module_path(self, n: fx.Node) -> list[str]:
+        """The modules (outermost first) whose forward made node ``n`` (an exported graph)."""
+        stack = n.meta.get("nn_module_stack") or {}
+        return [str(v[0]) if isinstance(v, tuple) else str(k) for k, v in stack.items()]
+
     def _annotate(self, n: fx.Node, out: Any) -> Any:
         if n.op in ("placeholder", "get_attr"):
+            return {}
+        if self.exported and self.shared and any(
+                m in self.shared for m in self.module_path(n)):
+            self.poison_inputs(n)  # inside a module kept whole
             return {}
         if n.op == "output":
             poison_ann(self.g, [self.annotation(x) for x in n.all_input_nodes])
@@ -229,9 +242,13 @@ class Propagation(fx.Interpreter):
                 if d >= rank - 2:
                     raise ValueError("attention over a cut dimension")
                 if d in joined:
-                    if joined[d][1] != inner:
+                    ratio = Fraction(inner) / Fraction(joined[d][1])
+                    if ratio == 1:
+                        joined[d] = (self.g.join(joined[d][0], gid), joined[d][1])
+                    elif ratio.denominator == 1:  # grouped-query: k/v heads repeated
+                        joined[d] = (self.g.absorb(joined[d][0], gid, int(ratio)), joined[d][1])
+                    else:
                         raise ValueError("heads of different widths")
-                    joined[d] = (self.g.join(joined[d][0], gid), inner)
                 else:
                     joined[d] = (gid, inner)
         for d, (gid, _) in joined.items():

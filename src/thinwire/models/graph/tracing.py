@@ -6,9 +6,11 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
+import torch.utils._pytree as pytree
 from torch import fx, nn
 from torch.fx.experimental import meta_tracer
 
@@ -59,9 +61,62 @@ def example_args(example_input: Any) -> tuple[Any, ...]:
     return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
 
 
-def trace(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]) -> fx.GraphModule:
-    """Symbolic tracing first (no values needed); where the forward branches on a shape
-    (``if x.dim() != 4``), the meta tracer, whose proxies carry the example's shapes."""
+def call_kwargs(model: nn.Module) -> dict[str, Any]:
+    """Keyword arguments every traced and checked forward of ``model`` gets: ``use_cache=False``
+    for a Hugging Face ``transformers`` model (its key/value cache is an inference object that
+    neither tracer follows and IST never needs; pass the same in your training loop, or set
+    ``model.config.use_cache = False``)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache") and "use_cache" in inspect.signature(
+            model.forward).parameters:
+        return {"use_cache": False}
+    return {}
+
+
+@dataclass
+class Traced:
+    """A traced forward: ``gm`` runs on ``inputs`` (the example, flattened for an exported
+    graph); ``exported``: the graph is torch.export's (aten operators, parameters as
+    ``get_attr`` nodes named as in the model, each node's ``nn_module_stack`` its modules)."""
+
+    gm: fx.GraphModule
+    inputs: tuple[Any, ...]
+    exported: bool = False
+
+
+def trace(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]) -> Traced:
+    """1. torch.fx's symbolic tracing (no values needed), kept at module granularity; 2. where
+    the forward branches on a shape (``if x.dim() != 4``), fx's meta tracer, whose proxies carry
+    the example's shapes; 3. where neither follows the forward (Hugging Face ``transformers``
+    models: their forwards take ``**kwargs`` and decorated wrappers fx cannot enter),
+    ``torch.export.export(strict=False)``, which runs the forward in Python and records aten
+    operators (:mod:`thinwire.models.graph.aten` holds their rules). When all fail, one line
+    names the innermost module and both tracers' reasons."""
+    try:
+        return Traced(_trace_fx(model, args, shared), args)
+    except UsageError as fx_error:
+        kwargs = call_kwargs(model)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ep = torch.export.export(model, args, kwargs=kwargs or None, strict=False)
+            gm = ep.module()
+        except Exception as e:  # noqa: BLE001 - reported with fx's reason, in one line
+            text = str(e).strip()
+            reason = text.splitlines()[0][:120] if text else type(e).__name__
+            msg = str(fx_error)
+            if "; " in msg and " (" in msg:
+                head, _, rest = msg.partition(" (")
+                why, _, tail = rest.partition("); ")
+                msg = f"{head} (torch.fx: {why}; torch.export: {reason}); {tail}"
+            raise UsageError(msg) from None
+        flat = tuple(pytree.tree_leaves((args, kwargs)))
+        return Traced(cast(fx.GraphModule, gm), flat, exported=True)
+
+
+def _trace_fx(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]
+              ) -> fx.GraphModule:
+    """Steps 1-2 of :func:`trace`."""
     params = [p for p in inspect.signature(model.forward).parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(args) > len(params):
