@@ -3,7 +3,10 @@ granularity (symbolic tracing; fx's meta tracer where the forward branches on a 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,24 +97,33 @@ def trace(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]) -> Tra
     names the innermost module and both tracers' reasons."""
     try:
         return Traced(_trace_fx(model, args, shared), args)
-    except UsageError as fx_error:
+    except _FxFailed as fx_failed:
         kwargs = call_kwargs(model)
+        level = logging.root.manager.disable
         try:
-            with warnings.catch_warnings():
+            logging.disable(logging.WARNING)  # export logs its failure's graph at length
+            # a failed export prints its partial graph to stderr: kept out of the one line
+            with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(model, args, kwargs=kwargs or None, strict=False)
             gm = ep.module()
         except Exception as e:  # noqa: BLE001 - reported with fx's reason, in one line
-            text = str(e).strip()
-            reason = text.splitlines()[0][:120] if text else type(e).__name__
-            msg = str(fx_error)
-            if "; " in msg and " (" in msg:
-                head, _, rest = msg.partition(" (")
-                why, _, tail = rest.partition("); ")
-                msg = f"{head} (torch.fx: {why}; torch.export: {reason}); {tail}"
-            raise UsageError(msg) from None
+            where, module, why = fx_failed.args
+            reason = f"torch.fx: {why}; torch.export: {_first_line(e)}"
+            raise UsageError(cannot_trace(model, where, module, reason)) from None
+        finally:
+            logging.disable(level)
         flat = tuple(pytree.tree_leaves((args, kwargs)))
         return Traced(cast(fx.GraphModule, gm), flat, exported=True)
+
+
+class _FxFailed(Exception):
+    """Neither fx tracer followed the forward: (innermost module's name, the module, reason)."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:120].strip() if text else type(e).__name__
 
 
 def _trace_fx(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]
@@ -142,6 +154,4 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]
     except Exception:  # noqa: BLE001 - any tracing failure is the same one-line error
         pass
     where = meta.failed_at or symbolic.failed_at or ""
-    text = str(first).strip()
-    reason = text.splitlines()[0][:120] if text else type(first).__name__
-    raise UsageError(cannot_trace(model, where, dict(model.named_modules()).get(where), reason))
+    raise _FxFailed(where, dict(model.named_modules()).get(where), _first_line(first))
