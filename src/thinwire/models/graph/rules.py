@@ -10,8 +10,9 @@ width), ``name`` the module's qualified name and ``out`` its output on the examp
 the output's annotation (``{dim: (group, elements per channel)}``; ``{}``: nothing cut flows
 out). A kind is matched along the module class's MRO, by the class itself or by its
 ``"module.QualName"`` (so a rule for a class of an optional library, such as transformers'
-``Conv1D``, needs no import of it). ``leaf=True`` keeps the module one node of the trace (its
-forward is not traced into: the rule says what it does).
+``Conv1D``, needs no import of it). A module whose own class has a rule is one node of the
+trace (its forward is not traced into: the rule says what it does); ``leaf=True`` extends that
+to the subclasses that inherit the rule.
 
 A user registers a rule for a module of their own with :func:`register_rule`::
 
@@ -104,6 +105,18 @@ def module_rule(m: nn.Module) -> ModuleRule | None:
         if rule is not None:
             return rule
     return None
+
+
+def is_leaf(m: nn.Module) -> bool:
+    """Whether the tracers keep ``m`` one node: its rule says so (``leaf=True``), or the rule
+    was registered for ``m``'s own class (a user's rule for their module; a subclass that
+    inherits a rule, such as a library's LayerNorm with its own forward, is traced into)."""
+    rule = module_rule(m)
+    if rule is None:
+        return False
+    cls = type(m)
+    return rule.leaf or cls in _MODULE_RULES or f"{cls.__module__}.{cls.__qualname__}" in (
+        _MODULE_RULES)
 
 
 def function_rule(fn: Any) -> OpRuleFn | None:

@@ -19,7 +19,7 @@ from torch.fx.experimental import meta_tracer
 
 from thinwire.errors import UsageError
 from thinwire.models.graph.errors import cannot_trace
-from thinwire.models.graph.rules import module_rule
+from thinwire.models.graph.rules import is_leaf
 
 
 class _Leaves:
@@ -32,8 +32,7 @@ class _Leaves:
     failed_at: str | None
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        rule = module_rule(m)
-        if qualname in self.shared or (rule is not None and rule.leaf):
+        if qualname in self.shared or is_leaf(m):
             return True
         return super().is_leaf_module(m, qualname)  # type: ignore[misc]
 
