@@ -14,7 +14,7 @@ without weights or network. For each:
 - on 2 gloo ranks, a round at learning rate 0 returns the full model bit for bit, and a few IST
   rounds lower the full model's loss on the batch.
 
-torchvision's compiled operators do not load beside torch's CPU build; tests/zoo_compat.py
+torchvision's compiled operators do not load beside torch's CPU build; thinwire.models.torchvision_ops
 (called from tests/conftest.py) declares the two schemas its import needs.
 """
 

@@ -1,10 +1,11 @@
-"""The real torchvision (and timm, built on it) beside this project's CPU build of torch.
+"""PyPI's torchvision (and timm, built on it, and transformers' model classes, which probe it)
+beside a CPU build of torch.
 
 PyPI's torchvision wheels carry compiled operators (``torchvision/_C.so``: nms, roi_align, ...)
 built against PyPI's CUDA build of torch; beside torch's CPU build they do not load, and
 ``import torchvision`` then fails at its first fake-kernel registration ("operator
 torchvision::nms does not exist"), which also breaks ``transformers``' model classes (they
-probe torchvision). The model classes the zoo tests use (``torchvision.models``, timm's ViT) are
+probe torchvision). Model classes (``torchvision.models``, timm's, transformers') are
 pure Python and call none of those operators, so :func:`define_missing_torchvision_ops`
 declares the two schemas that ``torchvision/_meta_registrations.py`` registers unconditionally
 (nms, qnms), with no kernel, when the compiled library does not load: the import then
