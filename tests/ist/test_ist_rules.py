@@ -44,3 +44,20 @@ def test_a_rule_registered_for_a_users_module_cuts_it() -> None:
     assert plan.scaled_inputs == (("2", "0"),)
     with pytest.raises(TypeError, match="nn.Module subclass"):
         register_rule(int, my_linear)
+
+
+class _ChannelsLast(nn.Module):
+    """A convolution whose channels a Linear reads after a permute (ConvNeXt's layout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 8, 3), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).permute(0, 2, 3, 1)).mean((1, 2))
+
+
+def test_permute_moves_a_channel_group_to_its_new_dimension() -> None:
+    plan = derive_adapter(_ChannelsLast(), torch.randn(2, 3, 6, 6)).plan
+    cuts = {t.name: [(c.group, c.dim) for c in t.cuts] for t in plan.tensors}
+    assert cuts["conv.weight"] == [("conv", 0)] and cuts["fc.weight"] == [("conv", 1)]

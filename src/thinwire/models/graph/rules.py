@@ -413,6 +413,17 @@ def _register_builtin() -> None:
         register_method_rule(name, same)
     for name in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_"):
         register_method_rule(name, binary)
+    def permute(p: Context, n: fx.Node, out: Any) -> Ann:
+        x = n.args[0]
+        rank = len(p.shape(x))
+        dims = n.args[1] if len(n.args) == 2 and isinstance(n.args[1], (tuple, list)) else \
+            n.args[1:]
+        order = [int(cast(int, d)) % rank for d in cast(Any, dims)]
+        a = p.annotation(x)
+        return {i: a[d] for i, d in enumerate(order) if d in a}
+
+    register_method_rule("permute", permute)
+    register_function_rule(torch.permute, permute)
     register_method_rule("flatten", flatten_call)
     register_method_rule("transpose", transpose)
     for name in ("view", "reshape"):
