@@ -7,12 +7,14 @@ input (the user's real batch; no shape is ever guessed):
 
 1. **Trace.** ``torch.fx`` records the forward as a graph (symbolic tracing; where the forward
    branches on a shape, such as ``if x.dim() != 4``, fx's meta tracer, whose proxies carry the
-   example's shapes). torch.fx and not ``torch.export``: fx keeps a call of a torch module as one node naming the
-   module (``nn.MultiheadAttention``, a whole ``nn.TransformerEncoderLayer``), where export
-   decomposes them into aten operators and the plan would have to be recovered from those; fx
-   traces in milliseconds and needs no compilation stack. A forward whose control flow depends
-   on tensor *values* cannot be traced: the error names the innermost module being traced and
-   the two fixes (``shared=(name,)``, or an adapter).
+   example's shapes). torch.fx first: it keeps a call of a module as one node naming the module
+   (``nn.MultiheadAttention``, a whole ``nn.TransformerEncoderLayer``, timm's ``Attention``),
+   traces in milliseconds and needs no compilation stack. Where neither fx tracer follows the
+   forward (Hugging Face ``transformers`` models), ``torch.export.export(strict=False)``: the
+   forward decomposed into aten operators with the parameters as named ``get_attr`` nodes,
+   which the rules of :mod:`~thinwire.models.graph.aten` follow. A forward whose control flow
+   depends on tensor *values* cannot be traced: the error names the innermost module being
+   traced, both tracers' reasons and the fixes (``shared=(name,)``, a rule, or an adapter).
 2. **Propagate channels.** The graph runs once on a copy of the model with the example input
    (the model itself and its BatchNorm statistics stay untouched). Every value carries, per
    dimension, the *channel group* whose units index it. A layer creates a group for its outputs
