@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
+ZOO := $(VENV)/.installed-zoo
 
 .PHONY: demo test data lint typecheck imports bench mutants clean
 
@@ -12,6 +13,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# the suite's IST zoo (transformers, torchvision, timm: docs/IST.md, "The zoo"), not the demo's
+$(ZOO): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,zoo]'
+	touch $(ZOO)
+
 data: $(STAMP)
 	$(PY) -m thinwire.data.setup
 	$(PY) -m thinwire.data.shakespeare_words
@@ -20,13 +26,13 @@ demo: $(STAMP) data
 	$(VENV)/bin/thinwire compare --config configs/demo.toml --overwrite \
 		--methods dp,localsgd,ist:overlap=0,optimizer_state=auto
 
-test: $(STAMP) data
+test: $(ZOO) data
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks tools
 
-mutants: $(STAMP) data
+mutants: $(ZOO) data
 	$(PY) tools/mutants.py
 
 typecheck: $(STAMP)

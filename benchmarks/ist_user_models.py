@@ -1,7 +1,13 @@
 """IST on models users write from stock torch modules, in their own loop: a residual CNN
 (Conv2d + BatchNorm + identity skips + GroupNorm, a Linear head) on Fashion-MNIST and an
 ``nn.TransformerEncoder`` character LM on tiny-shakespeare, IST (adapter derived from the
-model's graph, no adapter written) against data parallelism and local SGD, 4 workers.
+model's graph, no adapter written) against data parallelism and local SGD, 4 workers; and the
+models people download, with the libraries' own classes and fresh weights: GPT-2 from Hugging
+Face ``transformers`` (``--tasks gpt2``: 2 layers of 64, 4 heads, on the same characters) and
+torchvision's MobileNetV3-small (``--tasks mobilenet``: Fashion-MNIST, the gray image repeated
+on 3 channels).
+
+    python benchmarks/ist_user_models.py --out runs/ist_zoo --tasks gpt2,mobilenet
 
     python benchmarks/ist_user_models.py --out runs/ist_user --link loopback
     flock /tmp/thinwire-testbed.lock timeout 1800 \\
@@ -45,7 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-TASKS = ("cnn", "lm")
+TASKS = ("cnn", "lm", "gpt2", "mobilenet")
+IMAGES = ("cnn", "mobilenet")  # Fashion-MNIST; the others: tiny-shakespeare
 METHODS = ("dp", "localsgd", "ist", "ist-none", "ist-old")
 # ist-none: IST with scale="none"; ist-old: the old defaults (the residual stream cut, disjoint
 # subnets, optimizer state reset); localsgdH (e.g. localsgd20): local SGD with period H
@@ -112,6 +119,39 @@ class EncoderLM(nn.Module):
         return self.head(self.norm(h))
 
 
+class GrayMobileNet(nn.Module):
+    """torchvision's MobileNetV3-small on a 1-channel image (repeated on 3 channels)."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        from thinwire.models.torchvision_ops import define_missing_torchvision_ops
+
+        define_missing_torchvision_ops()
+        from torchvision.models import mobilenet_v3_small
+
+        self.net = mobilenet_v3_small(num_classes=classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.expand(-1, 3, -1, -1))
+
+
+def gpt2(vocab: int, context: int = 64) -> nn.Module:
+    """``transformers``' GPT2LMHeadModel at 2 layers of 64 (no cache: a training forward)."""
+    from thinwire.models.torchvision_ops import define_missing_torchvision_ops
+
+    define_missing_torchvision_ops()  # transformers' model classes probe torchvision
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=context, use_cache=False,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out
+
+
 # --- data ---------------------------------------------------------------------------------------
 def _data_dir() -> Path:
     if os.environ.get("THINWIRE_DATA"):
@@ -128,7 +168,7 @@ class Task:
     def __init__(self, name: str, rank: int, workers: int, batch: int) -> None:
         self.name, self.rank, self.workers, self.batch = name, rank, workers, batch
         self.gen = torch.Generator().manual_seed(1000 + rank)
-        if name == "cnn":
+        if name in IMAGES:
             from thinwire.data.datasets import _load_fashion_mnist
 
             x_tr, y_tr, x_te, y_te = _load_fashion_mnist(None, False)
@@ -150,10 +190,14 @@ class Task:
 
     def model(self) -> nn.Module:
         torch.manual_seed(0)
+        if self.name == "mobilenet":
+            return GrayMobileNet()
+        if self.name == "gpt2":
+            return gpt2(self.vocab, self.context)
         return ResidualCNN() if self.name == "cnn" else EncoderLM(self.vocab)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.name == "cnn":
+        if self.name in IMAGES:
             i = torch.randint(0, len(self.x), (self.batch,), generator=self.gen)
             return self.x[i], self.y[i]
         s = torch.randint(0, len(self.train_ids) - self.context - 1, (self.batch,),
@@ -162,12 +206,13 @@ class Task:
         return w[:, :-1], w[:, 1:]
 
     @staticmethod
-    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+        out = _logits(out)
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
     @torch.no_grad()
     def metric(self, model: nn.Module) -> float:
-        if self.name == "cnn":
+        if self.name in IMAGES:
             # BatchNorm statistics recalibrated on 10 training batches (on a copy), for every
             # method alike: IST's subnets ran with a share of the channels and scaled inputs,
             # so the running statistics they kept are not the full model's
@@ -179,7 +224,7 @@ class Task:
                                                                generator=gen)]
                                           for _ in range(10)], running=True)
             model.eval()
-            return float((model(self.x_te).argmax(1) == self.y_te).float().mean())
+            return float((_logits(model(self.x_te)).argmax(1) == self.y_te).float().mean())
         model.eval()
         nll = float(self.loss(model(self.val[:, :-1]), self.val[:, 1:]))
         model.train()
@@ -260,7 +305,7 @@ def _time_to(curve: list[dict[str, Any]], goal: float | None, task: str) -> str:
     if goal is None:
         return ""
     for c in curve:
-        if (c["metric"] >= goal) if task == "cnn" else (c["metric"] <= goal):
+        if (c["metric"] >= goal) if task in IMAGES else (c["metric"] <= goal):
             return f"{c['train_s']:.1f} (step {c['step']})"
     return "not reached"
 
@@ -328,14 +373,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --tasks from {','.join(TASKS)}, --methods from {','.join(METHODS)}; "
               "--eval a multiple of --local-steps and --period", file=sys.stderr)
         return 2
-    a.batch = {"cnn": 32, "lm": 16}
-    a.lr = {"cnn": 0.003, "lm": 0.003}
+    a.batch = {"cnn": 32, "lm": 16, "gpt2": 16, "mobilenet": 32}
+    a.lr = {"cnn": 0.003, "lm": 0.003, "gpt2": 0.003, "mobilenet": 0.003}
     load = Path("/proc/loadavg").read_text().split()[:3]
     lines = [f"# IST on user models, {a.workers} workers, link {a.link}",
              f"load average before: {' '.join(load)}; {a.steps} steps, eval every {a.eval}, "
              f"IST K = {a.local_steps}, local SGD H = {a.period}", ""]
     for task in tasks:
-        metric = "test accuracy" if task == "cnn" else "val NLL"
+        metric = "test accuracy" if task in IMAGES else "val NLL"
         lines += [f"## {task}", "", f"| method | {metric} | sent per worker (mean) | "
                   "rank 0 sent | train s (rank 0) | wall s | s to DP's final | curve (step: "
                   "metric @ MB) |", "|---|---|---|---|---|---|---|---|"]

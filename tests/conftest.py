@@ -15,6 +15,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytest_plugins = ["ci_skips"]
 
+# before anything imports torchvision, timm or transformers' models (the module says why)
+from thinwire.models.torchvision_ops import define_missing_torchvision_ops  # noqa: E402
+
+define_missing_torchvision_ops()
+
 
 _SESSION_PID = os.getpid()
 

@@ -160,7 +160,7 @@ MUTANTS = (
            ("tests/reliability/test_planted_edges.py::"
             "test_fp4_rounds_to_zero_below_half_the_smallest_step",)),
     Mutant("graph-poison-lost", "IST", "the graph adapter's union of two channel groups drops "
-           "the absorbed group's must-share mark", "models/graph_adapter.py",
+           "the absorbed group's must-share mark", "models/graph/groups.py",
            "g.poisoned = g.poisoned or o.poisoned", "g.poisoned = g.poisoned",
            ("tests/reliability/test_planted_edges.py::"
             "test_a_residual_stream_with_one_uncuttable_consumer_is_never_cut",)),
@@ -197,8 +197,17 @@ MUTANTS = (
            "mean = total / holders.to(total.dtype)", "mean = total",
            ("tests/ist/test_ist_remedies.py::"
             "test_an_overlapped_unit_ends_at_the_mean_of_its_holders",)),
+    Mutant("graph-gqa-ratio", "IST", "grouped-query attention's key/value heads are joined to "
+           "their query heads without the ratio (a unit: one query head's width of k and v rows)",
+           "models/graph/groups.py", "replace(u, inner=Fraction(u.inner) / ratio)",
+           "replace(u, inner=Fraction(u.inner))",
+           ("tests/ist/test_ist_zoo.py::test_each_model_is_cut_where_its_papers_cut_it",)),
+    Mutant("graph-split-segments", "IST", "a fused projection split into q, k and v keeps one "
+           "segment (its rows cut as if q alone)", "models/graph/groups.py",
+           "replace(u, segments=u.segments * chunks)", "replace(u, segments=u.segments)",
+           ("tests/ist/test_ist_zoo.py::test_each_model_is_cut_where_its_papers_cut_it",)),
     Mutant("ist-stream-cut", "IST", "the derived adapter cuts a residual stream it should keep "
-           "whole (the old default)", "models/graph_adapter.py",
+           "whole (the old default)", "models/graph/derive.py",
            '(residual == "whole" and g.stream)', '(residual == "none" and g.stream)',
            ("tests/ist/test_ist_graph.py::test_derived_residual_stream_stays_whole_by_default",)),
     Mutant("ist-step-frozen", "IST", "dealt Adam state restarts every round from the first "

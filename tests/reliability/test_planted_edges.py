@@ -198,7 +198,9 @@ class _Stream(nn.Module):
 def test_a_residual_stream_with_one_uncuttable_consumer_is_never_cut() -> None:
     from thinwire.models.graph_adapter import derive_adapter
 
-    plan = derive_adapter(_Stream(), torch.randn(4, 8), min_units=2).plan
+    # residual="channels": a stream is cut unless something poisons it (with "whole", the
+    # default, every stream stays whole and the mark would not be tested)
+    plan = derive_adapter(_Stream(), torch.randn(4, 8), min_units=2, residual="channels").plan
     assert [(g.name, g.size) for g in plan.groups] == [("up", 32)]
     shared = {t.name for t in plan.tensors if t.shared}
     assert {"inp.weight", "inp.bias", "f1.weight", "f1.bias", "out.weight"} <= shared

@@ -46,8 +46,49 @@ MODULE_REF = re.compile(r"(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)")
 
 
 def is_module_ref(ref: str) -> bool:
-    """Whether ``ref`` names a class in a Python file (``FILE.py:ClassName``)."""
-    return MODULE_REF.fullmatch(ref) is not None
+    """Whether ``ref`` names a class in a Python file (``FILE.py:ClassName``) or a Hugging
+    Face ``transformers`` config (a ``config.json``, or a folder holding one)."""
+    return MODULE_REF.fullmatch(ref) is not None or _transformers_config(ref) is not None
+
+
+def _transformers_config(ref: str) -> Path | None:
+    """The ``config.json`` that ``ref`` names (the file, or a folder with one) when it is a
+    ``transformers`` config (it has a ``model_type``); None otherwise."""
+    import json
+
+    path = Path(ref)
+    path = path / "config.json" if path.is_dir() else path
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return path if isinstance(data, dict) and "model_type" in data else None
+
+
+def load_transformers(path: Path) -> Any:
+    """The model a ``transformers`` config describes, with fresh weights (``from_config``:
+    nothing is downloaded): the config's first ``architectures`` class (``GPT2LMHeadModel``),
+    else ``AutoModel``. One-line :class:`UsageError` when transformers is missing or the
+    config does not build."""
+    from thinwire.models.torchvision_ops import define_missing_torchvision_ops
+
+    define_missing_torchvision_ops()  # transformers' model classes probe torchvision
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError(f"--model {path}: a transformers config needs the transformers "
+                         "package; pip install transformers") from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path.parent), local_files_only=True)
+        arch = (getattr(config, "architectures", None) or [None])[0]
+        cls = getattr(transformers, arch, None) if arch else None
+        return cls(config) if cls is not None else transformers.AutoModel.from_config(config)
+    except Exception as exc:  # the user's config: reported in one line
+        raise UsageError(f"--model {path}: transformers could not build it "
+                         f"({_first_line(exc)}); give a config.json transformers can load") \
+            from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -57,12 +98,15 @@ def _first_line(exc: BaseException) -> str:
 
 def load_module(ref: str) -> Any:
     """``ClassName()`` from ``FILE.py`` (``ref`` = ``FILE.py:ClassName``), built with its
-    constructor's defaults. The file is executed as a module named after it, its folder on
+    constructor's defaults, or a ``transformers`` config's model (:func:`load_transformers`). The file is executed as a module named after it, its folder on
     ``sys.path`` for its own imports. One-line :class:`UsageError` for a missing file, a file
     that fails to import, no such class, or a class that is not an ``nn.Module`` or needs
     arguments."""
     from torch import nn
 
+    config = _transformers_config(ref)
+    if config is not None:
+        return load_transformers(config)
     m = MODULE_REF.fullmatch(ref)
     if m is None:
         raise UsageError(f"--model {ref!r}: write FILE.py:ClassName for a model of your own")

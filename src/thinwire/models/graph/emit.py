@@ -1,0 +1,139 @@
+"""Step 4-5 of :mod:`thinwire.models.graph`: the groups that survive become an
+:class:`~thinwire.models.adapter.ISTPlan` (unit groups, a :class:`~thinwire.models.adapter.Cut`
+per recorded use) and a :class:`~thinwire.models.graph.adapter.GraphAdapter`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import torch
+from torch import fx, nn
+
+from thinwire.errors import UsageError
+from thinwire.models.adapter import Cut, ISTPlan, TensorPlan, UnitGroup
+from thinwire.models.graph.adapter import GraphAdapter
+from thinwire.models.graph.blocks import residual_blocks
+from thinwire.models.graph.errors import nothing_to_cut
+from thinwire.models.graph.groups import Graph
+
+
+def _dtype(x: torch.Tensor) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def channels_adapter(model: nn.Module, graph: Graph, named: Sequence[tuple[str, torch.Tensor]],
+                      params: Mapping[str, torch.Tensor], min_units: int) -> GraphAdapter:
+    ident = {id(x): n for n, x in reversed(named)}  # tied tensors: their first name
+    alias = {n: ident[id(x)] for n, x in named}
+    shapes = {n: tuple(x.shape) for n, x in named}
+    roots: dict[int, str] = {}
+    cuts: dict[str, dict[int, Cut]] = {}
+    poisoned_dims: set[tuple[str, int]] = set()
+    for root in sorted({graph.find(i) for i in range(len(graph.groups))}):
+        g = graph.groups[root]
+        uses = [u for u in graph.uses.get(root, []) if u.tensor in alias]
+        if not uses or g.poisoned or g.width % g.base or g.width // g.base < min_units:
+            continue
+        name = g.origin
+        roots[root] = name
+        for u in uses:
+            t = alias[u.tensor]
+            per = Fraction(g.base) * u.inner
+            c = Cut(name, u.dim, int(per), u.segments)
+            size = shapes[t][u.dim]
+            if per.denominator != 1 or size != c.segments * (g.width // g.base) * c.per_unit:
+                poisoned_dims.add((t, u.dim))
+                continue
+            prev = cuts.setdefault(t, {}).get(u.dim)
+            if prev is not None and prev != c:
+                poisoned_dims.add((t, u.dim))
+            cuts[t][u.dim] = c
+    # a dimension two different cuts claim, or a size that does not fit: its groups are
+    # dropped everywhere (a group must index all its tensors to be cut)
+    bad = {cuts[t][d].group for t, d in poisoned_dims if d in cuts.get(t, {})}
+    if bad:
+        for t in list(cuts):
+            cuts[t] = {d: c for d, c in cuts[t].items() if c.group not in bad}
+        roots = {r: n for r, n in roots.items() if n not in bad}
+    groups = []
+    for root, name in roots.items():
+        g = graph.groups[root]
+        groups.append(UnitGroup(name, g.width // g.base))
+    used = {c.group for t in cuts.values() for c in t.values()}
+    groups = [g for g in groups if g.name in used]
+    if not groups:
+        raise UsageError(nothing_to_cut(model))
+    names = {g.name for g in groups}
+    by_root = {r: n for r, n in roots.items() if n in names}
+    tensors = []
+    for n, x in named:
+        if alias[n] != n:
+            continue
+        tc = tuple(sorted((c for c in cuts.get(n, {}).values() if c.group in names),
+                          key=lambda c: c.dim))
+        if x.dim() == 0:
+            tc = ()
+        tensors.append(TensorPlan(n, tuple(x.shape), tc, buffer=n not in params,
+                                  dtype=_dtype(x)))
+    scaled = []
+    seen = set()
+    for mod, gid in graph.scaled:
+        group = by_root.get(graph.find(gid))
+        if group is not None and (mod, group) not in seen:
+            seen.add((mod, group))
+            scaled.append((mod, group))
+    base = {n: graph.groups[r].base for r, n in by_root.items()}
+    layer_norms = {m: (by_root[graph.find(g)], base[by_root[graph.find(g)]])
+                   for m, g in graph.layer_norms.items() if graph.find(g) in by_root}
+    modules = dict(model.named_modules())
+    group_norms = {}
+    for m, gid in graph.group_norms.items():
+        if graph.find(gid) in by_root:
+            gn = modules[m]
+            owner = by_root[graph.find(gid)]
+            group_norms[m] = (owner, base[owner] // (gn.num_channels // gn.num_groups))
+    batch_norms = {m: (by_root[graph.find(g)], base[by_root[graph.find(g)]])
+                   for m, g in graph.batch_norms.items() if graph.find(g) in by_root}
+    attentions = {m: (by_root[graph.find(g)], hd) for m, (g, hd) in graph.attentions.items()
+                  if graph.find(g) in by_root}
+    batch_after = {by_root[graph.find(g)] for m, g in graph.batch_norms.items()
+                   if graph.find(g) in by_root and isinstance(modules[m], nn.BatchNorm1d)
+                   and not modules[m].track_running_stats}
+    widths = {(m, attr): (by_root[graph.find(g)], base[by_root[graph.find(g)]] * per)
+              for m, attr, g, per in graph.follows if graph.find(g) in by_root}
+    plan = ISTPlan(groups=tuple(groups), tensors=tuple(tensors), scaled_inputs=tuple(scaled),
+                   batch_normalised=bool(groups) and all(g.name in batch_after for g in groups))
+    description = [f"{g.name}: {g.size} units" for g in groups]
+    return GraphAdapter(plan, layer_norms=layer_norms, group_norms=group_norms,
+                        batch_norms=batch_norms, attentions=attentions, blocks={},
+                        description=description, widths=widths)
+
+
+def blocks_adapter(model: nn.Module, gm: fx.GraphModule,
+                    shapes: Mapping[fx.Node, tuple[int, ...]],
+                    named: Sequence[tuple[str, torch.Tensor]], params: Mapping[str, torch.Tensor],
+                    shared: Sequence[str]) -> GraphAdapter:
+    blocks = [b for b in residual_blocks(gm, shapes) if b not in shared]
+    by_parent: dict[str, list[str]] = {}
+    for b in blocks:
+        parent = b.rsplit(".", 1)[0] if "." in b else ""
+        by_parent.setdefault(parent or "blocks", []).append(b)
+    if not by_parent:
+        raise UsageError(f"IST found no residual block in {type(model).__name__} (a submodule "
+                         "whose output is its input plus a branch); use residual='channels' "
+                         "or pass an adapter")
+    owner: dict[str, tuple[str, int]] = {}
+    for group, names in by_parent.items():
+        for u, b in enumerate(names):
+            owner[b] = (group, u)
+    tensors = []
+    for n, x in named:
+        unit = next((owner[b] for b in owner if n.startswith(b + ".")), None)
+        tensors.append(TensorPlan(n, tuple(x.shape), unit=unit, buffer=n not in params,
+                                  dtype=_dtype(x)))
+    groups = tuple(UnitGroup(g, len(b), "dealt") for g, b in by_parent.items())
+    plan = ISTPlan(groups=groups, tensors=tuple(tensors))
+    return GraphAdapter(plan, layer_norms={}, group_norms={}, batch_norms={}, attentions={},
+                        blocks=by_parent,
+                        description=[f"{g}: {len(b)} blocks" for g, b in by_parent.items()])

@@ -1,0 +1,279 @@
+"""IST on the models people download, with no adapter: GPT-2, BERT and a Llama-style model
+from Hugging Face ``transformers`` (traced by ``torch.export``), ResNet-18 and MobileNetV3-small
+from torchvision and a ViT from timm (traced by ``torch.fx``), at small configurations, built
+without weights or network. For each:
+
+- the derived plan cuts what the papers cut, counted (unit groups and cut tensors), so a layer
+  silently kept whole fails: heads (GPT-2's fused ``c_attn`` in q|k|v segments, timm's fused
+  ``qkv``, Llama's grouped-query heads with a key/value head per unit), FFN neurons (Llama's
+  gate and up projections together), convolution channels through depthwise convolutions and
+  squeeze-excitation;
+- a subnet's forward equals the full model's restricted to the units held (every element of an
+  unheld unit zeroed, each cut group's inverted-dropout factor on the input of the layers it
+  feeds), within float32 reassociation;
+- on 2 gloo ranks, a round at learning rate 0 returns the full model bit for bit, and a few IST
+  rounds lower the full model's loss on the batch.
+
+torchvision's compiled operators do not load beside torch's CPU build; thinwire.models.torchvision_ops
+(called from tests/conftest.py) declares the two schemas its import needs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+import transformers
+from harness import run_workers
+from torch import nn
+from torchvision.models import mobilenet_v3_small, resnet18
+
+from thinwire.models.graph import derive_adapter
+from thinwire.runtime.comm import Comm, Ledger
+from thinwire.strategies.ist.core import IST
+from thinwire.strategies.ist.layout import element_index
+
+transformers.logging.set_verbosity_error()
+VOCAB = 64
+
+
+@dataclass(frozen=True)
+class Zoo:
+    build: Callable[[], nn.Module]
+    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    groups: int        # unit groups the plan derives
+    cut: int           # tensors it cuts
+
+
+def _quiet(model: nn.Module) -> nn.Module:
+    """No dropout (forwards compared exactly) and BatchNorm statistics frozen (momentum 0: a
+    round at learning rate 0 then leaves every buffer as it was)."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = 0.0
+    return model
+
+
+def _seeded(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return _quiet(make())
+    return build
+
+
+def _tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (4, 8), generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def _images() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+
+def _lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def _class_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, y)
+
+
+def _gpt2() -> nn.Module:
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=16, bos_token_id=0,
+        eos_token_id=0))
+
+
+def _bert() -> nn.Module:
+    return transformers.BertForSequenceClassification(transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        vocab_size=VOCAB, max_position_embeddings=16, num_labels=3))
+
+
+def _llama() -> nn.Module:
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=16, bos_token_id=0,
+        eos_token_id=0, pad_token_id=0))
+
+
+def _vit() -> nn.Module:
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
+                             patch_size=8, num_classes=10, embed_dim=48, depth=2, num_heads=4)
+
+
+ZOO = {
+    # per block: heads (c_attn rows in q|k|v segments) and FFN neurons
+    "gpt2": Zoo(_seeded(_gpt2), lambda: (_tokens()[0], _tokens()[0]), _lm_loss, 4, 12),
+    # per layer: heads (query, key, value rows and biases, the output's columns), FFN neurons;
+    # the pooler's neurons
+    "bert": Zoo(_seeded(_bert), _tokens, _class_loss, 5, 23),
+    # per layer: key/value groups (q rows 2 heads a unit, k and v rows one head, o columns),
+    # gated FFN neurons (gate and up rows, down columns)
+    "llama": Zoo(_seeded(_llama), lambda: (_tokens()[0], _tokens()[0]), _lm_loss, 4, 14),
+    # each block's inner channels (both convolutions' stream stays whole)
+    "resnet18": Zoo(_seeded(lambda: resnet18(num_classes=10)), _images, _class_loss, 8, 48),
+    # expansion channels through depthwise convolutions and squeeze-excitation, SE neurons,
+    # the head's neurons
+    "mobilenetv3": Zoo(_seeded(lambda: mobilenet_v3_small(num_classes=10)), _images,
+                       _class_loss, 23, 169),
+    # per block: heads of the fused qkv (3 segments), MLP neurons
+    "vit": Zoo(_seeded(_vit), _images, _class_loss, 4, 12),
+}
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out
+
+
+def _cuts(plan: Any) -> dict[str, list[tuple[str, int, int, int]]]:
+    return {t.name: [(c.group, c.dim, c.per_unit, c.segments) for c in t.cuts]
+            for t in plan.tensors}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_each_model_is_cut_where_its_papers_cut_it(name: str) -> None:
+    case = ZOO[name]
+    model = case.build()
+    plan = derive_adapter(model, case.batch()[0]).plan
+    cuts = _cuts(plan)
+    assert (len(plan.groups), sum(1 for c in cuts.values() if c)) == (case.groups, case.cut), \
+        [g.name for g in plan.groups]
+    if name == "gpt2":  # q | k | v of the fused projection: 3 segments of a head (8 columns)
+        assert cuts["transformer.h.0.attn.c_attn.weight"] == [
+            ("transformer.h.0.attn.c_attn", 1, 8, 3)]
+        assert cuts["transformer.h.0.attn.c_proj.weight"][0][1:3] == (0, 8)
+        # the tied input/output embedding: one tensor of the plan, shared
+        assert "lm_head.weight" not in cuts and not cuts["transformer.wte.weight"]
+    if name == "llama":  # a unit: one key/value head (8 rows) and its 2 query heads (16)
+        group = "model.layers.0.self_attn.q_proj"
+        assert cuts["model.layers.0.self_attn.q_proj.weight"] == [(group, 0, 16, 1)]
+        assert cuts["model.layers.0.self_attn.k_proj.weight"] == [(group, 0, 8, 1)]
+        assert cuts["model.layers.0.self_attn.v_proj.weight"] == [(group, 0, 8, 1)]
+        assert cuts["model.layers.0.self_attn.o_proj.weight"] == [(group, 1, 16, 1)]
+        ffn = "model.layers.0.mlp.gate_proj"
+        assert cuts["model.layers.0.mlp.up_proj.weight"] == [(ffn, 0, 1, 1)]
+        assert cuts["model.layers.0.mlp.down_proj.weight"] == [(ffn, 1, 1, 1)]
+    if name == "vit":
+        assert cuts["blocks.0.attn.qkv.weight"] == [("blocks.0.attn.heads", 0, 12, 3)]
+    if name == "mobilenetv3":  # a depthwise convolution follows its input's channels
+        group = cuts["features.4.block.0.0.weight"][0][0]
+        assert cuts["features.4.block.1.0.weight"] == [(group, 0, 1, 1)]
+        se = cuts["features.4.block.2.fc2.weight"]  # SE: its rescale of those channels
+        assert (group, 0, 1, 1) in se and ("features.4.block.2.fc1", 1, 1, 1) in se
+
+
+def _subnet(model: nn.Module, adapter: Any, held: dict[str, np.ndarray]) -> nn.Module:
+    sub = copy.deepcopy(model)
+    tensors = {**dict(sub.named_parameters()), **dict(sub.named_buffers())}
+    with torch.no_grad():
+        for t in adapter.plan.tensors:
+            x = tensors[t.name].data
+            for c in t.cuts:
+                size = adapter.plan.group(c.group).size
+                x = x.index_select(c.dim, element_index(c, size, torch.as_tensor(held[c.group])))
+            tensors[t.name].data = x.clone()
+    adapter.configure(sub, held)
+    return sub
+
+
+def _restricted(model: nn.Module, plan: Any, held: dict[str, np.ndarray],
+                factors: dict[str, float]) -> tuple[nn.Module, list[Any]]:
+    """The full model with every element of an unheld unit zeroed (running variances kept:
+    a zero channel then normalises to zero) and each scaled module's input multiplied."""
+    out = copy.deepcopy(model)
+    tensors = {**dict(out.named_parameters()), **dict(out.named_buffers())}
+    with torch.no_grad():
+        for t in plan.tensors:
+            x = tensors[t.name]
+            for c in t.cuts:
+                keep = element_index(c, plan.group(c.group).size, torch.as_tensor(held[c.group]))
+                mask = torch.zeros(x.shape[c.dim], dtype=torch.bool)
+                mask[keep] = True
+                view = [1] * x.dim()
+                view[c.dim] = -1
+                if not t.buffer or "running_mean" in t.name:
+                    x.mul_(mask.view(view).to(x.dtype))
+    modules = dict(out.named_modules())
+    handles = [modules[m].register_forward_pre_hook(
+        lambda _m, args, f=factors[g]: (args[0] * f, *args[1:])) for m, g in plan.scaled_inputs]
+    return out, handles
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_a_subnet_computes_the_full_model_restricted_to_its_units(name: str) -> None:
+    case = ZOO[name]
+    model = case.build()
+    x = case.batch()[0]
+    adapter = derive_adapter(model, x)
+    rng = np.random.default_rng(0)
+    held = {g.name: np.sort(rng.choice(g.size, max(1, g.size // 2), replace=False))
+            for g in adapter.plan.groups}
+    factors = {g.name: g.size / len(held[g.name]) for g in adapter.plan.groups}
+    sub = _subnet(model, adapter, held)
+    scaling = adapter.install_scaling(sub, [(m, factors[g]) for m, g in adapter.plan.scaled_inputs])
+    full, hooks = _restricted(model, adapter.plan, held, factors)
+    for m in (sub, full, model):
+        m.train()
+    with torch.no_grad():
+        got, want, whole = (_logits(m(x)) for m in (sub, full, model))
+    for h in [*scaling, *hooks]:
+        h.remove()
+    scale = want.abs().max().item()
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * scale), (got - want).abs().max()
+    assert not torch.allclose(want, whole, rtol=1e-3, atol=1e-3 * scale)
+
+
+def _rounds(comm: Comm, name: str) -> dict:
+    case = ZOO[name]
+    x, y = case.batch()
+    frozen = case.build()
+    init = {k: v.clone() for k, v in frozen.state_dict().items()}
+    opt = torch.optim.SGD(frozen.parameters(), lr=0.0)
+    ist = IST(frozen, opt, comm=Comm(ledger=Ledger(comm.rank)), local_steps=2, example_input=x)
+    for _ in range(2):
+        opt.zero_grad()
+        case.loss(_logits(frozen(x)), y).backward()
+        opt.step()
+    full = ist.full_model()
+    # every weight and statistic bit for bit; BatchNorm's num_batches_tracked counts the
+    # batches seen, which a learning rate of 0 does not stop
+    same = None if full is None else all(
+        torch.equal(v, init[k]) for k, v in full.state_dict().items()
+        if not k.endswith("num_batches_tracked"))
+    model = case.build()
+    model.train()
+    with torch.no_grad():
+        before = case.loss(_logits(model(x)), y).item()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    ist = IST(model, opt, comm=Comm(ledger=Ledger(comm.rank)), local_steps=2, example_input=x)
+    for _ in range(8):
+        opt.zero_grad()
+        case.loss(_logits(model(x)), y).backward()
+        opt.step()
+    full = ist.full_model()
+    after = None
+    if full is not None:
+        full.train()
+        with torch.no_grad():
+            after = case.loss(_logits(full(x)), y).item()
+    return {"same": same, "before": before, "after": after}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_ist_rounds_on_two_ranks_keep_lr_zero_bitwise_and_lower_the_loss(name: str) -> None:
+    out = run_workers(_rounds, 2, name, timeout=120)
+    assert out[0]["same"] is True, out[0]
+    assert out[0]["after"] < out[0]["before"] - 0.02, out[0]
