@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 data: $(STAMP)
+	$(PY) -m thinwire.kernels
 	$(PY) -m thinwire.data.setup
 	$(PY) -m thinwire.data.shakespeare_words
 
