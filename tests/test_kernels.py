@@ -65,6 +65,19 @@ def test_compiled_codecs_equal_the_pure_paths_bit_for_bit_on_1_2_4_threads(d: in
             assert torch.equal(got[2], ref[2]), f"{c} d={d}: decode_add differs"
 
 
+@needs_kernels
+def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
+    """Chunks whose x / scale are exact half-integers (scale 1): the compiled kernel's
+    multiply by 1 / scale is checked near half-integers and redone with the division there."""
+    ties = torch.tensor([127.0] + [k + 0.5 for k in range(-63, 63)] * 4)
+    x = ties.repeat(9)
+    ref = round_trip(Int8(127), x, "0", 1)
+    got = round_trip(Int8(127), x, "1", 2)
+    assert got[0] == ref[0] and torch.equal(got[1], ref[1])
+    q, _ = Int8(127).encode(x[:127], 0)
+    assert q[1:].tolist() == [round(k + 0.5) for k in range(-63, 63)]  # Python: half to even
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
     """What the codecs promise, checked against the math on each path: top-k keeps the k

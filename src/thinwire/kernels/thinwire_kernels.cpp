@@ -47,9 +47,43 @@ inline uint32_t bits_of(float v) {
 // The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
 // and the loops would not be vectorised).
 // rint: round half to even, as torch.round (the rounding mode is never changed).
+// x / safe costs a division an element; x * (1 / safe) is within 2^-23 relative of it, so
+// rounds to the same integer unless x / safe lies within 2^-16 of a half-integer (|x / safe| <=
+// 127). Such a chunk (about one in twenty at 512 elements) is redone with the division: the
+// result is exactly rint(x / safe), the reference's.
 inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe) {
-  for (int64_t i = 0; i < n; ++i)
-    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[i] / safe)));
+  const float r = 1.0f / safe;
+  int near = 0;
+  int64_t i = 0;
+#ifdef __AVX2__
+  const __m256 rv = _mm256_set1_ps(r), half = _mm256_set1_ps(0.5f);
+  const __m256 thr = _mm256_set1_ps(6.103515625e-05f);  // 2^-14
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256 close = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {  // 32 at a time: four roundings, packed to 32 bytes
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), rv);
+      const __m256 f = _mm256_and_ps(_mm256_sub_ps(_mm256_sub_ps(y, _mm256_floor_ps(y)), half),
+                                     mag);
+      close = _mm256_or_ps(close, _mm256_cmp_ps(f, thr, _CMP_LT_OQ));
+      v[j] = _mm256_cvtps_epi32(y);  // round half to even (the default rounding mode)
+    }
+    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                         _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(w, perm));
+  }
+  near = _mm256_movemask_ps(close) != 0;
+#endif
+  for (; i < n; ++i) {
+    const float y = x[i] * r;
+    near |= std::fabs(y - std::floor(y) - 0.5f) < 6.103515625e-05f;
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(y)));
+  }
+  if (near)
+    for (int64_t k = 0; k < n; ++k)
+      q[k] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[k] / safe)));
 }
 
 template <class T>
