@@ -201,11 +201,12 @@ class _FusedSparseLinear(torch.autograd.Function):
             else None
         B, A = ids64.shape
         H = hc.shape[1]
-        out = torch.empty(B, A, dtype=torch.float32)
+        out = torch.empty(B, A, dtype=torch.float32, device=hc.device)
         lib.slide_forward(weight.data_ptr(), bias.data_ptr(), hc.data_ptr(), ids64.data_ptr(),
                           m.data_ptr() if m is not None else None, B, A, H, out.data_ptr(),
                           kernels.threads())
-        ctx.save_for_backward(hc, weight, ids64, m if m is not None else torch.empty(0))
+        ctx.save_for_backward(hc, weight, ids64,
+                              m if m is not None else hc.new_empty(0))
         ctx.has_mask = m is not None
         return out
 
@@ -221,19 +222,20 @@ class _FusedSparseLinear(torch.autograd.Function):
         nt = kernels.threads()
         gh = None
         if ctx.needs_input_grad[0]:
-            gh = torch.empty(B, H, dtype=torch.float32)
+            gh = torch.empty(B, H, dtype=torch.float32, device=g.device)
             lib.slide_backward_input(g.data_ptr(), weight.data_ptr(), ids64.data_ptr(), mp, B, A,
                                      H, gh.data_ptr(), nt)
         gw = gb = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             n = B * A
-            rows = torch.empty(min(n, C), dtype=torch.int64)
-            start = torch.empty(n + 1, dtype=torch.int64)
-            order = torch.empty(n, dtype=torch.int64)
+            dev = g.device
+            rows = torch.empty(min(n, C), dtype=torch.int64, device=dev)
+            start = torch.empty(n + 1, dtype=torch.int64, device=dev)
+            order = torch.empty(n, dtype=torch.int64, device=dev)
             U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(),
                                        start.data_ptr(), order.data_ptr())
-            wv = torch.empty(U, H, dtype=torch.float32)
-            bv = torch.empty(U, 1, dtype=torch.float32)
+            wv = torch.empty(U, H, dtype=torch.float32, device=dev)
+            bv = torch.empty(U, 1, dtype=torch.float32, device=dev)
             lib.slide_backward_weight_rows(g.data_ptr(), hc.data_ptr(), mp, start.data_ptr(),
                                            order.data_ptr(), U, A, H, wv.data_ptr(),
                                            bv.data_ptr(), nt)
