@@ -3,6 +3,7 @@ it), or say in one line why the pure-torch path will run."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 from thinwire.kernels import build
@@ -11,7 +12,7 @@ from thinwire.kernels import build
 def main() -> int:
     try:
         build(verbose=True)
-    except RuntimeError as e:
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         print(f"thinwire: compiled CPU kernels unavailable ({e}); the pure-torch path will run",
               file=sys.stderr)
     return 0
