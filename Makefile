@@ -19,6 +19,7 @@ $(ZOO): $(STAMP)
 	touch $(ZOO)
 
 data: $(STAMP)
+	$(PY) -m thinwire.kernels
 	$(PY) -m thinwire.data.setup
 	$(PY) -m thinwire.data.shakespeare_words
 

@@ -16,7 +16,7 @@ other processes hold the core.
 
     python benchmarks/compress_throughput.py [--sizes 1M,16M,64M] [--repeats N] [--threads T]
                                              [--device cpu|cuda] [--codecs topk,int8,...]
-                                             [--clock wall|cpu]
+                                             [--clock wall|cpu] [--paths compiled,torch]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from thinwire import kernels
 from thinwire.compression import (
     QSGD,
     Cast,
@@ -41,6 +42,10 @@ from thinwire.compression import (
 )
 
 MI = 2**20
+
+PATHS = {"[compiled]": "1", "[torch]": "0"}
+"""Row suffix -> :mod:`thinwire.kernels` mode: the compiled kernels or the pure-torch/numpy
+path (the codecs without kernels, fp16, bf16 and PowerSGD, run the same code on both)."""
 
 
 def codecs() -> dict[str, Compressor]:
@@ -96,15 +101,16 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: tor
                                                           "memcpy (clone)": []}
     times.update({name: [] for name in chosen})
 
-    def codec(c: Compressor, i: int) -> tuple[float, float, float]:
-        sync(device)
-        t0 = clock()
-        payload = c.encode(x, i)
-        sync(device)
-        t1 = clock()
-        c.decode(payload, numel, i, out=y)
-        sync(device)
-        t2 = clock()
+    def codec(c: Compressor, i: int, path: str) -> tuple[float, float, float]:
+        with kernels.forced(path):
+            sync(device)
+            t0 = clock()
+            payload = c.encode(x, i)
+            sync(device)
+            t1 = clock()
+            c.decode(payload, numel, i, out=y)
+            sync(device)
+            t2 = clock()
         return t2 - t0, t1 - t0, t2 - t1
 
     for i in range(repeats):
@@ -113,7 +119,7 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: tor
         t = seconds(lambda: x.clone(), device, clock)
         times["memcpy (clone)"].append((t, t, 0.0))
         for name, comp in chosen.items():
-            times[name].append(codec(comp, i))
+            times[name].append(codec(comp, i, PATHS[name.rpartition(" ")[2]]))
     return {name: (median([t[0] for t in ts]), median([t[1] for t in ts]),
                    median([t[2] for t in ts])) for name, ts in times.items()}
 
@@ -127,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="torch threads (1: as one worker of a loaded host; copy uses the same)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
     ap.add_argument("--codecs", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--paths", default="compiled,torch",
+                    help="compiled (thinwire.kernels), torch (the pure-torch/numpy path) or "
+                         "both, one row each")
     ap.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
                     help="wall: elapsed time; cpu: this thread's CPU time (leaves out the time "
                          "other processes hold the core: for an oversubscribed host; CPU only)")
@@ -140,13 +149,23 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = parse_sizes(args.sizes)
-    chosen = codecs()
-    if args.codecs:
-        chosen = {n: chosen[n] for n in args.codecs.split(",")}
-    for comp in chosen.values():  # warm-up: first calls allocate and load kernels
+    every = codecs()
+    names = args.codecs.split(",") if args.codecs else list(every)
+    paths = [p for p in args.paths.split(",") if p]
+    if set(paths) - {"compiled", "torch"}:
+        ap.exit(2, f"--paths {args.paths}: use compiled, torch or compiled,torch\n")
+    if "compiled" in paths and device.type == "cpu" and not kernels.available():
+        ap.exit(2, "--paths compiled: the compiled kernels cannot be built here (no C++ "
+                   "compiler); use --paths torch\n")
+    # one codec object a row: no cache (Rand-k's indices) is shared between two rows
+    chosen = {f"{n} [{p}]": codecs()[n] for n in names for p in paths}
+    for name, comp in chosen.items():  # warm-up: first calls allocate and load kernels
         w = torch.randn(4096, device=device)
-        comp.decode(comp.encode(w, 0), 4096, 0, out=torch.empty_like(w))
+        with kernels.forced(PATHS[name.rpartition(" ")[2]]):
+            comp.decode(comp.encode(w, 0), 4096, 0, out=torch.empty_like(w))
     ratios = {name: comp.nominal_ratio(sizes[0]) for name, comp in chosen.items()}
+    print(f"kernels: {kernels.mode()} ({'built' if kernels.available() else 'unavailable'}), "
+          f"host {platform.processor() or platform.machine()}")
     rows: dict[str, list[tuple[float, float, float]]] = {}
     for numel in sizes:
         cells = measure(numel, args.repeats or default_repeats(numel), chosen, device,

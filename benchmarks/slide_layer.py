@@ -16,7 +16,11 @@ move (the B A active rows of H floats read and the [B, A, H] result written, 2 x
 this machine's measured copy bandwidth (a 256 MiB torch copy on the same threads, bytes read
 plus written over the least seconds of ``--repeats``, printed once above the table), and that
 floor over dense x s: where it exceeds 2, no gather-based step can meet the issue's target, however
-fast its retrieval. One torch thread (``--threads``), CPU.
+fast its retrieval. With the compiled kernels (thinwire.kernels) built, the full step runs
+the fused layer (no gather) and the table adds, with the ids given, the fused layer's time and
+ratio beside the gathered pure-torch layer's, the full step's ratio on the pure-torch path, and
+the fused layer's floor: the active rows read forward, read again and their gradients written
+backward (3 x 4 B A H bytes) over the copy bandwidth. One torch thread (``--threads``), CPU.
 
     python benchmarks/slide_layer.py --widths 10000,100000 --fractions 0.005,0.01,0.05 \
         --sampling topk,vanilla
@@ -32,6 +36,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from thinwire import kernels
 from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
 from thinwire.strategies.slide.lsh import SAMPLINGS
 
@@ -94,7 +99,13 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
              "compute_s": t[f"{sm}.compute"], "compute_ratio": t[f"{sm}.compute"] / (td * s),
              "gather_s": t[f"{sm}.gather"], "gather_mb": moved[sm] / 1e6,
              "floor_s": moved[sm] / bandwidth,
-             "floor_ratio": moved[sm] / bandwidth / (td * s)} for sm in layers]
+             "floor_ratio": moved[sm] / bandwidth / (td * s),
+             "fused_s": t.get(f"{sm}.fused", float("nan")),
+             "fused_ratio": t.get(f"{sm}.fused", float("nan")) / (td * s),
+             "sparse_torch_ratio": t.get(f"{sm}.sparse_torch", float("nan")) / (td * s),
+             # fused floor: the active rows read forward, read again and their gradients
+             # written backward (3 x 4 B A H bytes; moved counts 2 x that)
+             "fused_floor_ratio": 1.5 * moved[sm] / bandwidth / (td * s)} for sm in layers]
 
 
 def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
@@ -110,9 +121,22 @@ def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
     def gather() -> None:
         F.embedding(given[0], layer.weight.detach())
 
-    return ({f"{sm}.query": query, f"{sm}.sparse": lambda: _step(layer, h, labels),
-             f"{sm}.compute": lambda: _step(layer, h, labels, given), f"{sm}.gather": gather},
-            given[0].numel())
+    def step(path: str, ids: tuple[torch.Tensor, torch.Tensor] | None) -> Callable[[], None]:
+        def run() -> None:
+            with kernels.forced(path):
+                _step(layer, h, labels, ids)
+        return run
+
+    fns = {f"{sm}.query": query, f"{sm}.sparse": step(PATH, None),
+           f"{sm}.compute": step("0", given), f"{sm}.gather": gather}
+    if PATH == "1":
+        fns[f"{sm}.fused"] = step("1", given)
+        fns[f"{sm}.sparse_torch"] = step("0", None)
+    return fns, given[0].numel()
+
+
+PATH = "1" if kernels.available() else "0"
+"""The full step's path: the compiled kernels where they build (thinwire.kernels)."""
 
 
 def _step(layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor,
@@ -154,20 +178,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.threads} thread(s), least of {a.repeats}")
     print(f"# copy bandwidth: {bandwidth / 1e9:.2f} GB/s (256 MiB torch copy, read + written, "
           f"{a.threads} thread(s))")
+    print(f"# SLIDE fwd+bwd: the {'compiled' if PATH == '1' else 'pure-torch'} path; ids "
+          "given: torch = the gathered pure-torch layer, fused = the compiled kernels")
     print("| width | active | sampling | dense fwd+bwd s | SLIDE fwd+bwd s "
-          "| SLIDE / (dense x active) | retrieval share | ids given: fwd+bwd s "
-          "| ids given / (dense x active) | gather [B, A, H] alone s "
-          "| gather moves MB | gather floor s | floor / (dense x active) |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| SLIDE / (dense x active) | torch SLIDE / (dense x active) | retrieval share "
+          "| ids given, torch: fwd+bwd s | torch / (dense x active) | ids given, fused: fwd+bwd s "
+          "| fused / (dense x active) | gather [B, A, H] alone s | gather moves MB "
+          "| gather floor / (dense x active) | fused floor / (dense x active) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for C in widths:
         for s in fractions:
             for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings, bandwidth):
                 print(f"| {C} | {s:g} | {r['sampling']} | {r['dense_s']:.4f} | "
-                      f"{r['sparse_s']:.4f} | "
-                      f"{r['ratio']:.1f} | {r['query_share']:.0%} | {r['compute_s']:.4f} | "
-                      f"{r['compute_ratio']:.1f} | {r['gather_s']:.4f} | "
-                      f"{r['gather_mb']:.1f} | {r['floor_s']:.4f} | {r['floor_ratio']:.2f} |",
-                      flush=True)
+                      f"{r['sparse_s']:.4f} | {r['ratio']:.1f} | "
+                      f"{r['sparse_torch_ratio']:.1f} | {r['query_share']:.0%} | "
+                      f"{r['compute_s']:.4f} | {r['compute_ratio']:.1f} | "
+                      f"{r['fused_s']:.4f} | {r['fused_ratio']:.1f} | {r['gather_s']:.4f} | "
+                      f"{r['gather_mb']:.1f} | {r['floor_ratio']:.2f} | "
+                      f"{r['fused_floor_ratio']:.2f} |", flush=True)
     return 0
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from thinwire import kernels
 from thinwire.compression.base import (
     BLOCK,
     LARGE_BLOCK,
@@ -117,6 +118,12 @@ class QSGD(Compressor):
         bits = private_bits(self.seed, step, key, self.rank, 0x5EED)
         # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
         wide = s >= torch.iinfo(level_dtype(s)).max
+        lib = kernels.lib() if xn.flags.c_contiguous and xn.dtype == np.float32 else None
+        if lib is not None:  # the same stream and roundings in one compiled pass
+            state = np.array(bits.state["state"]["state"], dtype=np.uint64)
+            lib.qsgd_encode(xn.ctypes.data, xn.size, float(c), state.ctypes.data,
+                            q.ctypes.data, q.itemsize, s, int(wide))
+            return q
         size = min(xn.size, BLOCK)
         t, u = np.empty(size, np.float32), np.empty(size, np.float32)
         for a, b in blocks(xn.size, size):
@@ -146,6 +153,11 @@ class QSGD(Compressor):
         if on_cpu(q) and (out is None or (
                 out.dtype == torch.float32 and out.is_contiguous())):
             res = out.view(-1) if out is not None else empty(numel, torch.float32)
+            lib = kernels.lib() if q.is_contiguous() else None
+            if lib is not None:  # widen and scale in one pass
+                lib.qsgd_decode(q.data_ptr(), q.element_size(), numel, float(f), res.data_ptr(),
+                                kernels.threads())
+                return out if out is not None else res
             for a, b in blocks(numel, LARGE_BLOCK):  # widen, then scale in cache
                 res[a:b].copy_(q[a:b]).mul_(f.detach())
             return out if out is not None else res
@@ -193,6 +205,11 @@ class Int8(Compressor):
         rows = d // c
         q = empty(d, torch.int8)
         scale = empty(math.ceil(d / c), torch.float32)
+        lib = kernels.wants(flat)
+        if lib is not None:  # steps 2-3 in one pass a chunk
+            lib.int8_encode(flat.data_ptr(), d, c, q.data_ptr(), scale.data_ptr(),
+                            kernels.threads())
+            return (q, scale)
         per = max(1, LARGE_BLOCK // c)  # whole chunks per block
         n = min(per, rows)
         buf, low = torch.empty(n, c, device=flat.device), torch.empty(n, device=flat.device)
@@ -220,6 +237,11 @@ class Int8(Compressor):
             return write_out((self._chunks(q.float()) * scale[:, None]).reshape(-1)[:numel], out)
         c, rows = self.chunk, numel // self.chunk
         res = out.view(-1) if out is not None else empty(numel, torch.float32)
+        lib = kernels.lib() if q.is_contiguous() and scale.is_contiguous() else None
+        if lib is not None:  # 4. in one pass
+            lib.int8_decode(q.data_ptr(), scale.data_ptr(), numel, c, res.data_ptr(),
+                            kernels.threads())
+            return out if out is not None else res
         per = max(1, LARGE_BLOCK // c)
         for r0, r1 in blocks(rows, per):  # 4. block by block: widen, then scale in cache
             ob = res[r0 * c:r1 * c].view(-1, c)

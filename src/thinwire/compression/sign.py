@@ -15,7 +15,12 @@ Biased: error feedback is on by default (``ef``).
 
 On CPU, steps 1-2 run block by block in cache (x is read from memory once), and step 3 is one
 table lookup per packed byte: row b of a (256, 8) table holds the eight decoded values of byte b,
-so each output element is written once.
+so each output element is written once; with the compiled kernels (:mod:`thinwire.kernels`)
+each step is one compiled pass. ||x||_1 on CPU is summed in float64 lanes, so that the numpy
+and the compiled paths give the same bits on any thread count: per block of 2^17 elements, lane
+j is the sum of |x| at column j of the block's rows of 1024, in row order (a partial last row
+adds to the first lanes); the blocks' lanes are added in block order, then the 1024 lanes in
+order.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from thinwire import kernels
 from thinwire.compression.base import (
     BLOCK,
     Compressor,
@@ -43,6 +49,9 @@ from thinwire.compression.base import (
 )
 from thinwire.compression.registry import CodecEntry
 from thinwire.options import opt
+
+LANES = 1024
+"""Lanes of the CPU paths' ||x||_1 (module doc)."""
 
 
 def _table(scale: float) -> np.ndarray:
@@ -68,15 +77,25 @@ class ScaledSign(Compressor):
             return (scale.reshape(1), pack_bits(flat >= 0))
         xn = as_numpy(flat)
         packed = np.empty(math.ceil(d / 8), np.uint8)
-        size = min(d, 2 * BLOCK)  # a multiple of 8 unless it is all of x
-        a, ge, ones = np.empty(size, np.float32), np.empty(size, bool), np.ones(size, np.float32)
-        total = 0.0
-        for s, e in blocks(d, size):
-            xb = xn[s:e]
-            # 1. ||x||_1, block by block (the sum as a BLAS dot product with ones: 2x numpy's sum)
-            total += float(np.dot(np.abs(xb, out=a[:e - s]), ones[:e - s]))
-            # 2. the bits
-            packed[s // 8:(e + 7) // 8] = np.packbits(np.greater_equal(xb, 0, out=ge[:e - s]))
+        lanes = np.zeros(LANES, np.float64)
+        lib = kernels.wants(flat)
+        if lib is not None:  # steps 1-2 in one compiled pass
+            lib.sign_encode(flat.data_ptr(), d, packed.ctypes.data, lanes.ctypes.data,
+                            kernels.threads())
+        else:
+            size = min(d, 2 * BLOCK)  # a multiple of 8 unless it is all of x
+            a, ge = np.empty(size, np.float32), np.empty(size, bool)
+            for s, e in blocks(d, 2 * BLOCK):
+                xb = xn[s:e]
+                # 1. ||x||_1, block by block, as lane sums (module doc)
+                ab = np.abs(xb, out=a[:e - s])
+                full = (e - s) // LANES * LANES
+                part = ab[:full].reshape(-1, LANES).sum(axis=0, dtype=np.float64)
+                part[:e - s - full] += ab[full:]
+                lanes += part
+                # 2. the bits
+                packed[s // 8:(e + 7) // 8] = np.packbits(np.greater_equal(xb, 0, out=ge[:e - s]))
+        total = float(np.cumsum(lanes)[-1])  # the lanes added in order
         scale = torch.tensor([total / max(d, 1)], dtype=torch.float32)
         return (scale, torch.from_numpy(packed))
 
@@ -90,6 +109,11 @@ class ScaledSign(Compressor):
             bits = unpack_bits(packed, numel).to(s.dtype)
             return write_out(bits.mul_(2 * s).sub_(s), out)
         res = out if out is not None else empty(numel, torch.float32)
+        lib = kernels.lib() if packed.is_contiguous() else None
+        if lib is not None:  # 3. in one compiled pass
+            lib.sign_decode(packed.data_ptr(), numel, float(scale), res.data_ptr(), 0,
+                            kernels.threads())
+            return res
         self._lookup(float(scale), as_numpy(packed), as_numpy(res).reshape(-1), add=False)
         return res
 
@@ -97,6 +121,11 @@ class ScaledSign(Compressor):
         scale, packed = payload
         if not on_cpu(packed) or out.dtype != torch.float32 or not out.is_contiguous():
             super().decode_add(payload, out, step, key=key)
+            return
+        lib = kernels.lib() if packed.is_contiguous() else None
+        if lib is not None:
+            lib.sign_decode(packed.data_ptr(), out.numel(), float(scale), out.data_ptr(), 1,
+                            kernels.threads())
             return
         self._lookup(float(scale), as_numpy(packed), as_numpy(out).reshape(-1), add=True)
 
@@ -107,7 +136,7 @@ class ScaledSign(Compressor):
         full = d // 8
         rows = out[:full * 8].reshape(-1, 8)
         if add:
-            buf = np.empty((min(full, BLOCK // 8), 8), np.float32)
+            buf = np.empty((max(1, min(full, BLOCK // 8)), 8), np.float32)
             for s, e in blocks(full, buf.shape[0]):
                 rows[s:e] += np.take(table, packed[s:e], axis=0, out=buf[:e - s], mode="clip")
         else:

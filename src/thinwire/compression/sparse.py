@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from thinwire import kernels
 from thinwire.compression.base import (
     BLOCK,
     NUMPY_DTYPES,
@@ -158,6 +159,21 @@ def _topk_numpy(xn: np.ndarray, k: int, plan: tuple[int, int] | None
     return cand, xn[cand]
 
 
+def _topk_compiled(lib: Any, flat: torch.Tensor, k: int, plan: tuple[int, int] | None
+                   ) -> Payload:
+    """Steps 1-2 in the compiled kernel (:mod:`thinwire.kernels`): the same selection as
+    :func:`_topk_numpy` (a function of x alone), read from memory once."""
+    d = flat.numel()
+    dt = index_dtype(d)
+    values, idx = empty(k, torch.float32), empty(k, dt)
+    wide = int(dt == torch.int64)
+    stride, want = plan if plan is not None else (0, 0)
+    args = (idx.data_ptr(), wide, values.data_ptr(), kernels.threads())
+    if lib.topk_encode(flat.data_ptr(), d, k, stride, want, *args) != 0:  # 1c
+        lib.topk_encode(flat.data_ptr(), d, k, 0, 0, *args)
+    return (values, idx)
+
+
 class TopK(Compressor):
     """The k largest magnitudes, with their indices (Stich et al. 2018)."""
 
@@ -180,6 +196,9 @@ class TopK(Compressor):
         flat = x.reshape(-1)
         d = flat.numel()
         k = count_k(self.ratio, d)
+        lib = kernels.wants(flat)
+        if lib is not None:  # 1-2 in one compiled read of x
+            return _topk_compiled(lib, flat, k, _sample_plan(d, k))
         if is_cpu_float32(flat):  # 1-2 in numpy, the values picked up from cache
             idx, values = _topk_numpy(as_numpy(flat), k, _sample_plan(d, k))
             return (torch.from_numpy(values),
@@ -193,6 +212,14 @@ class TopK(Compressor):
                out: torch.Tensor | None = None) -> torch.Tensor:
         values, idx = payload
         # 3. zeros, and the values at their indices
+        lib = kernels.wants(values) if out is None or out.is_contiguous() else None
+        if lib is not None and (out is None or out.dtype == torch.float32) \
+                and idx.is_contiguous():
+            res = out if out is not None else empty(numel, torch.float32)
+            lib.scatter_decode(values.data_ptr(), idx.data_ptr(), int(idx.dtype == torch.int64),
+                               None, values.numel(), res.data_ptr(), numel, 0,
+                               kernels.threads())
+            return res
         out = (out if out is not None else empty(numel, values.dtype, values.device)).zero_()
         flat = out.view(-1)
         if is_cpu_float32(flat) and values.dtype == torch.float32:
@@ -203,6 +230,13 @@ class TopK(Compressor):
 
     def decode_add(self, payload: Payload, out: torch.Tensor, step: int, *, key: int = 0) -> None:
         values, idx = payload
+        lib = kernels.wants(values)
+        if lib is not None and out.dtype == torch.float32 and out.is_contiguous() \
+                and idx.is_contiguous():
+            lib.scatter_decode(values.data_ptr(), idx.data_ptr(), int(idx.dtype == torch.int64),
+                               None, values.numel(), out.data_ptr(), out.numel(), 1,
+                               kernels.threads())
+            return
         flat = out.view(-1)
         if is_cpu_float32(flat) and values.dtype == torch.float32:
             target = as_numpy(flat)
@@ -256,12 +290,25 @@ class RandK(Compressor):
         flat = x.reshape(-1)
         # 1. shared indices; 2. values only
         idx, _ = self.indices(flat.numel(), step, key, flat.device)
+        lib = kernels.wants(flat)
+        if lib is not None:
+            values = empty(idx.numel(), torch.float32)
+            lib.gather(flat.data_ptr(), idx.data_ptr(), idx.numel(), values.data_ptr(),
+                       kernels.threads())
+            return (values,)
         return (flat[idx],)
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         (values,) = payload
         idx, lengths = self.indices(numel, step, key, values.device)
+        lib = kernels.wants(values) if out is None or out.is_contiguous() else None
+        if lib is not None and (out is None or out.dtype == torch.float32):
+            res = out if out is not None else empty(numel, torch.float32)
+            lib.scatter_decode(values.data_ptr(), idx.data_ptr(), 1,
+                               lengths.data_ptr() if self.scale else None, values.numel(),
+                               res.data_ptr(), numel, 0, kernels.threads())
+            return res
         if out is None:
             out = values.new_zeros(numel)
         else:

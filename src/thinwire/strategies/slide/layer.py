@@ -14,6 +14,9 @@ plus, in training, the neurons of its true labels. One training step of :class:`
      ([B, A], -inf on empty slots), gathered with ``torch.nn.functional.embedding(...,
      sparse=True)``, so the backward pass touches only the active rows: the weight's gradient is
      a sparse tensor of B A rows (train it with :class:`torch.optim.SparseAdam` or plain SGD);
+     on float32 CPU tensors the compiled kernels (:mod:`thinwire.kernels`) compute the same
+     logits and gradients without the gathered [B, A, H] copy (:class:`_FusedSparseLinear`;
+     its weight gradient lists each touched row once);
   3. :func:`active_softmax_loss`: softmax cross-entropy over the active set against the uniform
      distribution over the sample's labels (SLIDE's multi-label loss);
   4. after the optimizer step, ``updated()``: counts the update and rebuilds the tables from the
@@ -42,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from thinwire import kernels
 from thinwire.strategies.slide.lsh import (
     FAMILIES,
     SAMPLINGS,
@@ -130,6 +134,9 @@ class SLIDELayer(nn.Module):
         every neuron's logits [B, C] (:meth:`dense`)."""
         if ids is None:
             return self.dense(h)
+        if h.dtype == torch.float32 and kernels.wants(self.weight) is not None \
+                and kernels.wants(self.bias) is not None and h.device.type == "cpu":
+            return _FusedSparseLinear.apply(h, self.weight, self.bias, ids, mask)
         w = F.embedding(ids, self.weight, sparse=True)  # [B, A, in]
         b = F.embedding(ids, self.bias, sparse=True).squeeze(-1)
         out = torch.bmm(w, h.unsqueeze(-1)).squeeze(-1) + b
@@ -163,6 +170,81 @@ class SLIDELayer(nn.Module):
     def load_slide_state(self, state: dict[str, Any]) -> None:
         self.tables.load(state["tables"])
         self.schedule.load(state["schedule"])
+
+
+class _FusedSparseLinear(torch.autograd.Function):
+    """Step 2 in the compiled kernels (:mod:`thinwire.kernels`), the same function as the
+    gathered path of :meth:`SLIDELayer.forward`:
+
+      1. forward: each sample's active logits W[id] . h + b[id] computed from the weight rows in
+         place, in parallel over samples (no [B, A, H] copy of the rows);
+      2. backward, hidden input: gh[b] = sum_a g[b, a] W[ids[b, a]], the rows read in place
+         again, in parallel over samples;
+      3. backward, weights: the touched rows (every slot's id, as the gathered path's sparse
+         gradient lists them) found by a counting sort, and each row's gradient
+         sum_{slots of the row} g h[b] written by the one thread that owns the row
+         (partitioned by row: no atomics, no locks); returned as a coalesced sparse gradient of
+         those rows, the gathered path's gradient coalesced.
+
+    The sums run in another order than torch's batched product, so values agree within the
+    rounding of an H-term (forward) or A-term / B-term (backward) float32 sum; on any thread
+    count the kernels give the same bits."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        lib = kernels.lib()
+        assert lib is not None  # chosen by the caller
+        hc = h.detach().contiguous()
+        ids64 = ids.detach().to(torch.int64).contiguous()
+        m = mask.detach().to(torch.bool).contiguous().view(torch.uint8) if mask is not None \
+            else None
+        B, A = ids64.shape
+        H = hc.shape[1]
+        out = torch.empty(B, A, dtype=torch.float32, device=hc.device)
+        lib.slide_forward(weight.data_ptr(), bias.data_ptr(), hc.data_ptr(), ids64.data_ptr(),
+                          m.data_ptr() if m is not None else None, B, A, H, out.data_ptr(),
+                          kernels.threads())
+        ctx.save_for_backward(hc, weight, ids64,
+                              m if m is not None else hc.new_empty(0))
+        ctx.has_mask = m is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        lib = kernels.lib()
+        assert lib is not None
+        hc, weight, ids64, m = ctx.saved_tensors
+        g = grads[0].detach().to(torch.float32).contiguous()
+        mp = m.data_ptr() if ctx.has_mask else None
+        B, A = ids64.shape
+        C, H = weight.shape
+        nt = kernels.threads()
+        gh = None
+        if ctx.needs_input_grad[0]:
+            gh = torch.empty(B, H, dtype=torch.float32, device=g.device)
+            lib.slide_backward_input(g.data_ptr(), weight.data_ptr(), ids64.data_ptr(), mp, B, A,
+                                     H, gh.data_ptr(), nt)
+        gw = gb = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            n = B * A
+            dev = g.device
+            rows = torch.empty(min(n, C), dtype=torch.int64, device=dev)
+            start = torch.empty(n + 1, dtype=torch.int64, device=dev)
+            order = torch.empty(n, dtype=torch.int64, device=dev)
+            U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(),
+                                       start.data_ptr(), order.data_ptr())
+            wv = torch.empty(U, H, dtype=torch.float32, device=dev)
+            bv = torch.empty(U, 1, dtype=torch.float32, device=dev)
+            lib.slide_backward_weight_rows(g.data_ptr(), hc.data_ptr(), mp, start.data_ptr(),
+                                           order.data_ptr(), U, A, H, wv.data_ptr(),
+                                           bv.data_ptr(), nt)
+            at = rows[:U].unsqueeze(0)
+            gw = torch.sparse_coo_tensor(at, wv, (C, H), is_coalesced=True,
+                                         check_invariants=False)
+            gb = torch.sparse_coo_tensor(at, bv, (C, 1), is_coalesced=True,
+                                         check_invariants=False)
+        return gh, gw, gb, None, None
 
 
 def label_targets(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,

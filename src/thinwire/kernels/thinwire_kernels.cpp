@@ -1,0 +1,524 @@
+// Compiled CPU kernels of thinwire's codecs and SLIDE's sparse layer (see kernels/__init__.py).
+//
+// Plain C++17 with a C ABI, called through ctypes on tensors' data pointers: no torch or Python
+// headers, so a fresh build takes well under a second. Every kernel computes exactly what the
+// pure-torch/numpy path computes (the same IEEE operations in the same order, built with
+// -ffp-contract=off), and splits its work into fixed blocks whose results are combined in block
+// order, so the result is the same bits whatever the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// Run fn(block) for block in [0, nblocks) on up to nt threads (the calling thread included),
+// blocks dealt round-robin. Threads are started per call: no pool survives into a forked child.
+template <class F>
+void parallel(int nt, int64_t nblocks, F fn) {
+  if (nt <= 1 || nblocks <= 1) {
+    for (int64_t b = 0; b < nblocks; ++b) fn(b);
+    return;
+  }
+  int n = static_cast<int>(std::min<int64_t>(nt, nblocks));
+  std::vector<std::thread> pool;
+  pool.reserve(n - 1);
+  for (int t = 1; t < n; ++t)
+    pool.emplace_back([=, &fn] {
+      for (int64_t b = t; b < nblocks; b += n) fn(b);
+    });
+  for (int64_t b = 0; b < nblocks; b += n) fn(b);
+  for (auto& th : pool) th.join();
+}
+
+constexpr int64_t BLOCK = 1 << 16;  // elements per block of the element-wise kernels
+
+inline uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
+// and the loops would not be vectorised).
+// rint: round half to even, as torch.round (the rounding mode is never changed).
+// x / safe costs a division an element; x * (1 / safe) is within 2^-23 relative of it, so
+// rounds to the same integer unless x / safe lies within 2^-16 of a half-integer (|x / safe| <=
+// 127). Such a chunk (about one in twenty at 512 elements) is redone with the division: the
+// result is exactly rint(x / safe), the reference's.
+inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe) {
+  const float r = 1.0f / safe;
+  int near = 0;
+  int64_t i = 0;
+#ifdef __AVX2__
+  const __m256 rv = _mm256_set1_ps(r), half = _mm256_set1_ps(0.5f);
+  const __m256 thr = _mm256_set1_ps(6.103515625e-05f);  // 2^-14
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256 close = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {  // 32 at a time: four roundings, packed to 32 bytes
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), rv);
+      const __m256 f = _mm256_and_ps(_mm256_sub_ps(_mm256_sub_ps(y, _mm256_floor_ps(y)), half),
+                                     mag);
+      close = _mm256_or_ps(close, _mm256_cmp_ps(f, thr, _CMP_LT_OQ));
+      v[j] = _mm256_cvtps_epi32(y);  // round half to even (the default rounding mode)
+    }
+    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                         _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(w, perm));
+  }
+  near = _mm256_movemask_ps(close) != 0;
+#endif
+  for (; i < n; ++i) {
+    const float y = x[i] * r;
+    near |= std::fabs(y - std::floor(y) - 0.5f) < 6.103515625e-05f;
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(y)));
+  }
+  if (near)
+    for (int64_t k = 0; k < n; ++k)
+      q[k] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[k] / safe)));
+}
+
+template <class T>
+inline void widen_scale(const T* __restrict q, float* __restrict out, int64_t n, float f) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * f;
+}
+
+template <class T>
+inline void qsgd_round(const float* __restrict x, const uint32_t* __restrict raw,
+                       float* __restrict t, T* __restrict q, int64_t m, float c, int32_t s,
+                       int wide) {
+  const float u24 = 5.9604644775390625e-08f;  // 2^-24
+  int64_t i0 = 0;
+#ifdef __AVX2__
+  const __m256 cv = _mm256_set1_ps(c), uv = _mm256_set1_ps(u24);
+  for (; i0 + 8 <= m; i0 += 8) {  // the same operations, 8 at a time
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + i0)), 8);
+    const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(r), uv);
+    _mm256_storeu_ps(t + i0, _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
+        _mm256_loadu_ps(x + i0), cv), u)));
+  }
+#endif
+  for (int64_t i = i0; i < m; ++i) {
+    const float u = static_cast<float>(static_cast<int32_t>(raw[i] >> 8)) * u24;
+    t[i] = std::floor(x[i] * c + u);
+  }
+  if (wide) {
+    const float lo = static_cast<float>(-s), hi = static_cast<float>(s);
+    for (int64_t i = 0; i < m; ++i)
+      q[i] = static_cast<T>(static_cast<int32_t>(std::min(std::max(t[i], lo), hi)));
+  } else {
+    const int32_t sl = -s, sh = s;
+    for (int64_t i = 0; i < m; ++i)
+      q[i] = static_cast<T>(std::min(std::max(static_cast<int32_t>(t[i]), sl), sh));
+  }
+}
+
+// Whether any of x[0..16) has |x_j| >= t.
+inline bool any_at_least(const float* x, float t) {
+#ifdef __AVX2__
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tv = _mm256_set1_ps(t);
+  const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x), mag);
+  const __m256 b = _mm256_and_ps(_mm256_loadu_ps(x + 8), mag);
+  return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(a, tv, _CMP_GE_OQ),
+                                         _mm256_cmp_ps(b, tv, _CMP_GE_OQ))) != 0;
+#else
+  int any = 0;
+  for (int j = 0; j < 16; ++j) any |= std::fabs(x[j]) >= t;
+  return any != 0;
+#endif
+}
+
+inline int64_t nblocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+// numpy's SFC64 (numpy/random/src/sfc64/sfc64.h): the same stream as numpy.random.SFC64 from
+// the same state.
+inline uint64_t sfc64_next(uint64_t* s) {
+  const uint64_t tmp = s[0] + s[1] + s[3]++;
+  s[0] = s[1] ^ (s[1] >> 11);
+  s[1] = s[2] + (s[2] << 3);
+  s[2] = ((s[2] << 24) | (s[2] >> 40)) + tmp;
+  return tmp;
+}
+
+template <class T>
+void qsgd_levels(const float* x, int64_t d, float c, uint64_t* state, T* q, int32_t s,
+                 int wide) {
+  // compression/quantize.py, QSGD._levels_cpu: per block of min(d, 2^16) elements,
+  // (m + 1) / 2 draws of 64 bits read as 2 m uint32 (low half first), u = (r >> 8) 2^-24,
+  // floor(c x + u), clipped to [-s, s].
+  const int64_t size = std::min<int64_t>(d, BLOCK);
+  std::vector<uint64_t> draw(static_cast<size_t>(size / 2 + 1));
+  std::vector<float> tb(static_cast<size_t>(size));
+  const uint32_t* raw = reinterpret_cast<const uint32_t*>(draw.data());  // as numpy's view
+  for (int64_t a = 0; a < d; a += size) {
+    const int64_t m = std::min(size, d - a);
+    const int64_t draws = (m + 1) / 2;
+    for (int64_t j = 0; j < draws; ++j) draw[j] = sfc64_next(state);
+    qsgd_round(x + a, raw, tb.data(), q + a, m, c, s, wide);
+  }
+}
+
+template <class T>
+void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
+  parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
+    const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);
+    widen_scale(q + a, out + a, e - a, f);
+  });
+}
+
+// Top-k's exact selection (compression/sparse.py, _keep_numpy): of n candidates (ascending
+// indices, their values), keep the k largest magnitudes, ties at the k-th going to the lowest
+// indices. Writes k (index, value) pairs in index order.
+template <class I>
+void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, I* out_idx,
+                  float* out_val) {
+  if (n == k) {
+    for (int64_t i = 0; i < n; ++i) {
+      out_idx[i] = static_cast<I>(cand[i]);
+      out_val[i] = vals[i];
+    }
+    return;
+  }
+  std::vector<float> mags(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mags[i] = std::fabs(vals[i]);
+  std::nth_element(mags.begin(), mags.begin() + (n - k), mags.end());
+  const float v = mags[n - k];
+  int64_t above = 0;
+  for (int64_t i = 0; i < n; ++i) above += std::fabs(vals[i]) > v;
+  int64_t equal_left = k - above, w = 0;
+  for (int64_t i = 0; i < n && w < k; ++i) {
+    const float a = std::fabs(vals[i]);
+    if (a > v || (a == v && equal_left-- > 0)) {
+      out_idx[w] = static_cast<I>(cand[i]);
+      out_val[w++] = vals[i];
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int thinwire_kernels_version() { return 1; }
+
+// --- int8 with one absmax scale per chunk (compression/quantize.py, Int8) --------------------
+void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* scale, int nt) {
+  const int64_t chunks = (d + chunk - 1) / chunk;
+  const int64_t per = std::max<int64_t>(1, BLOCK / chunk);
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    const int64_t c1 = std::min(chunks, (b + 1) * per);
+    for (int64_t c = b * per; c < c1; ++c) {
+      const int64_t a = c * chunk, e = std::min(d, a + chunk);
+      // absmax on the bits of |x|: for finite floats unsigned order is float order
+      uint32_t mb = 0;
+      for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
+      float m;
+      std::memcpy(&m, &mb, sizeof m);
+      const float sc = m / 127.0f;
+      scale[c] = sc;
+      const float safe = sc > 0.0f ? sc : 1.0f;
+      round_int8(x + a, q + a, e - a, safe);
+    }
+  });
+}
+
+void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, float* out,
+                 int nt) {
+  const int64_t chunks = (d + chunk - 1) / chunk;
+  const int64_t per = std::max<int64_t>(1, BLOCK / chunk);
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    const int64_t c1 = std::min(chunks, (b + 1) * per);
+    for (int64_t c = b * per; c < c1; ++c) {
+      const int64_t a = c * chunk, e = std::min(d, a + chunk);
+      widen_scale(q + a, out + a, e - a, scale[c]);
+    }
+  });
+}
+
+// --- scaled sign (compression/sign.py) -------------------------------------------------------
+// Bits b_i = [x_i >= 0], packed most significant first, and ||x||_1 as the sign module's lane
+// sums: per block of SIGN_BLOCK elements, lane j = sum over the block's rows of 1024 of |x|
+// at column j, in row order, in double (a partial last row adds to its first lanes); lanes
+// summed over blocks in block order into lanes[1024] (the caller adds the lanes in order).
+constexpr int64_t SIGN_BLOCK = 1 << 17;
+
+struct Reversed {  // REVERSED[b]: the bits of byte b in the opposite order
+  uint8_t v[256];
+  Reversed() {
+    for (int b = 0; b < 256; ++b) {
+      int r = 0;
+      for (int j = 0; j < 8; ++j) r |= ((b >> j) & 1) << (7 - j);
+      v[b] = static_cast<uint8_t>(r);
+    }
+  }
+  uint8_t operator[](int b) const { return v[b]; }
+};
+const Reversed REVERSED;
+constexpr int64_t LANES = 1024;
+
+void sign_encode(const float* x, int64_t d, uint8_t* packed, double* lanes, int nt) {
+  const int64_t nb = nblocks_of(d, SIGN_BLOCK);
+  std::vector<double> part(static_cast<size_t>(nb * LANES), 0.0);
+  parallel(nt, nb, [&](int64_t b) {
+    const int64_t a = b * SIGN_BLOCK, e = std::min(d, a + SIGN_BLOCK);
+    double* acc = part.data() + b * LANES;
+    for (int64_t r = a; r < e; r += LANES) {
+      const int64_t w = std::min(LANES, e - r);
+      for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(std::fabs(x[r + j]));
+    }
+    int64_t i = a;  // a is a multiple of 8
+#ifdef __AVX2__
+    const __m256 zero = _mm256_setzero_ps();
+    for (; i + 8 <= e; i += 8) {  // bit j of the mask is element j: reversed by the table
+      const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), zero, _CMP_GE_OQ));
+      packed[i / 8] = REVERSED[mask];
+    }
+#endif
+    for (; i < e; i += 8) {
+      uint8_t byte = 0;
+      const int64_t w = std::min<int64_t>(8, e - i);
+      for (int64_t j = 0; j < w; ++j) byte |= static_cast<uint8_t>((x[i + j] >= 0.0f) << (7 - j));
+      packed[i / 8] = byte;
+    }
+  });
+  for (int64_t j = 0; j < LANES; ++j) lanes[j] = 0.0;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t j = 0; j < LANES; ++j) lanes[j] += part[b * LANES + j];
+}
+
+void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int add, int nt) {
+  // a table of the eight decoded values of each byte (as the numpy path's)
+  std::vector<float> table(256 * 8);
+  for (int b = 0; b < 256; ++b)
+    for (int j = 0; j < 8; ++j) table[b * 8 + j] = (b >> (7 - j)) & 1 ? scale : -scale;
+  const float* tab = table.data();
+  parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
+    const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);  // a is a multiple of 8
+    int64_t i = a;
+    for (; i + 8 <= e; i += 8) {
+      const float* row = tab + packed[i >> 3] * 8;
+      float* o = out + i;
+      if (add)
+        for (int j = 0; j < 8; ++j) o[j] += row[j];
+      else
+        for (int j = 0; j < 8; ++j) o[j] = row[j];
+    }
+    for (; i < e; ++i) {
+      const float v = tab[packed[i >> 3] * 8 + (i & 7)];
+      if (add)
+        out[i] += v;
+      else
+        out[i] = v;
+    }
+  });
+}
+
+// --- QSGD (compression/quantize.py) -----------------------------------------------------------
+// state: numpy SFC64's four words, advanced in place. elem: bytes of a level (1, 2 or 4).
+void qsgd_encode(const float* x, int64_t d, float c, uint64_t* state, void* q, int elem,
+                 int32_t s, int wide) {
+  if (elem == 1)
+    qsgd_levels(x, d, c, state, static_cast<int8_t*>(q), s, wide);
+  else if (elem == 2)
+    qsgd_levels(x, d, c, state, static_cast<int16_t*>(q), s, wide);
+  else
+    qsgd_levels(x, d, c, state, static_cast<int32_t*>(q), s, wide);
+}
+
+void qsgd_decode(const void* q, int elem, int64_t d, float f, float* out, int nt) {
+  if (elem == 1)
+    qsgd_decode(static_cast<const int8_t*>(q), d, f, out, nt);
+  else if (elem == 2)
+    qsgd_decode(static_cast<const int16_t*>(q), d, f, out, nt);
+  else
+    qsgd_decode(static_cast<const int32_t*>(q), d, f, out, nt);
+}
+
+// --- Top-k (compression/sparse.py) ------------------------------------------------------------
+// Steps 1a-1d in one read of x: the threshold t = the (n - want)-th smallest of the strided
+// sample's magnitudes (stride 0: no sample, every element a candidate); per block the
+// candidates |x_i| >= t with their values; the exact k largest of them. Writes k indices
+// (int32 when idx64 is 0) and values; returns 0, or -1 where fewer than k passed (the caller
+// then calls again with stride 0).
+int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t want, void* idx,
+                int idx64, float* vals, int nt) {
+  float t = -1.0f;  // every |x_i| >= -1
+  if (stride > 0) {
+    const int64_t n = (d + stride - 1) / stride;
+    std::vector<float> sample(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) sample[i] = std::fabs(x[i * stride]);
+    std::nth_element(sample.begin(), sample.begin() + (n - want), sample.end());
+    t = sample[n - want];
+  }
+  const int64_t block = 4 * BLOCK;
+  const int64_t nb = nblocks_of(d, block);
+  std::vector<std::vector<int64_t>> ci(static_cast<size_t>(nb));
+  std::vector<std::vector<float>> cv(static_cast<size_t>(nb));
+  parallel(nt, nb, [&](int64_t b) {
+    const int64_t a = b * block, e = std::min(d, a + block);
+    auto& bi = ci[b];
+    auto& bv = cv[b];
+    if (stride == 0) {
+      bi.reserve(static_cast<size_t>(e - a));
+      bv.reserve(static_cast<size_t>(e - a));
+    }
+    int64_t i = a;
+    for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none
+      if (!any_at_least(x + i, t)) continue;
+      for (int j = 0; j < 16; ++j)
+        if (std::fabs(x[i + j]) >= t) {
+          bi.push_back(i + j);
+          bv.push_back(x[i + j]);
+        }
+    }
+    for (; i < e; ++i)
+      if (std::fabs(x[i]) >= t) {
+        bi.push_back(i);
+        bv.push_back(x[i]);
+      }
+  });
+  int64_t n = 0;
+  for (auto& v : ci) n += static_cast<int64_t>(v.size());
+  if (n < k) return -1;
+  std::vector<int64_t> cand(static_cast<size_t>(n));
+  std::vector<float> cval(static_cast<size_t>(n));
+  int64_t o = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    std::copy(ci[b].begin(), ci[b].end(), cand.begin() + o);
+    std::copy(cv[b].begin(), cv[b].end(), cval.begin() + o);
+    o += static_cast<int64_t>(ci[b].size());
+  }
+  if (idx64)
+    keep_largest(cand.data(), cval.data(), n, k, static_cast<int64_t*>(idx), vals);
+  else
+    keep_largest(cand.data(), cval.data(), n, k, static_cast<int32_t*>(idx), vals);
+  return 0;
+}
+
+// Sparse decode (Top-k and Rand-k): out = 0 (unless add), then out[idx_j] (+)= v_j, times
+// lengths_j where lengths is given (Rand-k's unbiased scaling, v_j * float(b_j)).
+void scatter_decode(const float* v, const void* idx, int idx64, const int64_t* lengths,
+                    int64_t k, float* out, int64_t d, int add, int nt) {
+  if (!add)
+    parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
+      const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
+      std::memset(out + a, 0, static_cast<size_t>(e - a) * sizeof(float));
+    });
+  const int64_t* i64 = static_cast<const int64_t*>(idx);
+  const int32_t* i32 = static_cast<const int32_t*>(idx);
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t i = idx64 ? i64[j] : i32[j];
+    const float w = lengths ? v[j] * static_cast<float>(lengths[j]) : v[j];
+    if (add)
+      out[i] += w;
+    else
+      out[i] = w;
+  }
+}
+
+// Rand-k's gather: out_j = x[idx_j].
+void gather(const float* x, const int64_t* idx, int64_t k, float* out, int nt) {
+  parallel(nt, nblocks_of(k, BLOCK), [&](int64_t b) {
+    const int64_t a = b * BLOCK, e = std::min(k, a + BLOCK);
+    for (int64_t j = a; j < e; ++j) out[j] = x[idx[j]];
+  });
+}
+
+// --- SLIDE's sparse layer (strategies/slide/layer.py) -----------------------------------------
+// Forward: out[b, a] = W[ids[b, a]] . h[b] + bias[ids[b, a]] (-inf where mask is 0), each
+// sample's active rows read in place, parallel over samples (no [B, A, H] copy).
+void slide_forward(const float* W, const float* bias, const float* h, const int64_t* ids,
+                   const uint8_t* mask, int64_t B, int64_t A, int64_t H, float* out, int nt) {
+  const float ninf = -INFINITY;
+  parallel(nt, B, [&](int64_t b) {
+    const float* hb = h + b * H;
+    for (int64_t a = 0; a < A; ++a) {
+      const int64_t p = b * A + a;
+      if (mask && !mask[p]) {
+        out[p] = ninf;
+        continue;
+      }
+      const float* w = W + ids[p] * H;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 8 <= H; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += w[i + j] * hb[i + j];
+      float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      for (; i < H; ++i) sum += w[i] * hb[i];
+      out[p] = sum + bias[ids[p]];
+    }
+  });
+}
+
+// Backward of the hidden input: gh[b] = sum_a g[b, a] W[ids[b, a]] (slots in order), the rows
+// read in place; slots with mask 0 are skipped (their gradient is zero).
+void slide_backward_input(const float* g, const float* W, const int64_t* ids,
+                          const uint8_t* mask, int64_t B, int64_t A, int64_t H, float* gh,
+                          int nt) {
+  parallel(nt, B, [&](int64_t b) {
+    float* o = gh + b * H;
+    for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
+    for (int64_t a = 0; a < A; ++a) {
+      const int64_t p = b * A + a;
+      if (mask && !mask[p]) continue;
+      const float ga = g[p];
+      const float* w = W + ids[p] * H;
+      for (int64_t i = 0; i < H; ++i) o[i] += ga * w[i];
+    }
+  });
+}
+
+// Backward of the weight rows, partitioned by row: the touched rows (every slot's id, masked
+// ones included, as the gathered layer's sparse gradient lists them) in ascending order, each
+// row's gradient sum_{slots p of that row, in slot order} g[p] h[b(p)] written by the one
+// thread that owns the row: no atomics, no locks, the same bits on any number of threads.
+// C: the layer's rows. Writes rows_out[U] and returns U; the caller then calls
+// slide_backward_weight_rows with buffers of U rows.
+int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* rows_out,
+                           int64_t* start, int64_t* order) {
+  // counting sort of the n slots by row: start[u] .. start[u + 1] in order[] are row u's slots
+  std::vector<int64_t> count(static_cast<size_t>(C + 1), 0);
+  for (int64_t p = 0; p < n; ++p) ++count[ids[p] + 1];
+  int64_t U = 0;
+  for (int64_t c = 0; c < C; ++c)
+    if (count[c + 1]) rows_out[U++] = c;
+  for (int64_t c = 0; c < C; ++c) count[c + 1] += count[c];
+  std::vector<int64_t> next(count.begin(), count.end() - 1);
+  for (int64_t p = 0; p < n; ++p) order[next[ids[p]]++] = p;
+  for (int64_t u = 0; u < U; ++u) start[u] = count[rows_out[u]];
+  start[U] = n;
+  return U;
+}
+
+void slide_backward_weight_rows(const float* g, const float* h, const uint8_t* mask,
+                                const int64_t* start, const int64_t* order, int64_t U,
+                                int64_t A, int64_t H, float* gw, float* gb, int nt) {
+  const int64_t per = 64;
+  parallel(nt, nblocks_of(U, per), [&](int64_t blk) {
+    const int64_t u1 = std::min(U, (blk + 1) * per);
+    for (int64_t u = blk * per; u < u1; ++u) {
+      float* o = gw + u * H;
+      for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
+      float sb = 0.0f;
+      for (int64_t q = start[u]; q < start[u + 1]; ++q) {
+        const int64_t p = order[q];
+        const float gp = (mask && !mask[p]) ? 0.0f : g[p];
+        const float* hb = h + (p / A) * H;
+        for (int64_t i = 0; i < H; ++i) o[i] += gp * hb[i];
+        sb += gp;
+      }
+      gb[u] = sb;
+    }
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,200 @@
+"""The compiled CPU kernels (thinwire.kernels) against the pure-torch/numpy paths they replace.
+
+Codecs: the same payload bytes and the same decoded values, bit for bit, on 1, 2 and 4 threads
+(every codec here is a function of its input, its seeds and the step). SLIDE's fused layer: the
+same touched rows, and logits and gradients within the rounding of the float32 sums involved
+(the bound is computed from the data, below), and the same bits on any thread count. Every test
+runs on both paths where it has a meaning (``path``); the compiled ones are skipped with the
+reason where no C++ compiler is found.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from thinwire import kernels
+from thinwire.compression import QSGD, Compressor, Int8, RandK, ScaledSign, TopK
+from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
+
+HAVE = kernels.available()
+needs_kernels = pytest.mark.skipif(not HAVE, reason="no C++ compiler: compiled kernels unbuilt")
+PATHS = [pytest.param("0", id="torch"),
+         pytest.param("1", id="compiled", marks=needs_kernels)]
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def codecs() -> list[Compressor]:
+    return [TopK(0.01), TopK(0.3), RandK(0.01), RandK(0.05, scale=False), Int8(), Int8(100),
+            ScaledSign(), QSGD(16), QSGD(127), QSGD(300)]
+
+
+def round_trip(c: Compressor, x: torch.Tensor, path: str, threads: int
+               ) -> tuple[list[bytes], torch.Tensor, torch.Tensor]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with kernels.forced(path):
+            payload = c.encode(x, 5, key=2)
+            y = c.decode(payload, x.numel(), 5, key=2)
+            z = torch.randn(x.numel(), generator=torch.Generator().manual_seed(9))
+            c.decode_add(payload, z, 5, key=2)
+    finally:
+        torch.set_num_threads(before)
+    return [p.contiguous().view(torch.uint8).numpy().tobytes() for p in payload], y, z
+
+
+@needs_kernels
+@pytest.mark.parametrize("d", [1, 7, 4097, 300_001])
+def test_compiled_codecs_equal_the_pure_paths_bit_for_bit_on_1_2_4_threads(d: int) -> None:
+    # heavy tails and exact ties: top-k's tie rule and int8's half-way roundings are exercised
+    g = torch.Generator().manual_seed(d)
+    x = torch.randn(d, generator=g) ** 3
+    x[:: 7] = 0.5
+    for c in codecs():
+        ref = round_trip(c, x, "0", 1)
+        for threads in (1, 2, 4):
+            got = round_trip(c, x, "1", threads)
+            assert got[0] == ref[0], f"{c} d={d} threads={threads}: payload bytes differ"
+            assert torch.equal(got[1], ref[1]), f"{c} d={d} threads={threads}: decode differs"
+            assert torch.equal(got[2], ref[2]), f"{c} d={d}: decode_add differs"
+
+
+@needs_kernels
+def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
+    """Chunks whose x / scale are exact half-integers (scale 1): the compiled kernel's
+    multiply by 1 / scale is checked near half-integers and redone with the division there."""
+    ties = torch.tensor([127.0] + [k + 0.5 for k in range(-63, 63)] * 4)
+    x = ties.repeat(9)
+    ref = round_trip(Int8(127), x, "0", 1)
+    got = round_trip(Int8(127), x, "1", 2)
+    assert got[0] == ref[0] and torch.equal(got[1], ref[1])
+    q, _ = Int8(127).encode(x[:127], 0)
+    assert q[1:].tolist() == [round(k + 0.5) for k in range(-63, 63)]  # Python: half to even
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
+    """What the codecs promise, checked against the math on each path: top-k keeps the k
+    largest magnitudes, int8 is within half a step, sign decodes to +-||x||_1 / d."""
+    x = torch.randn(100_003, generator=torch.Generator().manual_seed(1))
+    with kernels.forced(path):
+        (vals, idx) = TopK(0.01).encode(x, 0)
+        k = vals.numel()
+        assert set(idx.long().tolist()) == set(x.abs().topk(k).indices.tolist())
+        q, scale = Int8().encode(x, 0)
+        y = Int8().decode((q, scale), x.numel(), 0)
+        step = torch.repeat_interleave(scale, 512)[:x.numel()]
+        assert torch.all((y - x).abs() <= step / 2 * (1 + 1e-6))
+        s = ScaledSign().decode(ScaledSign().encode(x, 0), x.numel(), 0)
+        assert torch.allclose(s.abs(), x.abs().mean().expand_as(s), rtol=1e-6)
+        assert torch.equal(s > 0, x >= 0)
+
+
+def slide_step(layer: SLIDELayer, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+               labels: torch.Tensor, path: str, threads: int) -> dict[str, torch.Tensor]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    layer.zero_grad(set_to_none=True)
+    h = h.detach().clone().requires_grad_(True)
+    try:
+        with kernels.forced(path):
+            out = layer(h, ids, mask)
+            active_softmax_loss(out, ids, mask, labels).backward()
+    finally:
+        torch.set_num_threads(before)
+    gw = layer.weight.grad.coalesce()
+    gb = layer.bias.grad.coalesce()
+    return {"out": out.detach(), "gh": h.grad, "rows": gw.indices()[0], "gw": gw.values(),
+            "gb": gb.values()}
+
+
+def gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u), u = 2^-24: |fl(sum of n terms) - sum| <= gamma_n
+    sum |terms|, for any order of summation. Two orders differ by at most twice that."""
+    u = 2.0**-24
+    return n * u / (1 - n * u)
+
+
+@needs_kernels
+def test_fused_slide_layer_matches_the_gathered_layer_within_float_rounding() -> None:
+    torch.manual_seed(0)
+    B, H, C = 48, 40, 3000
+    layer = SLIDELayer(H, C, K=6, L=12, budget=60)
+    h = torch.randn(B, H)
+    labels = torch.randint(0, C, (B, 3))
+    labels[0, 1:] = -1  # padding
+    ids, mask = layer.active(h, labels)
+    mask[1, 5:] = False  # empty slots
+    ref = slide_step(layer, h, ids, mask, labels, "0", 1)
+    got = {t: slide_step(layer, h, ids, mask, labels, "1", t) for t in (1, 2, 4)}
+    for t in (2, 4):  # the same bits on any thread count
+        for name in ref:
+            assert torch.equal(got[t][name], got[1][name]), f"{name} differs on {t} threads"
+    fused = got[1]
+    assert torch.equal(fused["rows"], ref["rows"])  # the same touched rows
+    w, b = layer.weight.detach(), layer.bias.detach().squeeze(1)
+    # forward: an H-term dot product plus the bias
+    on = mask
+    bound_out = 2 * gamma(H + 1) * ((w[ids].abs() @ h.abs().unsqueeze(-1)).squeeze(-1)
+                                    + b[ids].abs())
+    assert torch.equal(fused["out"][~on], ref["out"][~on])  # -inf on the empty slots
+    assert torch.all((fused["out"][on] - ref["out"][on]).abs() <= bound_out[on])
+    # the logits' gradient, as both paths see it (the loss is computed by torch on either)
+    out = ref["out"].clone().requires_grad_(True)
+    active_softmax_loss(out, ids, mask, labels).backward()
+    g = out.grad.abs()
+    # hidden gradient: an A-term sum per coordinate; the weight rows': at most B A terms a row
+    bound_gh = 2 * gamma(ids.shape[1]) * torch.einsum("ba,bah->bh", g, w[ids].abs())
+    assert torch.all((fused["gh"] - ref["gh"]).abs() <= bound_gh + 1e-30)
+    dense = torch.zeros(C, H).index_add_(0, ids.reshape(-1),
+                                         g.reshape(-1, 1) * h.abs().repeat_interleave(
+                                             ids.shape[1], 0))
+    bound_gw = 2 * gamma(ids.numel()) * dense[ref["rows"]]
+    assert torch.all((fused["gw"] - ref["gw"]).abs() <= bound_gw + 1e-30)
+    assert torch.allclose(fused["gb"], ref["gb"], rtol=0, atol=2 * gamma(ids.numel()) * float(
+        g.sum()))
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": SRC, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full, timeout=120)
+
+
+def test_without_a_compiler_the_pure_path_runs_and_one_line_says_so(tmp_path: Path) -> None:
+    code = ("import torch; from thinwire.compression import Int8; c = Int8(); "
+            "x = torch.randn(5000); c.decode(c.encode(x, 0), 5000, 0); "
+            "c.decode(c.encode(x, 1), 5000, 1); print('ran')")
+    env = {"CXX": str(tmp_path / "no-such-compiler"), "PATH": str(tmp_path),
+           "THINWIRE_KERNELS_CACHE": str(tmp_path / "cache"), "THINWIRE_KERNELS": "auto"}
+    done = run_python(code, **env)
+    assert done.returncode == 0 and done.stdout.strip() == "ran", done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "using the pure-torch path" in lines[0], done.stderr
+    forced = run_python(code, **{**env, "THINWIRE_KERNELS": "1"})
+    assert forced.returncode != 0
+    assert "unset THINWIRE_KERNELS" in forced.stderr.strip().splitlines()[-1]
+
+
+@needs_kernels
+def test_a_fresh_cache_builds_the_library_once(tmp_path: Path) -> None:
+    code = "from thinwire import kernels; print(kernels.build())"
+    first = run_python(code, THINWIRE_KERNELS_CACHE=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    built = Path(first.stdout.strip())
+    assert built.parent == tmp_path and built.exists()
+    again = run_python(code, THINWIRE_KERNELS_CACHE=str(tmp_path))
+    assert Path(again.stdout.strip()) == built
+    assert [p.name for p in tmp_path.glob("*.so")] == [built.name]
+
+
+def test_bad_mode_is_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("THINWIRE_KERNELS", "yes")
+    with pytest.raises(ValueError, match="use 0 .* 1 .* or auto"):
+        kernels.mode()
