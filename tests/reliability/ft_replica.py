@@ -102,7 +102,9 @@ def main() -> int:
     for e in ft.comm.ledger.entries:
         by_tag[e.tag] = by_tag.get(e.tag, 0) + e.sent + e.recv
     torch.save({"params": [p.detach().clone() for p in model.parameters()], "live": live,
-                "joined": joined, "bytes": by_tag, "dropped": ft.dropped},
+                "joined": joined, "bytes": by_tag, "dropped": ft.dropped,
+                "residual": sum(float(v.abs().sum()) for k, v in ft.codec.state_dict().items()
+                                if k.startswith("residual."))},
                out / f"replica{a.index}.pt")
     return 0
 

@@ -83,6 +83,10 @@ class FaultTolerantDP:
         dev = torch.device(device) if device is not None else self.params[0].device
         self.codec = (codec if isinstance(codec, Compressor)
                       else build_codec(codec, seed=seed, rank=0))
+        if type(self.codec).__name__ == "ScatteredExchange":
+            raise FaultToleranceError(
+                f"FaultTolerantDP: codec {self.codec.describe()} exchanges with an all-to-all, "
+                "not carried over a torchft quorum yet; drop exchange=scatter")
         self.replica = Replica(replica_id, lighthouse, min_workers=min_workers,
                                state_dict=self._state, load_state_dict=self._load,
                                host=host, timeout=timeout, quorum_timeout=quorum_timeout,
@@ -115,6 +119,11 @@ class FaultTolerantDP:
         """Step 1: the quorum (a joining worker recovers here), then the gradients cleared."""
         self.replica.begin()
         self.live = self.comm.world_size
+        # private randomness (QSGD's rounding) differs across the live ranks
+        codec: Any = self.codec
+        while codec is not None:
+            codec.rank = self.comm.rank
+            codec = getattr(codec, "inner", None)
         self.optimizer.zero_grad(set_to_none=True)
 
     def step(self) -> bool:
