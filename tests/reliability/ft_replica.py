@@ -35,6 +35,12 @@ def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
+def residual(ft: object) -> float:
+    """The size of the codec's error-feedback residuals (0 without any)."""
+    state = ft.codec.state_dict()  # type: ignore[attr-defined]
+    return sum(float(v.abs().sum()) for k, v in state.items() if k.startswith("residual."))
+
+
 def wait_for(out: Path, names: list[str], limit: float = 60) -> bool:
     deadline = time.monotonic() + limit
     for name in names:
@@ -73,7 +79,7 @@ def main() -> int:
                          quorum_timeout=a.quorum_timeout)
     (out / f"ready{a.index}").touch()
     live: dict[int, list[int]] = {}
-    joined = -1
+    joined, at_join = -1, 0.0
     try:
         while ft.step_index < a.steps:
             held = [h for h in a.hold if int(h.split(":")[0]) == ft.step_index]
@@ -85,7 +91,7 @@ def main() -> int:
             ft.zero_grad()
             t = ft.step_index
             if joined < 0:
-                joined = t
+                joined, at_join = t, residual(ft)
             if t == a.die_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             ids = ft.comm.all_gather(torch.tensor([a.index]), tag="control")
@@ -103,8 +109,7 @@ def main() -> int:
         by_tag[e.tag] = by_tag.get(e.tag, 0) + e.sent + e.recv
     torch.save({"params": [p.detach().clone() for p in model.parameters()], "live": live,
                 "joined": joined, "bytes": by_tag, "dropped": ft.dropped,
-                "residual": sum(float(v.abs().sum()) for k, v in ft.codec.state_dict().items()
-                                if k.startswith("residual."))},
+                "residual": residual(ft), "residual_at_join": at_join},
                out / f"replica{a.index}.pt")
     return 0
 
