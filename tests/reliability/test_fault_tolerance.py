@@ -151,3 +151,14 @@ def test_lighthouse_lost_ends_with_one_line(tmp_path: Path) -> None:
         lines = [ln for ln in err.splitlines() if ln.startswith("fault tolerance:")]
         assert len(lines) == 1 and "lighthouse" in lines[0], err[-800:]
         assert "Traceback" not in err
+
+
+def test_a_scattered_exchange_is_refused_in_one_line() -> None:
+    from thinwire.runtime.ft import FaultToleranceError
+    from thinwire.strategies.fault import FaultTolerantDP
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(FaultToleranceError, match="drop exchange=scatter") as info:
+        FaultTolerantDP(model, torch.optim.SGD(model.parameters(), lr=0.1), replica_id="a",
+                        lighthouse="http://127.0.0.1:1", codec="fp4:exchange=scatter")
+    assert "\n" not in str(info.value)
