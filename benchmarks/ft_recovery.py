@@ -67,13 +67,12 @@ def replica(index: int, lighthouse: str, out: Path, steps: int, die_at: int,
     return 0
 
 
-def restart_cost(workers: int, steps: int, die_at: int) -> None:
+def restart_cost(workers: int, steps: int, die_at: int, root: Path) -> None:
     from thinwire import config as config_mod
     from thinwire import rundir
     from thinwire.launch import launch
 
     tests = Path(__file__).resolve().parents[1] / "tests" / "reliability"
-    root = Path(tempfile.mkdtemp(prefix="ft_restart."))
     walls = {}
     for name, kills in (("plain", ""), ("killed", f"0:{workers - 1}:{die_at}")):
         over = {"model.name": "mlp", "data.name": "digits", "model.hidden": "32,32",
@@ -107,15 +106,20 @@ def main() -> int:
     ap.add_argument("--replica", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.restart:
-        restart_cost(a.workers, a.steps, a.die_at)
+        with tempfile.TemporaryDirectory(prefix="ft_restart.") as tmp:
+            restart_cost(a.workers, a.steps, a.die_at, Path(tmp))
         return 0
     if a.replica:
         return replica(int(a.replica[0]), a.replica[1], Path(os.environ["FT_OUT"]), a.steps,
                        a.die_at, a.workers)
     os.environ.setdefault("RUST_LOG", "error")
+    with tempfile.TemporaryDirectory(prefix="ft_recovery.") as tmp:
+        return quorum_cost(a, Path(tmp))
+
+
+def quorum_cost(a: argparse.Namespace, out: Path) -> int:
     from thinwire.runtime.ft import Lighthouse
 
-    out = Path(tempfile.mkdtemp(prefix="ft_recovery."))
     env = dict(os.environ, FT_OUT=str(out), OMP_NUM_THREADS="1", RUST_LOG="error")
     with Lighthouse(min_workers=2, join_timeout_ms=3000, heartbeat_timeout_ms=2000) as lh:
         procs = [subprocess.Popen([sys.executable, __file__, "--workers", str(a.workers),
