@@ -232,6 +232,16 @@ MUTANTS = (
            "else [dev],",
            ("tests/reliability/test_planted_edges.py::"
             "test_rebuild_buckets_warm_up_leaves_buffers_draws_and_codec_as_they_were",)),
+    Mutant("ft-apply-dropped", "fault tolerance", "a step the quorum voted down is applied "
+           "anyway", "strategies/fault.py", "if self.replica.commit() and mean is not None:",
+           "if (self.replica.commit() or True) and mean is not None:",
+           ("tests/reliability/test_fault_tolerance.py::"
+            "test_worker_killed_and_one_joining",)),
+    Mutant("ft-residual-copied", "fault tolerance", "a joining worker copies its peer's "
+           "error-feedback residuals", "strategies/fault.py",
+           'PER_RANK = ("residual.",)', 'PER_RANK = ("no-such-state.",)',
+           ("tests/reliability/test_fault_tolerance.py::"
+            "test_worker_killed_and_one_joining",)),
 )
 
 

@@ -13,6 +13,7 @@ lab for IST on quadratics. Use it from the ``thinwire`` command or in your own t
     with thinwire.SparseLoCo(model, inner, sync_every=50): ...     # top-k 2-bit, local EF
     opt = thinwire.DeMo(model.parameters(), lr=1e-3)               # DCT top-k of momenta
     thinwire.register_codec(ddp_model, "powersgd", rank=2)         # a DDP comm hook
+    ft = thinwire.FaultTolerantDP(model, opt, replica_id="3", lighthouse=ADDR)  # torchft quorum
     comm = thinwire.Comm(); comm.ledger.totals()                   # every byte, counted
 
 Names are imported on first use, so ``import thinwire`` itself is light.
@@ -51,6 +52,9 @@ _EXPORTS: dict[str, str] = {
     "register_codec": "thinwire.compression:register",
     "rebuild_buckets": "thinwire.compression:rebuild_buckets",
     "build_codec": "thinwire.compression:build",
+    # fault tolerance without a restart (torchft's quorum)
+    "FaultTolerantDP": "thinwire.strategies.fault:FaultTolerantDP",
+    "Lighthouse": "thinwire.runtime.ft:Lighthouse",
     # the communication layer and its ledger
     "Comm": "thinwire.runtime.comm:Comm",
     "Ledger": "thinwire.runtime.comm:Ledger",

@@ -259,13 +259,14 @@ def work_share(model: ModelSpec, spec: str, workers: int) -> float:
 
 
 def _overlap(spec: str, workers: int) -> int:
-    """Workers holding each cut unit under ``spec`` (IST's ``overlap`` resolved; 1 where the
-    method has no such option, or no spec)."""
+    """Workers holding each cut unit under ``spec`` (its ``overlap`` option resolved by the
+    method's ``overlap`` formula, 0: auto; 1 where the method has no such option, or no
+    spec)."""
     if not spec:
         return 1
-    from thinwire.strategies.ist.partition import resolve_overlap
-
-    return resolve_overlap(int(getattr(resolve(spec).options, "overlap", 1)), workers)
+    method = resolve(spec)
+    held_by = method.entry.formulas.get("overlap")
+    return 1 if held_by is None else int(held_by(method.options, workers))
 
 
 def worker_params(model: ModelSpec, workers: int, spec: str = "") -> float:

@@ -429,6 +429,11 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     return ist_traffic(layout.ist, options, workers, steps, seed, optimizer_states)
 
 
+def held_by(o: Options, workers: int) -> int:
+    """Workers holding each unit of a cut group under ``o`` (``overlap``, 0 resolved)."""
+    return resolve_overlap(o.overlap, workers)
+
+
 def worker_numel(plan: ISTPlan, workers: int, overlap: int = 1) -> float:
     """Elements a worker's subnet trains when ``plan``'s units are dealt over ``workers``
     (round 0's partition, each unit held by ``overlap`` workers, resolved: 1 is the published
@@ -445,7 +450,8 @@ METHOD = MethodEntry(
     name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
-    for_model=_for_model, formulas={"worker_numel": worker_numel},
+    for_model=_for_model, formulas={"worker_numel": worker_numel,
+                                        "overlap": held_by},
     regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
            "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST is 15.7x faster than DP "
            "and 2.6x faster than local SGD (python benchmarks/thin_wire.py, as root; "
