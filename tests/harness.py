@@ -1,7 +1,7 @@
 """Multi-process test harness: the library's spawn harness with test defaults.
 
 ``run_workers(fn, world_size, *args)`` runs ``fn(comm, *args)`` on ``world_size`` forked gloo
-ranks (free loopback port, one torch thread each, hard timeout) through
+ranks (a file store's rendezvous, one torch thread each, hard timeout) through
 :func:`thinwire.runtime.spawn.run_group`; a failing or hanging rank fails the test, named.
 """
 
@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.data.text import BUNDLED_DIR
-from thinwire.runtime.spawn import RankFailed, free_port, run_group
+from thinwire.runtime.spawn import RankFailed, rendezvous_dir, run_group
 
-__all__ = ["DATA", "free_port", "run_workers"]
+__all__ = ["DATA", "rendezvous_dir", "run_workers", "wait_until"]
 
 
 DATA: Path = BUNDLED_DIR
@@ -28,6 +28,23 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
         return run_group(fn, world_size, *args, timeout=timeout, threads=1)
     except RankFailed as exc:
         raise AssertionError(str(exc)) from None
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str,
+               poll: float = 0.05) -> Any:
+    """Poll ``condition()`` until it returns a true value (returned) or ``timeout`` seconds pass
+    (an AssertionError naming ``what``): a test waits on the event it needs, never a fixed
+    time."""
+    import time
+
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        time.sleep(poll)
 
 
 def flat_state(state: object, prefix: str = "") -> dict[str, object]:

@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from harness import wait_until
 
 from thinwire.cli import main
 from thinwire.config import iter_options, load
@@ -98,13 +98,16 @@ def test_a_dead_worker_ends_the_job_with_an_error(tmp_path: Path) -> None:
          "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
-        workers: list[int] = []
-        while time.time() < deadline and len(workers) < 2:
-            time.sleep(0.5)
-            workers = [c for agent in [proc.pid, *_agents(proc.pid)] for c in _children(agent)]
-        assert len(workers) == 2, "workers did not start"
-        time.sleep(3)  # let them train
+        def started() -> list[int]:
+            found = [c for agent in [proc.pid, *_agents(proc.pid)] for c in _children(agent)]
+            return found if len(found) == 2 else []
+
+        workers = wait_until(started, 60, "two workers started")
+
+        def training() -> bool:  # a train record: both ranks are past the first step
+            return any(f.stat().st_size > 0 for f in tmp_path.rglob("metrics.jsonl"))
+
+        wait_until(training, 60, "the first metrics record written")
         os.kill(max(workers), signal.SIGKILL)
         _out, err = proc.communicate(timeout=60)
     finally:

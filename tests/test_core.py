@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from harness import free_port, run_workers
+from harness import rendezvous_dir, run_workers
 from method_cases import params as case_params
 from torch import nn
 
@@ -37,9 +37,9 @@ def test_a_comm_used_without_a_process_group_raises() -> None:
     assert torch.equal(local.all_reduce(torch.ones(3)), torch.ones(3))
 
 
-def _bind_late(rank: int, port: int, queue: mp.Queue) -> None:
+def _bind_late(rank: int, store: str, queue: mp.Queue) -> None:
     comm = Comm()  # made before the group exists
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=30))
     t = torch.tensor([float(rank + 1)])
     comm.all_reduce(t)
@@ -50,8 +50,8 @@ def _bind_late(rank: int, port: int, queue: mp.Queue) -> None:
 def test_a_comm_made_before_the_group_binds_on_first_use() -> None:
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_bind_late, args=(r, port, queue)) for r in range(2)]
+    store = f"{rendezvous_dir()}/store"
+    procs = [ctx.Process(target=_bind_late, args=(r, store, queue)) for r in range(2)]
     for p in procs:
         p.start()
     got = sorted(queue.get(timeout=60) for _ in range(2))

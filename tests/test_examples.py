@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import free_port
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -23,8 +22,9 @@ def torchrun(script: str, *extra: str, timeout: float) -> subprocess.CompletedPr
     machine, not the example's behaviour. A Python error, a wrong result or a hang fails at once;
     a second signal death fails too. The workers' own stderr is shown, not the launcher's."""
     def once() -> subprocess.CompletedProcess[str]:
+        # --standalone: the agent's rendezvous binds port 0 itself (no port chosen beforehand)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               "--standalone",
                str(EXAMPLES / script), *extra]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               cwd=EXAMPLES)

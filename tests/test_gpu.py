@@ -176,7 +176,7 @@ def test_codec_round_trip_on_cuda_matches_cpu(spec: str) -> None:
         assert torch.equal(acc, out), spec
 
 
-def _nccl_rank(rank: int, world: int, port: int, specs: list[str], queue: Any) -> None:
+def _nccl_rank(rank: int, world: int, store: str, specs: list[str], queue: Any) -> None:
     """One nccl rank: a small MLP on cuda:rank through DDP with each codec's hook."""
     import pickle
     from datetime import timedelta
@@ -190,7 +190,7 @@ def _nccl_rank(rank: int, world: int, port: int, specs: list[str], queue: Any) -
 
     try:
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
         dev = torch.device("cuda", rank)
         comm = Comm()
@@ -229,13 +229,13 @@ def test_ddp_hooks_through_nccl() -> None:
 
     from thinwire.compression import build
     from thinwire.models import build_mlp
-    from thinwire.runtime.spawn import free_port
+    from thinwire.runtime.spawn import rendezvous_dir
 
     world = min(2, torch.cuda.device_count())
     ctx = mp.get_context("spawn")  # CUDA cannot follow a fork
     queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_nccl_rank, args=(r, world, port, CODECS_ON_GPU, queue))
+    store = f"{rendezvous_dir()}/store"
+    procs = [ctx.Process(target=_nccl_rank, args=(r, world, store, CODECS_ON_GPU, queue))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -19,8 +19,11 @@ from harness import run_workers
 
 from thinwire.config import load
 from thinwire.data.task import auc, task_for
+from thinwire.errors import UsageError
+from thinwire.measure.predict import run_traffic
 from thinwire.run import build_model, build_strategy, load_data, make_stream
 from thinwire.runtime.comm import Comm
+from thinwire.strategies import METHODS
 from thinwire.strategies.hybrid import traffic_of
 
 BASE = {"model.name": "dlrm", "method.name": "hybrid", "data.tables": 4, "data.rows": 50,
@@ -28,24 +31,33 @@ BASE = {"model.name": "dlrm", "method.name": "hybrid", "data.tables": 4, "data.r
         "model.top": "16", "train.batch_size": 64}
 
 
+CLIP = 0.05
+
+
 def _runs(comm: Comm) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    # exactness: 2 SGD steps on a fixed global batch
-    cfg = load(None, {**BASE, "runtime.workers": comm.world_size, "train.lr": 0.5,
-                      "train.steps": 2})
-    ds = load_data(cfg)
-    strat = build_strategy(cfg, comm, torch.device("cpu"), task_for(ds), build_model(cfg, ds))
+    # exactness: 2 SGD steps on a fixed global batch, without and with clipping
     b, n = 64, comm.world_size
-    mark = comm.ledger.mark()
-    for s in range(2):
-        rows = slice(s * n * b + comm.rank * b, s * n * b + (comm.rank + 1) * b)
-        strat.train_step((ds.x_train[rows], ds.y_train[rows]), s)
-    out["sent"] = comm.ledger.totals(since=mark)["sent_bytes"]
-    dense = sum(p.numel() for p in strat.dense)
-    out["want"] = traffic_of(b, 4, 8, dense, n, 2).sent[comm.rank]
-    m = strat.eval_model()
-    out["exact"] = None if m is None else {k: v.detach().clone() for k, v in
-                                           m.named_parameters()}
+    for clip in (0.0, CLIP):
+        cfg = load(None, {**BASE, "runtime.workers": n, "train.lr": 0.5, "train.steps": 2,
+                          "train.clip_norm": clip})
+        ds = load_data(cfg)
+        strat = build_strategy(cfg, comm, torch.device("cpu"), task_for(ds),
+                               build_model(cfg, ds))
+        mark = comm.ledger.mark()
+        for s in range(2):
+            rows = slice(s * n * b + comm.rank * b, s * n * b + (comm.rank + 1) * b)
+            strat.train_step((ds.x_train[rows], ds.y_train[rows]), s)
+        out[f"sent{clip}"] = comm.ledger.totals(since=mark)["sent_bytes"]
+        dense = sum(p.numel() for p in strat.dense)
+        out[f"want{clip}"] = traffic_of(b, 4, 8, dense, n, 2, clip=clip > 0).sent[comm.rank]
+        # the prediction of the run: the registry's formula over its run layout
+        layout = METHODS.get("hybrid").run_layout(cfg, build_model(cfg, ds), (ds.x_train[:b],
+                                                                              ds.y_train[:b]))
+        out[f"predicted{clip}"] = run_traffic(cfg, layout).sent[comm.rank]
+        m = strat.eval_model()
+        out[f"exact{clip}"] = None if m is None else {k: v.detach().clone() for k, v in
+                                                      m.named_parameters()}
     # quality with and without DCT
     for dct in (False, True):
         cfg = load(None, {**BASE, "runtime.workers": n, "train.optimizer": "adamw",
@@ -67,7 +79,9 @@ def _runs(comm: Comm) -> dict[str, Any]:
     return out
 
 
-def _reference() -> dict[str, torch.Tensor]:
+def _reference(clip: float) -> dict[str, torch.Tensor]:
+    """One process, the global batches; with ``clip`` torch's ``clip_grad_norm_`` on the whole
+    model (asserted to clip)."""
     cfg = load(None, {**BASE, "method.name": "dp", "runtime.workers": 1, "train.lr": 0.5})
     ds = load_data(cfg)
     model = build_model(cfg, ds)
@@ -77,18 +91,25 @@ def _reference() -> dict[str, torch.Tensor]:
         rows = slice(s * 128, (s + 1) * 128)
         opt.zero_grad()
         task.loss(model(ds.x_train[rows]), ds.y_train[rows]).backward()
+        if clip:
+            assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)) > 2 * clip
         opt.step()
     return {k: v.detach() for k, v in model.named_parameters()}
 
 
 def test_hybrid_dlrm_exact_and_beats_majority_with_and_without_dct() -> None:
+    """Exact without and with clipping (the owned tables' squares summed over the ranks, the
+    replicated MLPs once), the ledger equal to the formula and to the run's prediction."""
     out = run_workers(_runs, 2, timeout=120)
-    ref = _reference()
-    for k, v in ref.items():
-        torch.testing.assert_close(out[0]["exact"][k], v, atol=1e-6, rtol=1e-5,
-                                   msg=lambda m, k=k: f"{k}: {m}")
-    for r in range(2):
-        assert out[r]["sent"] == out[r]["want"], r
+    for clip in (0.0, CLIP):
+        ref = _reference(clip)
+        for k, v in ref.items():
+            torch.testing.assert_close(out[0][f"exact{clip}"][k], v, atol=1e-6, rtol=1e-5,
+                                       msg=lambda m, k=k, c=clip: f"clip={c} {k}: {m}")
+        for r in range(2):
+            assert out[r][f"sent{clip}"] == out[r][f"want{clip}"] == out[r][f"predicted{clip}"], \
+                (clip, r)
+    assert out[0][f"sent{CLIP}"] > out[0]["sent0.0"]  # the norm's all-reduce
     ds = load_data(load(None, {**BASE, "runtime.workers": 2}))
     rate = float(ds.y_test.float().mean())
     majority_nll = -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
@@ -102,3 +123,13 @@ def test_hybrid_dlrm_exact_and_beats_majority_with_and_without_dct() -> None:
     assert dct_bytes["grad"] * 5 < plain_bytes["grad"]
     assert dct_bytes["mp"] < plain_bytes["mp"]
     assert dct["auc"] == pytest.approx(plain["auc"], abs=0.05)
+
+
+def test_hybrid_traffic_refuses_dct_with_one_line() -> None:
+    cfg = load(None, {**BASE, "runtime.workers": 2, "method.dct": True})
+    ds = load_data(cfg)
+    layout = METHODS.get("hybrid").run_layout(cfg, build_model(cfg, ds), (ds.x_train[:64],
+                                                                          ds.y_train[:64]))
+    with pytest.raises(UsageError, match="depend on the data") as exc:
+        run_traffic(cfg, layout)
+    assert "\n" not in str(exc.value)

@@ -59,7 +59,8 @@ def _tp_runs(comm: Comm, base: dict[str, Any], runs: list[dict[str, Any]]) -> li
         sent = comm.ledger.totals(since=mark)["sent_bytes"]
         o = cfg.method.options
         want = traffic_of(TPShape.of(strat, BATCH, SEQ), cfg.parallel.tp, dp, STEPS,
-                          sequence_parallel=o.sequence_parallel, codec=o.codec)
+                          sequence_parallel=o.sequence_parallel, codec=o.codec,
+                          clip=cfg.train.clip_norm > 0)
         # the prediction of the run from the config, a fresh model and one batch
         layout = METHODS.get("tensor").run_layout(cfg, build_model(cfg, ds), (x[:BATCH], y[:BATCH]))
         predicted = run_traffic(cfg, layout).sent[comm.rank]
@@ -71,8 +72,10 @@ def _tp_runs(comm: Comm, base: dict[str, Any], runs: list[dict[str, Any]]) -> li
     return out
 
 
-def _reference(base: dict[str, Any], dp: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Single-process SGD on the global batch dp x BATCH."""
+def _reference(base: dict[str, Any], dp: int, clip: float = 0.0
+               ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Single-process SGD on the global batch dp x BATCH (with ``clip``: torch's
+    ``clip_grad_norm_`` on the whole model, asserted to have clipped)."""
     cfg = load(None, {**base, "method.name": "dp", "runtime.workers": 1})
     ds = load_data(cfg)
     task = task_for(ds)
@@ -84,6 +87,8 @@ def _reference(base: dict[str, Any], dp: int) -> tuple[list[float], dict[str, to
         opt.zero_grad()
         loss = task.loss(model(x), y)
         loss.backward()
+        if clip:
+            assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)) > 2 * clip
         opt.step()
         losses.append(float(loss.detach()))
     return losses, {k: v.detach() for k, v in model.named_parameters()}
@@ -100,12 +105,17 @@ def _check(result: dict, ref: tuple[list[float], dict[str, torch.Tensor]], label
         (label, result["sent"], result["want"], result["predicted"])
 
 
+CLIP = 0.05
+
+
 def test_tensor_parallel_matches_single_process_on_4_ranks() -> None:
-    """tp = 4, and tp = 2 x dp = 2 with sequence parallelism, on 4 ranks."""
+    """tp = 4, and tp = 2 x dp = 2 with sequence parallelism and clipping (the whole model's
+    norm: slices summed over tp, replicated parameters once), on 4 ranks."""
     base = _base()
-    runs = [{"parallel.tp": 4}, {"parallel.tp": 2, "method.sequence_parallel": True}]
+    runs = [{"parallel.tp": 4},
+            {"parallel.tp": 2, "method.sequence_parallel": True, "train.clip_norm": CLIP}]
     out = run_workers(_tp_runs, 4, base, runs, timeout=180)
-    ref1, ref2 = _reference(base, 1), _reference(base, 2)
+    ref1, ref2 = _reference(base, 1), _reference(base, 2, CLIP)
     for i, run in enumerate(runs):
         if run["parallel.tp"] == 4:
             _check(out[0][i], ref1, str(run))

@@ -59,12 +59,12 @@ def config(schedule: str, **extra: Any) -> Any:
                        **extra})
 
 
-def _train(comm: Any, schedules: list[str]) -> list[dict[str, Any]]:
+def _train(comm: Any, runs: list[tuple[str, float]]) -> list[dict[str, Any]]:
     mesh = Mesh(comm, dp=DP, pp=PP, tp=TP)
     out = []
-    for schedule in schedules:
-        ctx = Context(cfg=config(schedule), comm=comm, device=torch.device("cpu"), loss=lm_loss,
-                      mesh=mesh)
+    for schedule, clip in runs:
+        ctx = Context(cfg=config(schedule, **{"train.clip_norm": clip}), comm=comm,
+                      device=torch.device("cpu"), loss=lm_loss, mesh=mesh)
         strat = PipelineParallel(ctx, make())
         d, dps = strat.data_shard()
         assert (d, dps) == (mesh.coords.dp, DP)
@@ -80,9 +80,10 @@ def _train(comm: Any, schedules: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _reference() -> tuple[list[list[float]], dict[str, torch.Tensor]]:
+def _reference(clip: float) -> tuple[list[list[float]], dict[str, torch.Tensor]]:
     """One process, the whole model: per step every replica's micro-batches, gradients of
-    loss / (M dp) accumulated, one SGD step. Losses per step and replica."""
+    loss / (M dp) accumulated, with ``clip`` torch's ``clip_grad_norm_`` (asserted to clip),
+    one SGD step. Losses per step and replica."""
     model = make()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
@@ -97,17 +98,24 @@ def _reference() -> tuple[list[list[float]], dict[str, torch.Tensor]]:
                 (part / DP).backward()
                 total += float(part.detach())
             per.append(total)
+        if clip:
+            assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)) > 2 * clip
         opt.step()
         losses.append(per)
     return losses, {k: v.detach() for k, v in model.named_parameters()}
 
 
+CLIP = 0.05
+
+
 def test_dp_pp_tp_2x2x2_matches_one_process_and_the_traffic_formula() -> None:
-    schedules = ["gpipe", "1f1b"]
-    results = run_workers(_train, DP * PP * TP, schedules, timeout=120)
-    losses, want = _reference()
-    for i, schedule in enumerate(schedules):
-        cfg = config(schedule)
+    """GPipe with clipping (the whole model's norm: slices summed over tp, replicated
+    parameters once, stages summed over pp) and 1F1B without."""
+    runs = [("gpipe", CLIP), ("1f1b", 0.0)]
+    results = run_workers(_train, DP * PP * TP, runs, timeout=120)
+    for i, (schedule, clip) in enumerate(runs):
+        losses, want = _reference(clip)
+        cfg = config(schedule, **{"train.clip_norm": clip})
         # the prediction of the run (measure.predict): the registry's traffic formula over the
         # method's run layout of a fresh model and one batch
         layout = METHODS.get("pipeline").run_layout(cfg, make(), batch(0, 0))
@@ -128,17 +136,17 @@ def test_dp_pp_tp_2x2x2_matches_one_process_and_the_traffic_formula() -> None:
             torch.testing.assert_close(full[k], v, rtol=1e-5, atol=1e-7,
                                        msg=lambda m, k=k, s=schedule: f"{s} {k}: {m}")
         moved = max(float((v - make().state_dict()[k]).abs().max()) for k, v in want.items())
-        assert moved > 1e-3  # the steps changed the model: the comparison is not vacuous
+        # the steps changed the model (clipped: by at most lr x clip a step), far beyond the
+        # tolerance: the comparison is not vacuous
+        assert moved > (1e-4 if clip else 1e-3)
 
 
 def test_dp_pp_tp_refuses_what_it_cannot_split() -> None:
-    """One-line errors: clipping over slices, a tensor codec without tensor parallelism, the
-    tensor method with stages, a tp that does not divide the heads, dropout, a model without a
-    tensor-parallel plan."""
+    """One-line errors: a tensor codec without tensor parallelism, the tensor method with
+    stages, a tp that does not divide the heads, dropout, a model without a tensor-parallel
+    plan."""
     entry = METHODS.get("pipeline")
     assert entry.check_model is not None
-    with pytest.raises(UsageError, match="clip"):
-        config("1f1b", **{"train.clip_norm": 1.0})
     with pytest.raises(UsageError, match="method.tp_codec"):
         config("1f1b", **{"method.tp_codec": "int8", "parallel.tp": 1, "runtime.workers": 4})
     with pytest.raises(UsageError, match="--method pipeline --parallel.pp S --parallel.tp T"):

@@ -222,15 +222,32 @@ def test_a_failed_final_write_is_redone_by_resume(tmp_path: Path, monkeypatch: p
         checkpoint.require_resumable(broken, 1, steps=8)
 
 
-@pytest.mark.parametrize("method", [{"method.name": "hybrid"}, {"method.name": "slide"},
-                                    {"method.name": "slide", "method.full": "true"}])
-def test_clip_norm_is_refused_by_methods_that_do_not_clip(method: dict[str, str]) -> None:
-    from thinwire import config as config_mod
-    from thinwire.errors import UsageError
+def _method_names() -> list[str]:
+    from thinwire.strategies import METHODS
 
-    over = {**method, "runtime.workers": "2"}
-    config_mod.load(None, over)  # the method itself is fine
-    with pytest.raises(UsageError) as exc:
-        config_mod.load(None, {**over, "train.clip_norm": "1.0"})
-    text = str(exc.value)
-    assert "\n" not in text and text.startswith("train.clip_norm") and "set 0" in text, text
+    return list(METHODS.names())
+
+
+@pytest.mark.parametrize("name", _method_names())
+def test_clip_norm_is_taken_by_every_method(name: str) -> None:
+    """Every registered method takes ``train.clip_norm`` (none refuses it any more), and a
+    method whose Strategy is not a replica clips in the model-parallel step template, on the
+    whole model's norm (held per method against torch's ``clip_grad_norm_`` by
+    test_tensor.py, test_pipeline_3d.py, test_hybrid.py and, against one process holding
+    every shard, tests/slide/)."""
+    import importlib
+
+    from thinwire import config as config_mod
+    from thinwire.strategies import METHODS
+    from thinwire.strategies.base import ReplicatedStrategy
+    from thinwire.strategies.step import SteppedStrategy
+
+    cfg = config_mod.load(None, {"method.name": name, "runtime.workers": "2",
+                                 "train.clip_norm": "1.0"})
+    assert cfg.train.clip_norm == 1.0
+    module, _, cls = METHODS.get(name).strategy.partition(":")
+    strategy = getattr(importlib.import_module(module), cls)
+    if name in ("tensor", "pipeline", "hybrid", "slide"):
+        assert issubclass(strategy, SteppedStrategy), name
+    else:  # the standard step clips the replica's (or the subnet's) whole gradient
+        assert issubclass(strategy, ReplicatedStrategy) or name == "ist", name

@@ -47,7 +47,8 @@ def _exact(comm: Comm, over: dict[str, Any]) -> dict[str, Any]:
     entries = comm.ledger.entries[mark:]
     lower = sum(p.numel() for p in strat.lower)
     want = traffic_of(16, 16, ds.y_train.shape[1], lower, n, STEPS,
-                      lower=cfg.method.options.lower, input_cols=ds.x_train.shape[2])
+                      lower=cfg.method.options.lower, input_cols=ds.x_train.shape[2],
+                      clip=cfg.train.clip_norm > 0)
     part = strat.parts[0]
     return {"losses": losses, "want": (want.sent[comm.rank], want.recv[comm.rank],
                                        want.payload[comm.rank]),
@@ -99,7 +100,14 @@ def test_four_ranks_dwta_equal_one_process() -> None:
 
 
 def test_two_ranks_topk_sampling_equal_one_process() -> None:
-    _check(2, {"method.sampling": "topk"})
+    """With clipping under plain SGD (Adam would undo a uniform scale): the shards' sparse
+    squares summed over the ranks equal one process's over all shards (the all-reduce's 4
+    bytes in the formula)."""
+    sgd = {"method.sampling": "topk", "train.optimizer": "sgd", "train.momentum": 0.0,
+           "train.lr": 0.5}
+    out = _check(2, {**sgd, "train.clip_norm": 0.05})
+    plain, _ = _reference(2, sgd)
+    assert abs(out[0]["losses"][-1] - plain[-1]) > 1e-3  # it clipped
 
 
 def test_dense_model_parallel_equals_one_process() -> None:

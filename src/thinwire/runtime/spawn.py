@@ -1,7 +1,9 @@
 """Run a function on N forked gloo ranks on loopback: the small spawn harness.
 
 ``run_group(fn, n, *args)`` forks ``n`` processes (fork: ~1 s, not a fresh interpreter each),
-joins them in a gloo process group on a free loopback port, calls ``fn(comm, *args)`` on every
+joins them in a gloo process group through a file store in a fresh temporary directory (no
+port is chosen for the rendezvous, so none can be taken between choosing and binding it; gloo's
+own connections bind port 0 themselves), calls ``fn(comm, *args)`` on every
 rank with a :class:`~thinwire.runtime.comm.Comm`, tears the group down (a control barrier, then
 ``destroy_process_group``) and returns the per-rank results (which must pickle). A rank that
 raises ends the call with its traceback; ranks that do not answer within ``timeout`` seconds are
@@ -19,7 +21,8 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
-import socket
+import shutil
+import tempfile
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -30,13 +33,13 @@ class RankFailed(RuntimeError):
     """A rank raised, or did not answer in time; the message names it."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def rendezvous_dir() -> str:
+    """A fresh private directory for a file store's rendezvous (``init_method`` =
+    ``file://DIR/store``); the caller removes it when the group is done."""
+    return tempfile.mkdtemp(prefix="thinwire-rdzv-")
 
 
-def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any,
+def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, queue: Any,
            args: tuple[Any, ...], collective_timeout: float, threads: int | None,
            new_session: bool) -> None:
     import torch
@@ -49,7 +52,7 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, queue: Any,
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=collective_timeout))
         comm = Comm()
         result = fn(comm, *args)
@@ -72,9 +75,10 @@ def run_group(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     """``fn(comm, *args)`` on ``world_size`` forked gloo ranks; the per-rank results in order."""
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    port = free_port()
+    where = rendezvous_dir()
+    store = os.path.join(where, "store")
     extra = (collective_timeout or timeout / 2, threads, new_session)
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, queue, args, *extra))
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, store, queue, args, *extra))
              for r in range(world_size)]
     for p in procs:
         p.start()
@@ -95,4 +99,5 @@ def run_group(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
             if p.is_alive():
                 p.kill()
                 p.join()
+        shutil.rmtree(where, ignore_errors=True)
     return [results[r] for r in range(world_size)]

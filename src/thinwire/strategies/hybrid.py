@@ -13,8 +13,12 @@ model's own data, its :class:`~thinwire.models.tensor_plan.EmbeddingPlan` (``Mod
      they belong to, which assembles [b, T, dim] and runs the model on them;
   4. backward all-to-all: the gradients of those vectors return to the owners (divided by n:
      the global loss is the mean of the ranks' losses), whose tables get them;
-  5. the replicated parameters' gradients are averaged with one all-reduce; the optimizer steps
-     (each rank its replica and its own tables).
+  5. the replicated parameters' gradients are averaged with one all-reduce; with
+     ``train.clip_norm`` the whole model's norm (the owned tables' squares summed over the
+     ranks in one 4-byte all-reduce, the replicated parameters counted once) scales every
+     gradient; the optimizer steps (each rank its replica and its own tables).
+Steps 1-5 run in the template of :mod:`thinwire.strategies.step` (the pass is
+:meth:`Hybrid.forward_backward`).
 Without DCT the run equals single-process training on the n b impressions of a step, up to
 floating-point summation order.
 
@@ -36,13 +40,14 @@ threshold re-estimated only every ``method.every`` steps.
 
 Bytes: every call goes through :class:`~thinwire.runtime.comm.Comm` (all-to-alls as exact
 point-to-point bytes), tagged ``mp`` (ids, vectors, their gradients) or ``grad`` (the DP side);
-:func:`traffic_of` gives the uncompressed run's totals exactly. DCT's bytes depend on the data
-and are what the ledger records.
+:func:`traffic_of` gives the uncompressed run's totals exactly (the registry's ``traffic`` over
+the run's :class:`HybridLayout`, :func:`hybrid_layout`). DCT's bytes depend on the data and
+are what the ledger records; the formula refuses them with one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,15 +60,13 @@ from thinwire.strategies.base import (
     Batch,
     Context,
     MemoryReport,
-    Strategy,
-    lr_at,
     make_optimizer,
     memory_of,
-    set_lr,
 )
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.grads import flatten, grads_of
-from thinwire.strategies.traffic import Traffic, wire
+from thinwire.strategies.step import SteppedStrategy, sq_norm, summed
+from thinwire.strategies.traffic import Layout, Traffic, wire
 
 if TYPE_CHECKING:
     from thinwire.models.tensor_plan import EmbeddingPlan
@@ -223,7 +226,7 @@ def embedding_plan(cfg: Any, model: nn.Module) -> EmbeddingPlan:
     return entry.tables(model)
 
 
-class Hybrid(Strategy):
+class Hybrid(SteppedStrategy):
     name = "hybrid"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
@@ -288,20 +291,29 @@ class Hybrid(Strategy):
             p.grad = flat[i:i + p.numel()].view_as(p).clone()
             i += p.numel()
 
-    def train_step(self, batch: Batch, step: int) -> float:
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
+
+    def modules_to_train(self) -> list[nn.Module]:
+        return [self.model]
+
+    def forward_backward(self, batch: Batch, step: int) -> torch.Tensor:
+        """Steps 1-5's exchange: ids, lookups, vectors and their gradients, the dense average."""
         x, y = batch
         self.ex.step = step
-        set_lr(self.opt, lr_at(self.cfg.train, step))
-        self.model.train()
-        self.opt.zero_grad(set_to_none=True)
         start = self.plan.id_start
         ids = x[:, start:start + len(self.plan.tables)].long()
         vectors = _Vectors.apply(self.ex, x.shape[0], *self._lookup(ids))
         loss = self.loss_fn(self.model(x, **{self.plan.lookup: vectors}), y)
         loss.backward()
         self.sync_dense(step)
-        self.opt.step()
-        return float(loss.detach())
+        return loss
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        """The owned tables' squares summed over the ranks, the replicated MLPs' once."""
+        owned = [p for t in self.ex.owned for p in self.tables[t].parameters()]
+        return summed(sq_norm(owned, self.ctx.device), self.comm) + \
+            sq_norm(self.dense, self.ctx.device)
 
     def eval_model(self) -> nn.Module | None:
         """Rank 0 receives every table it does not own from its owner (tagged control)."""
@@ -333,16 +345,19 @@ class Hybrid(Strategy):
 
 
 def traffic_of(batch: int, tables: int, dim: int, dense_params: int, workers: int,
-               steps: int) -> Traffic:
+               steps: int, *, clip: bool = False) -> Traffic:
     """Ledger totals per rank of ``steps`` uncompressed hybrid steps (tables dealt t mod n):
     per step the ids (int32) out and back's mirror, the vectors forward, their gradients
-    backward (all exact point-to-point bytes), one all-reduce of the replicated gradients."""
+    backward (all exact point-to-point bytes), one all-reduce of the replicated gradients and,
+    with ``clip`` (``train.clip_norm`` > 0), one of the 4-byte squared norm."""
     n = workers
     if n <= 1:
         return Traffic.none(n)
     owned = [len(range(j, tables, n)) for j in range(n)]
     sent, recv = [], []
-    ar = wire("all_reduce", 4 * dense_params, n)
+    grad = wire("all_reduce", 4 * dense_params, n)
+    norm = wire("all_reduce", 4, n) if clip else 0
+    ar = grad + norm
     for me in range(n):
         others = sum(owned[j] for j in range(n) if j != me)
         ids_out, ids_in = 4 * batch * others, 4 * batch * owned[me] * (n - 1)
@@ -351,22 +366,55 @@ def traffic_of(batch: int, tables: int, dim: int, dense_params: int, workers: in
         r = ids_in + vec_in + vec_out + ar
         sent.append(s * steps)
         recv.append(r * steps)
-    pay = [s - ar * steps + 4 * dense_params * steps for s in sent]
+    pay = [s - ar * steps + 4 * (dense_params + clip) * steps for s in sent]
     return Traffic(tuple(sent), tuple(recv), tuple(pay),
                    {"all_to_all": (3 * steps, sent[0] - ar * steps),
-                    "all_reduce": (steps, ar * steps)})
+                    "all_reduce": ((1 + clip) * steps, ar * steps)})
+
+
+@dataclass(frozen=True)
+class HybridLayout:
+    """A hybrid run in a :class:`~thinwire.strategies.traffic.Layout` (``Layout.tables``):
+    what :func:`traffic_of` reads of the model and the batch."""
+
+    batch: int
+    tables: int
+    dim: int
+    dense_params: int
+
+
+def hybrid_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+                  ) -> Layout:
+    """The model's layout with the run's :class:`HybridLayout`: its embedding plan's tables
+    and width, the parameters outside the tables, ``train.batch_size`` and ``train.clip_norm``
+    (``batch``, one step's inputs and targets, is not needed: the ids are fixed columns)."""
+    del batch
+    plan = embedding_plan(cfg, model)
+    table_ids = {id(p) for path in plan.tables for p in model.get_submodule(path).parameters()}
+    dense = sum(p.numel() for p in model.parameters() if id(p) not in table_ids)
+    run = HybridLayout(cfg.train.batch_size, len(plan.tables), plan.dim, dense)
+    return replace(Layout.of_model(model), tables=run, clip=cfg.train.clip_norm > 0)
+
+
+def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
+            optimizer_states: int = 0) -> Traffic:
+    """The ledger's totals per rank after ``steps`` steps (:func:`traffic_of` of the run's
+    :class:`HybridLayout`); DCT's data-dependent bytes are refused with one line."""
+    del seed, optimizer_states
+    if options.dct:
+        raise UsageError("method hybrid with method.dct: its bytes depend on the data (the "
+                         "thresholds keep what the values reach), so no formula predicts "
+                         "them; the run's ledger records them")
+    run = layout.tables
+    if not isinstance(run, HybridLayout):
+        raise UsageError("the hybrid method's traffic needs the run's shapes: build the layout "
+                         "with thinwire.strategies.hybrid.hybrid_layout")
+    return traffic_of(run.batch, run.tables, run.dim, run.dense_params, workers, steps,
+                      clip=layout.clip)
 
 
 def _label(o: Options) -> str:
     return f"hybrid+dct(dp={o.dp_keep:g},mp={o.mp_keep:g},T={o.every})" if o.dct else "hybrid"
-
-
-def _check(cfg: Any) -> None:
-    check(cfg.parallel.pp * cfg.parallel.tp == 1, "parallel",
-          "method hybrid splits embedding tables over all workers; keep parallel.pp = tp = 1")
-    check(cfg.train.clip_norm == 0, "train.clip_norm",
-          "method hybrid does not clip gradients (its tables are split over the workers, so "
-          "no rank holds the whole gradient's norm); set 0")
 
 
 def _check_model(cfg: Any, model: nn.Module) -> None:
@@ -376,7 +424,8 @@ def _check_model(cfg: Any, model: nn.Module) -> None:
 METHOD = MethodEntry(
     name="hybrid", summary="DLRM hybrid parallelism: embedding tables split by table (all-to-all),"
     " MLPs data parallel; optional DCT thresholding (Gupta et al. 2021)",
-    strategy="thinwire.strategies.hybrid:Hybrid", options=Options, label=_label, check=_check,
-    check_model=_check_model)
+    strategy="thinwire.strategies.hybrid:Hybrid", options=Options, label=_label,
+    check_model=_check_model, traffic=traffic, run_layout=hybrid_layout, planned=False)
 
-__all__ = ["METHOD", "Hybrid", "Options", "TableExchange", "threshold", "traffic_of"]
+__all__ = ["METHOD", "Hybrid", "HybridLayout", "Options", "TableExchange", "hybrid_layout",
+           "threshold", "traffic", "traffic_of"]

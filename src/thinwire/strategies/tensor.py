@@ -24,10 +24,13 @@ such as an attention head) and row-parallel ones (columns of the weight; the bia
      layers (LayerNorms, row biases) see only their slice: their gradients are summed over the
      group after backward.
 
-One step (:meth:`TensorParallel.train_step`): forward and backward through the sharded model;
-the sequence-parallel gradients summed over tp; every local gradient averaged over dp with one
-all-reduce; the optimizer steps. Every rank of a tp group then holds the same replicated
-parameters and its own slices; the dp replicas are identical.
+One step (the template of :mod:`thinwire.strategies.step`; the pass is
+:meth:`TensorParallel.forward_backward`): forward and backward through the sharded model; the
+sequence-parallel gradients summed over tp; every local gradient averaged over dp with one
+all-reduce; with ``train.clip_norm`` the whole model's norm (the split slices' squares summed
+over tp in one 4-byte all-reduce, the replicated parameters counted once, as Megatron does);
+the optimizer steps. Every rank of a tp group then holds the same replicated parameters and its
+own slices; the dp replicas are identical.
 
 Why our own operators and not ``torch.distributed.tensor.parallel.parallelize_module``: DTensor
 issues its collectives inside its dispatcher, out of reach of :class:`~thinwire.runtime.comm.Comm`
@@ -68,14 +71,12 @@ from thinwire.strategies.base import (
     Batch,
     Context,
     MemoryReport,
-    Strategy,
-    lr_at,
     make_optimizer,
     memory_of,
-    set_lr,
 )
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.grads import all_reduce_grads
+from thinwire.strategies.step import SteppedStrategy, sq_norm, summed
 from thinwire.strategies.tp import (
     Exchange,
     check_split,
@@ -104,7 +105,7 @@ class Options:
 
 
 # --- the strategy -----------------------------------------------------------------------------------
-class TensorParallel(Strategy):
+class TensorParallel(SteppedStrategy):
     name = "tensor"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
@@ -128,6 +129,8 @@ class TensorParallel(Strategy):
         self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
         params = dict(self.model.named_parameters())
         self._span = [params[n] for n in self.sharded.span_replicated]
+        self._split = [p for n, p in params.items() if n in self.sharded.split]
+        self._whole = [p for n, p in params.items() if n not in self.sharded.split]
 
     def data_shard(self) -> tuple[int, int]:
         return self.dp_comm.rank, self.dp_comm.world_size
@@ -140,17 +143,25 @@ class TensorParallel(Strategy):
         if self.dp_comm.world_size > 1:
             all_reduce_grads(self.dp_comm, list(self.model.parameters()), op="avg", tag="grad")
 
-    def train_step(self, batch: Batch, step: int) -> float:
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt]
+
+    def modules_to_train(self) -> list[nn.Module]:
+        return [self.model]
+
+    def forward_backward(self, batch: Batch, step: int) -> torch.Tensor:
         x, y = batch
         self.exchange.step = step
-        set_lr(self.opt, lr_at(self.cfg.train, step))
-        self.model.train()
-        self.opt.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model(x), y)
         loss.backward()
         self.sync_grads()
-        self.opt.step()
-        return float(loss.detach())
+        return loss
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        """The slices' squares summed over tp, plus the replicated parameters' (the same on
+        every rank of the group)."""
+        return summed(sq_norm(self._split, self.ctx.device), self.tp_comm) + \
+            sq_norm(self._whole, self.ctx.device)
 
     def eval_model(self) -> nn.Module | None:
         gather_full(self.model, self.sharded, self.tp_comm, self.full)
@@ -176,8 +187,6 @@ def _check(cfg: Any) -> None:
     check(cfg.parallel.pp == 1, "parallel.pp",
           "method tensor splits layers only (pp = 1); for pipeline stages of tensor-parallel "
           "blocks use --method pipeline --parallel.pp S --parallel.tp T")
-    check(cfg.train.clip_norm == 0, "train.clip_norm",
-          "gradient clipping over tensor-parallel slices is not supported; set 0")
 
 
 def _check_model(cfg: Any, model: nn.Module) -> None:
@@ -212,8 +221,9 @@ class TPShape:
 
 
 def traffic_of(shape: TPShape, tp: int, dp: int, steps: int, *, sequence_parallel: bool = False,
-               codec: str = "none") -> Traffic:
-    """Ledger totals per rank of ``steps`` steps on a dp x tp mesh (module docstring)."""
+               codec: str = "none", clip: bool = False) -> Traffic:
+    """Ledger totals per rank of ``steps`` steps on a dp x tp mesh (module docstring; ``clip``:
+    ``train.clip_norm`` > 0, one 4-byte all-reduce over tp a step)."""
     comp = None
     if codec != "none":
         from thinwire.compression import build
@@ -234,6 +244,8 @@ def traffic_of(shape: TPShape, tp: int, dp: int, steps: int, *, sequence_paralle
                 per_step += [(o, b, tp) for o, b in collectives(comp, "sum", act, tp)]
     if dp > 1:
         per_step.append(("all_reduce", 4 * shape.local_params, dp))
+    if clip and tp > 1:
+        per_step.append(("all_reduce", 4, tp))
     calls: dict[str, tuple[int, int]] = {}
     pay = sent = 0
     for op, payload, n in per_step:
@@ -256,8 +268,8 @@ class TensorLayout:
 
 def tensor_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
                   ) -> Layout:
-    """The model's layout with the run's :class:`TensorLayout`, from the model's plan (no
-    sharding): a rank's parameters are its slices of the split ones (:func:`split_dims`) and
+    """The model's layout with the run's :class:`TensorLayout` (and ``train.clip_norm``), from
+    the model's plan (no sharding): a rank's parameters are its slices of the split ones (:func:`split_dims`) and
     the rest whole; ``batch`` (one step's inputs and targets) gives the sequence length."""
     example = batch[0]
     from thinwire.strategies.traffic import Layout
@@ -274,7 +286,8 @@ def tensor_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.T
                    if n.startswith(prefixes) and n not in split)
     tokens = cfg.train.batch_size * int(example.shape[plan.seq_dim])
     shape = TPShape(len(plan.regions), tokens, plan.width, local, span)
-    return replace(Layout.of_model(model), tensor=TensorLayout(shape, tp))
+    return replace(Layout.of_model(model), tensor=TensorLayout(shape, tp),
+                   clip=cfg.train.clip_norm > 0)
 
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
@@ -289,7 +302,8 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     if workers % run.tp:
         raise UsageError(f"{workers} workers are not a multiple of parallel.tp={run.tp}")
     return traffic_of(run.shape, run.tp, workers // run.tp, steps,
-                      sequence_parallel=options.sequence_parallel, codec=options.codec)
+                      sequence_parallel=options.sequence_parallel, codec=options.codec,
+                      clip=layout.clip)
 
 
 def _label(o: Options) -> str:

@@ -82,6 +82,11 @@ class Layout:
     for the traffic formula of methods that cut the model into stages."""
     tensor: Any = None
     """A tensor-parallel run's shapes (:class:`thinwire.strategies.tensor.TensorLayout`)."""
+    tables: Any = None
+    """A hybrid run's embedding tables and batch (:class:`thinwire.strategies.hybrid.HybridLayout`)."""
+    clip: bool = False
+    """Whether the run clips gradients (``train.clip_norm`` > 0): a model-parallel method's
+    formula adds the all-reduce of the squared norm (set by the method's ``run_layout``)."""
     wide: Any = None
     """An extreme-classification network's shapes (:class:`thinwire.strategies.entry.WideShapes`; the planner's
     :class:`thinwire.planner.specs.XMLPShapes` is one), for methods that shard its wide layer."""

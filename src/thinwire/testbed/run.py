@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -153,10 +152,22 @@ def run_in_testbed(run_dir: Path, workers: int, link: Link, threads: int,
 
 
 def run_on_loopback(run_dir: Path, workers: int, threads: int, deadline: float) -> float:
-    """The prepared run directory's config on ``workers`` local processes over ``lo``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    specs = [(worker_argv(run_dir), worker_env(r, workers, "127.0.0.1", port, "lo", threads))
-             for r in range(workers)]
-    return run_processes(specs, run_dir, deadline)
+    """The prepared run directory's config on ``workers`` local processes over ``lo``.
+
+    1. This process binds and serves the rendezvous store on a loopback port the kernel picks
+       (:func:`thinwire.launch.loopback_store`: bound before its number is known, so no other
+       process can take it between choosing and binding);
+    2. the workers reach it as clients (``TORCHELASTIC_USE_AGENT_STORE``: torch's ``env://``
+       rendezvous then starts no store of its own on any rank);
+    3. the store is closed when the last worker has exited."""
+    from thinwire.launch import loopback_store
+
+    store, port = loopback_store()
+    try:
+        specs = [(worker_argv(run_dir),
+                  {**worker_env(r, workers, "127.0.0.1", port, "lo", threads),
+                   "TORCHELASTIC_USE_AGENT_STORE": "True"})
+                 for r in range(workers)]
+        return run_processes(specs, run_dir, deadline)
+    finally:
+        del store

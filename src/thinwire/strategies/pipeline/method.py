@@ -20,10 +20,15 @@ rank:
   2. the stage's gradients (its local slices with T > 1) averaged over its data group: one
      all-reduce of the flat gradient (tag ``grad``) through the mesh's data communicator;
   3. with ``train.clip_norm``: the squared gradient norm summed over the pipeline group (one
-     all-reduce of 4 bytes, tag ``grad``) and every stage scales by the same coefficient, so
-     clipping acts on the whole model's norm as in single-process training;
+     all-reduce of 4 bytes, tag ``grad``; with T > 1 the stage's slices are first summed over
+     the tensor group, another 4 bytes, and its replicated parameters counted once) and every
+     stage scales by the same coefficient, so clipping acts on the whole model's norm as in
+     single-process training;
   4. the stage's optimizer steps; the last stage's loss is broadcast over the pipeline group
      (tagged control) so every rank reports the batch's loss.
+
+Steps 1-4 are the template of :mod:`thinwire.strategies.step` (the pass is
+:meth:`PipelineParallel.forward_backward`, the norm :meth:`PipelineParallel.grad_norm_sq`).
 
 Evaluation gathers every stage's parameters of replica 0 on its last stage (tagged control),
 which evaluates the whole model (with the boundaries' bottleneck modules, when there are any);
@@ -54,11 +59,8 @@ from thinwire.strategies.base import (
     Batch,
     Context,
     MemoryReport,
-    Strategy,
-    lr_at,
     make_optimizer,
     memory_of,
-    set_lr,
 )
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.grads import flatten, grads_of, unflatten_into
@@ -66,6 +68,7 @@ from thinwire.strategies.pipeline.codecs import boundary_names, check_spec
 from thinwire.strategies.pipeline.plan import TP_USER, PipelinePlan, chain_of, pipeline_layout
 from thinwire.strategies.pipeline.schedule import SCHEDULES, Boundaries, Pipeline, cut, order
 from thinwire.strategies.pipeline.traffic import message_bytes, traffic
+from thinwire.strategies.step import SteppedStrategy, sq_norm, summed
 from thinwire.strategies.tp import (
     Exchange,
     Sharded,
@@ -148,9 +151,6 @@ def check_model(cfg: Any, model: nn.Module) -> None:
 
 def check_config(cfg: Any) -> None:
     o = cfg.method.options
-    check(cfg.parallel.tp == 1 or cfg.train.clip_norm == 0, "train.clip_norm",
-          "gradient clipping over tensor-parallel slices is not supported; set 0 or use "
-          "--parallel.tp 1")
     check(cfg.parallel.tp > 1 or o.tp_codec == "none", "method.tp_codec",
           "compresses the tensor-parallel sums inside stages; use it with --parallel.tp > 1")
     if cfg.train.batch_size % o.micro_batches:
@@ -178,7 +178,7 @@ def _label(o: Options) -> str:
 
 
 # --- the Strategy --------------------------------------------------------------------------------
-class PipelineParallel(Strategy):
+class PipelineParallel(SteppedStrategy):
     """Stage s of replica d of the dp x pp mesh, tensor slice t of it on a dp x pp x tp mesh
     (module docstring, steps 1-4)."""
 
@@ -233,33 +233,49 @@ class PipelineParallel(Strategy):
             self._pending = None
         return pipe
 
-    def train_step(self, batch: Batch, step: int) -> float:
-        x, y = batch
-        pipe = self.pipe or self._setup(x)
+    def prepare(self, batch: Batch) -> None:
+        if self.pipe is None:
+            self._setup(batch[0])
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
         assert self.opt is not None
+        return [self.opt]
+
+    def modules_to_train(self) -> list[nn.Module]:
+        assert self.pipe is not None
+        return list(self.pipe.modules())
+
+    def forward_backward(self, batch: Batch, step: int) -> float:
+        """Steps 1 and 2: the schedule, then the stage's gradients averaged over dp."""
+        x, y = batch
+        assert self.pipe is not None
         self.exchange.step = step
-        set_lr(self.opt, lr_at(self.cfg.train, step))
-        for m in pipe.modules():
-            m.train()
-        self.opt.zero_grad(set_to_none=True)
-        loss = pipe.run(x, y, step)  # 1.
-        params = pipe.parameters()
+        loss = self.pipe.run(x, y, step)  # 1.
+        params = self.pipe.parameters()
         grads = grads_of(params)
         if self.dp.world_size > 1:  # 2.
             flat = flatten(grads)
             self.dp.all_reduce(flat, op="avg", tag="grad")
             unflatten_into(flat, grads)
-        if self.cfg.train.clip_norm > 0:  # 3.
-            sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum().reshape(1)
-            self.pp.all_reduce(sq, tag="grad")
-            coef = (self.cfg.train.clip_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
-            for g in grads:
-                g.mul_(coef.to(g.dtype))
         for p, g in zip(params, grads):
             p.grad = g
-        self.opt.step()  # 4.
-        out = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64,
-                           device=self.ctx.device)
+        return loss if loss is not None else 0.0
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        """Step 3: the stage's squares (its slices' summed over tp first, its replicated
+        parameters once), summed over the stages."""
+        assert self.pipe is not None
+        dev = self.ctx.device
+        params = self.pipe.parameters()
+        if self.sharded is None:
+            return summed(sq_norm(params, dev), self.pp)
+        split = {id(p) for n, p in self.model.named_parameters() if n in self.sharded.split}
+        sq = summed(sq_norm([p for p in params if id(p) in split], dev), self.tp)
+        return summed(sq + sq_norm([p for p in params if id(p) not in split], dev), self.pp)
+
+    def reduce_loss(self, loss: torch.Tensor | float) -> float:
+        """Step 4's end: the last stage's loss, broadcast over the pipeline group (control)."""
+        out = torch.tensor([float(loss)], dtype=torch.float64, device=self.ctx.device)
         self.pp.broadcast(out, src=self.S - 1, tag=CONTROL)
         return float(out)
 

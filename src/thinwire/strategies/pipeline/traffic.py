@@ -6,8 +6,8 @@ s - 1 (each the boundary codec's ``payload_bytes`` of the micro-batch's boundary
 uncompressed size where ``uncompressed_first`` or ``epilogue_only`` leave a message plain) and
 receives the mirror image; with dp > 1 one all-reduce of 4 P_s bytes (P_s: the stage's
 parameters, the rank's slices with T > 1, plus what a bottleneck adds), ring estimate
-2 (dp - 1) / dp of it on the wire; with clipping one all-reduce of 4 bytes over the S stages;
-with T > 1, per micro-batch and group sum of the stage, an all-reduce over the T ranks (or the
+2 (dp - 1) / dp of it on the wire; with clipping one all-reduce of 4 bytes over the S stages (with T > 1 another over the T
+ranks first); with T > 1, per micro-batch and group sum of the stage, an all-reduce over the T ranks (or the
 ``tp_codec``'s collectives). ``options`` is the method's ``Options``
 (:class:`thinwire.strategies.pipeline.method.Options`): ``micro_batches``, ``boundaries()``,
 ``tp_codec``.
@@ -92,16 +92,17 @@ def traffic(layout: Layout, options: Any, workers: int, steps: int, seed: int,
         grad = 4 * (plan.stage_params[s] + extra[s])
         ar = ring_all_reduce(grad, dp) if dp > 1 else 0
         clip = ring_all_reduce(4, S) if plan.clip and S > 1 else 0
+        clip += ring_all_reduce(4, T) if plan.clip and T > 1 else 0
         # tensor parallelism: per micro-batch, each of the stage's group sums (an all-reduce,
         # or the codec's collectives)
         tp_calls = [c for n in (plan.tp_sums[s] if T > 1 else ())
                     for c in tp_collectives(comp, "sum", rows * n, T)]
         tp_wire = [(op, b if op == "all_to_all" else wire(op, b, T)) for op, b in tp_calls]
         tp = M * sum(w for _, w in tp_wire)
-        n_ar = (dp > 1) + (plan.clip and S > 1)
+        n_ar = (dp > 1) + (plan.clip and S > 1) + (plan.clip and T > 1)
         sent.append(steps * (out + ar + clip + tp))
         recv.append(steps * (into + ar + clip + tp))
-        pay.append(steps * (out + into + (grad if dp > 1 else 0) + (4 if clip else 0)
+        pay.append(steps * (out + into + (grad if dp > 1 else 0) + 4 * ((plan.clip and S > 1) + (plan.clip and T > 1))
                             + M * sum(b for _, b in tp_calls)))
         if r == 0:
             calls = {"send": (steps * p2p_calls, steps * out)}

@@ -23,9 +23,14 @@ with ``features(x)`` (the hidden activations) and ``wide`` (an ``nn.Linear``), e
      reduce-scatter that leaves each rank the sum for its own b rows;
   6. backward of the lower layers; their gradients are summed with one all-reduce (the loss is
      the global mean, so the sum is the gradient of one process on all G rows);
-  7. both optimizers step (the shard's on sparse gradients: plain SGD or, with ``adamw``,
-     :class:`torch.optim.SparseAdam`); each shard counts the update and rebuilds its tables
-     from its current weights on SLIDE's schedule.
+  7. with ``train.clip_norm`` the whole model's norm (the shards' squares summed over the ranks
+     in one 4-byte all-reduce, the replicated lower layers' counted once) scales every gradient,
+     sparse rows included; both optimizers step (the shard's on sparse gradients: plain SGD or,
+     with ``adamw``, :class:`torch.optim.SparseAdam`); each shard counts the update and
+     rebuilds its tables from its current weights on SLIDE's schedule.
+
+Steps 1-7 run in the template of :mod:`thinwire.strategies.step` (the pass is
+:meth:`Slide.forward_backward`).
 
 ``method.lower=replicate`` trades step 6's all-reduce, whose size grows with the lower layers
 (the input matrix of a sparse network: features x hidden), for work: the inputs are all-gathered
@@ -61,14 +66,12 @@ from thinwire.strategies.base import (
     Batch,
     Context,
     MemoryReport,
-    Strategy,
-    lr_at,
     make_optimizer,
-    set_lr,
 )
 from thinwire.strategies.entry import MethodEntry, WideShapes, WorkerShare
 from thinwire.strategies.slide.layer import SLIDELayer
 from thinwire.strategies.slide.lsh import FAMILIES, SAMPLINGS
+from thinwire.strategies.step import SteppedStrategy, sq_norm, summed
 from thinwire.strategies.traffic import Layout, Traffic, wire
 
 LOWER = ("average", "replicate")
@@ -129,7 +132,7 @@ def check_wide_model(model: nn.Module) -> nn.Linear:
     return wide
 
 
-class Slide(Strategy):
+class Slide(SteppedStrategy):
     """Steps 1-7 of the module docstring for this rank's shard (all ``shards`` in one process
     on a local communicator)."""
 
@@ -220,14 +223,15 @@ class Slide(Strategy):
         torch.autograd.backward([z for z, _ in outs], grads)
         return loss
 
-    def train_step(self, batch: Batch, step: int) -> float:
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.opt, self.wide_opt]
+
+    def modules_to_train(self) -> list[nn.Module]:
+        return [self.model]
+
+    def forward_backward(self, batch: Batch, step: int) -> torch.Tensor:
+        """Steps 1-6; returns the per-row losses of the step's G rows."""
         x, y = batch
-        lr = lr_at(self.cfg.train, step)
-        set_lr(self.opt, lr)
-        set_lr(self.wide_opt, lr)
-        self.model.train()
-        self.opt.zero_grad(set_to_none=True)
-        self.wide_opt.zero_grad(set_to_none=True)
         n = self.comm.world_size
         if self.o.lower == "replicate":  # 1-2 on all G rows: inputs gathered, h computed here
             if n > 1:
@@ -249,11 +253,21 @@ class Slide(Strategy):
         h.backward(g)  # 6
         if self.o.lower == "average":
             self._sum_lower()
-        self.opt.step()  # 7
-        self.wide_opt.step()
+        return loss
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        """The shards' squares (sparse rows) summed over the ranks, the lower layers' once."""
+        wide = [q for part in self.parts for q in part.parameters()]
+        return summed(sq_norm(wide, self.ctx.device), self.comm) + \
+            sq_norm(self.lower, self.ctx.device)
+
+    def after_step(self) -> None:
+        """Step 7's end (the optimizers have stepped): each shard counts the update."""
         for part in self.parts:
             part.updated()
-        return float(loss.mean())
+
+    def reduce_loss(self, loss: torch.Tensor | float) -> float:
+        return float(loss.mean()) if isinstance(loss, torch.Tensor) else float(loss)
 
     def _sum_lower(self) -> None:
         if self.comm.world_size == 1:
@@ -334,12 +348,14 @@ class Slide(Strategy):
 
 # --- traffic ------------------------------------------------------------------------------------
 def traffic_of(batch: int, hidden: int, label_cols: int, lower_params: int, workers: int,
-               steps: int, *, lower: str = "average", input_cols: int = 0) -> Traffic:
+               steps: int, *, lower: str = "average", input_cols: int = 0,
+               clip: bool = False) -> Traffic:
     """Ledger totals per rank of ``steps`` steps (module docstring). ``average``: all-gathers
     of h (4 b H) and the labels (4 b Y), all-reduces of the maxima (4 G) and the sums (8 G), a
     reduce-scatter of the hidden gradient (4 G H) and an all-reduce of the lower gradients
     (4 D); G = n b. ``replicate``: all-gathers of the inputs (4 b 2 P, P = ``input_cols``)
-    and labels, the same two all-reduces, an all-reduce of the hidden gradient (4 G H)."""
+    and labels, the same two all-reduces, an all-reduce of the hidden gradient (4 G H). With
+    ``clip`` (``train.clip_norm`` > 0) one more all-reduce, of the 4-byte squared norm."""
     n = workers
     if n <= 1:
         return Traffic.none(n)
@@ -352,12 +368,15 @@ def traffic_of(batch: int, hidden: int, label_cols: int, lower_params: int, work
         gathers = [4 * batch * hidden, 4 * batch * label_cols]
         reduces = [4 * G, 8 * G, 4 * lower_params]
         scatter = 4 * G * hidden
+    if clip:
+        reduces.append(4)
     g_b = sum(wire("all_gather", p, n) for p in gathers)
     r_b = sum(wire("all_reduce", p, n) for p in reduces)
     s_b = wire("reduce_scatter", scatter, n) if scatter else 0
     per = g_b + r_b + s_b
     pay = sum(gathers) + sum(reduces) + scatter
-    calls = {"all_gather": (2 * steps, g_b * steps), "all_reduce": (3 * steps, r_b * steps)}
+    calls = {"all_gather": (2 * steps, g_b * steps),
+             "all_reduce": (len(reduces) * steps, r_b * steps)}
     if scatter:
         calls["reduce_scatter"] = (steps, s_b * steps)
     return Traffic((per * steps,) * n, (per * steps,) * n, (pay * steps,) * n, calls)
@@ -413,7 +432,8 @@ def run_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tens
     """``thinwire plan --config`` of a slide run: the model's parameters and the run's shapes
     (:class:`~thinwire.strategies.entry.WideShapes`) from its wide layer, its lower parameters
     (XMLP's input matrix plus its bias: features = (lower - hidden) / hidden) and one step's
-    batch (inputs [b, 2, P]: the batch and P; labels [b, Y]: the label slots)."""
+    batch (inputs [b, 2, P]: the batch and P; labels [b, Y]: the label slots); whether the run
+    clips (``train.clip_norm``)."""
     example, labels = batch
     wide = check_wide_model(model)
     H = wide.in_features
@@ -423,11 +443,11 @@ def run_layout(cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tens
         raise UsageError(f"method slide prices the lower layers as an input matrix of features x "
                          f"{H} plus a bias; this model's {lower} lower parameters are not; "
                          "price it with thinwire plan --model FILE.toml (kind = \"extreme\")")
-    del cfg
     shapes = WideShapes(features=(lower - H) // H, hidden=H, labels=wide.out_features,
                        nnz=int(example.shape[2]), label_cols=int(labels.shape[1]),
                        batch=int(example.shape[0]))
-    return dataclasses.replace(Layout.of_model(model), wide=shapes)
+    return dataclasses.replace(Layout.of_model(model), wide=shapes,
+                               clip=cfg.train.clip_norm > 0)
 
 
 def _shapes(layout: Layout) -> Any:
@@ -448,7 +468,8 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     del seed, optimizer_states
     w = _shapes(layout)
     return traffic_of(w.batch, w.hidden, w.label_cols, w.features * w.hidden + w.hidden,
-                      workers, steps, lower=options.lower, input_cols=w.nnz)
+                      workers, steps, lower=options.lower, input_cols=w.nnz,
+                      clip=layout.clip)
 
 
 def share(layout: Layout, options: Options, workers: int) -> WorkerShare:
@@ -474,12 +495,7 @@ def _label(o: Options) -> str:
 
 
 def _check(cfg: Any) -> None:
-    check(cfg.parallel.pp * cfg.parallel.tp == 1, "parallel",
-          "method slide shards the wide layer over all workers; keep parallel.pp = tp = 1")
     t, o = cfg.train, cfg.method.options
-    check(t.clip_norm == 0, "train.clip_norm",
-          "method slide does not clip gradients (its wide layer is sharded over the workers "
-          "and updated on the active neurons only); set 0")
     if not o.full:
         check(t.weight_decay == 0, "train.weight_decay",
               "the sparse updates of method slide take no weight decay; use 0")

@@ -1,0 +1,58 @@
+"""Structural claims of docs/ARCHITECTURE.md that a test can check (the import rules are
+tests/test_imports.py's, the method-case table tests/test_method_cases.py's)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torch
+
+from thinwire.runtime.comm import Comm
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "thinwire"
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_theory_lab_is_numpy_but_for_its_bridge() -> None:
+    """"theory/: IST on quadratics (numpy); exp_bridge.py: ... the torch IST strategy"."""
+    files = sorted((SRC / "theory").glob("*.py"))
+    assert len(files) > 3
+    torchy = [f.name for f in files if "torch" in _imports(f)]
+    assert torchy == ["exp_bridge.py"], torchy
+
+
+def test_a_one_rank_call_writes_no_ledger_entry() -> None:
+    """"a LedgerEntry per collective call (none on a one-rank communicator ...)"."""
+    comm = Comm.local()
+    comm.all_reduce(torch.ones(3), tag="grad")
+    comm.all_gather(torch.ones(2), tag="grad")
+    comm.broadcast(torch.ones(2), tag="grad")
+    assert comm.ledger.entries == []
+
+
+def test_the_model_parallel_methods_step_in_the_template() -> None:
+    """"step.py: SteppedStrategy: the one train-step template of tensor, pipeline, hybrid and
+    slide": each of their Strategy classes inherits train_step from it, none overrides it."""
+    import importlib
+
+    from thinwire.strategies import METHODS
+    from thinwire.strategies.step import SteppedStrategy
+
+    stepped = []
+    for name, entry in METHODS.entries():
+        module, _, cls = entry.strategy.partition(":")
+        strategy = getattr(importlib.import_module(module), cls)
+        if issubclass(strategy, SteppedStrategy):
+            assert strategy.train_step is SteppedStrategy.train_step, name
+            stepped.append(name)
+    assert len(stepped) == 4, stepped
