@@ -109,3 +109,24 @@ def test_bad_settings_are_one_line() -> None:
     with pytest.raises(UsageError, match="DeMo needs"):
         DeMo(model().parameters(), lr=0.1, chunk=0, comm=Comm.local())
 
+
+
+def test_demo_is_a_context_manager_that_frees_its_bases_and_still_trains() -> None:
+    """Leaving the block frees the cached DCT bases; the next step rebuilds them and takes the
+    same update as an optimizer that was never closed (the bases are a pure cache)."""
+    nets = [model(), model()]
+    opts = [DeMo(n.parameters(), lr=0.1, comm=Comm.local()) for n in nets]
+    for step in range(2):
+        x, y = batch(0, step)
+        for net, opt in zip(nets, opts):
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            if step == 0 and opt is opts[0]:
+                with opt:
+                    opt.step()
+                assert not opt._dct
+            else:
+                opt.step()
+    assert opts[0]._dct and opts[1]._dct
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        assert torch.equal(a, b)

@@ -81,29 +81,28 @@ def main() -> int:
     live: dict[int, list[int]] = {}
     joined, at_join = -1, 0.0
     try:
-        while ft.step_index < a.steps:
-            held = [h for h in a.hold if int(h.split(":")[0]) == ft.step_index]
-            for h in held:
-                a.hold.remove(h)
-                (out / f"holding{ft.step_index}.{a.index}").touch()
-                if not wait_for(out, [f"ready{i}" for i in h.split(":")[1].split(",")]):
-                    return 2
-            ft.zero_grad()
-            t = ft.step_index
-            if joined < 0:
-                joined, at_join = t, residual(ft)
-            if t == a.die_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            ids = ft.comm.all_gather(torch.tensor([a.index]), tag="control")
-            x, y = batch(a.index, t)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            if ft.step():
-                live[t] = sorted(int(i) for i in ids)
+        with ft:  # leaving the block closes it (quorum left, servers stopped)
+            while ft.step_index < a.steps:
+                held = [h for h in a.hold if int(h.split(":")[0]) == ft.step_index]
+                for h in held:
+                    a.hold.remove(h)
+                    (out / f"holding{ft.step_index}.{a.index}").touch()
+                    if not wait_for(out, [f"ready{i}" for i in h.split(":")[1].split(",")]):
+                        return 2
+                ft.zero_grad()
+                t = ft.step_index
+                if joined < 0:
+                    joined, at_join = t, residual(ft)
+                if t == a.die_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                ids = ft.comm.all_gather(torch.tensor([a.index]), tag="control")
+                x, y = batch(a.index, t)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                if ft.step():
+                    live[t] = sorted(int(i) for i in ids)
     except FaultToleranceError as exc:
         print(exc, file=sys.stderr)
         return 3
-    finally:
-        ft.close()
     by_tag: dict[str, int] = {}
     for e in ft.comm.ledger.entries:
         by_tag[e.tag] = by_tag.get(e.tag, 0) + e.sent + e.recv

@@ -97,6 +97,17 @@ class DeMo(torch.optim.Optimizer):
         self.tag = tag
         self._dct: dict[tuple[int, str], torch.Tensor] = {}
 
+    def close(self) -> None:
+        """Free the cached DCT bases (rebuilt on the next step if training goes on); as for
+        every public wrapper, ``with DeMo(...) as opt:`` calls it on leaving the block."""
+        self._dct.clear()
+
+    def __enter__(self) -> DeMo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _d(self, n: int, device: torch.device) -> torch.Tensor:
         key = (n, str(device))
         if key not in self._dct:

@@ -156,3 +156,9 @@ class FaultTolerantDP:
         """Leave the quorum and stop torchft's threads and servers."""
         self.codec.close()
         self.replica.close()
+
+    def __enter__(self) -> FaultTolerantDP:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -495,6 +495,30 @@ class IST:
         self._configure_full(self.model)
         self.finished = True
 
+    def close(self) -> None:
+        """Remove IST's hooks and scaling from the user's model, without communication (safe
+        after an error on any rank); idempotent. The model keeps what its tensors hold (a
+        subnet mid-round, nothing between rounds): call :meth:`finish` first for the full
+        model, as leaving a ``with`` block without an error does."""
+        for h in self._scale_handles:
+            h.remove()
+        self._scale_handles = []
+        self._detach()
+
+    def __enter__(self) -> IST:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        """1. Without an error: a round in progress is closed (:meth:`end_round`), then
+        :meth:`finish` makes the user's model the full model on every rank (every rank must
+        leave the block together, as every rank takes the same steps); 2. with an error: no
+        communication (another rank may be gone); 3. either way :meth:`close`."""
+        if exc_type is None and not self.finished:
+            if self.active:
+                self.end_round()
+            self.finish()
+        self.close()
+
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """This rank's stored slices, optimizer-state slices and the round (at a boundary)."""
