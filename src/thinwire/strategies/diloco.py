@@ -66,6 +66,7 @@ from thinwire.compression.registry import check_codec
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
+from thinwire.strategies.averaging import PeriodicSync
 from thinwire.strategies.base import (
     Context,
     MemoryReport,
@@ -107,7 +108,7 @@ def merge_step(p: int, fragments: int, sync_every: int) -> int:
     return ((p + 1) * sync_every // fragments) % sync_every
 
 
-class DiLoCo:
+class DiLoCo(PeriodicSync):
     """DiLoCo's outer loop around ``model`` (module docstring): after every ``sync_every``-th
     step of ``inner_optimizer``, steps 2-4. ``codec``: a compressor (``thinwire.compression``)
     for the pseudo-gradient, or None for a plain all-reduce.
@@ -122,16 +123,10 @@ class DiLoCo:
                  outer_optimizer: torch.optim.Optimizer, sync_every: int, *,
                  comm: Comm | None = None, codec: Any = None, tag: str = "average",
                  fragments: int | Sequence[Any] = 1, delay: int = 0, alpha: float = 0.0) -> None:
-        if sync_every < 1:
-            raise UsageError(f"DiLoCo sync_every must be >= 1, got {sync_every}")
-        self.model = model
+        super().__init__(model, sync_every, comm=comm, tag=tag)
         self.inner = inner_optimizer
         self.outer = outer_optimizer
-        self.sync_every = sync_every
-        self.comm = comm if comm is not None else Comm()
         self.codec = codec
-        self.tag = tag
-        self.steps = 0
         self.params = [p for p in model.parameters()]
         self.global_params = [p.detach().clone() for p in self.params]
         self.fragments = self._fragments(model, fragments)
@@ -148,7 +143,7 @@ class DiLoCo:
         self.alpha = alpha
         self.rounds = [0] * n
         self._pending: tuple[int, Any] | None = None  # (fragment, future or tensor)
-        self._hook = inner_optimizer.register_step_post_hook(self._after_step)
+        self._hook_on(inner_optimizer)
 
     def _fragments(self, model: nn.Module, fragments: int | Sequence[Any]) -> list[list[int]]:
         if isinstance(fragments, int):
@@ -168,8 +163,9 @@ class DiLoCo:
                              "once, none of them empty")
         return out
 
-    def _after_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
-        self.steps += 1
+    def on_step(self) -> None:
+        """Step b: each fragment starts its exchange delay steps before its merge step and
+        merges at it (both on this phase of the period)."""
         phase = self.steps % self.sync_every
         for p in range(len(self.fragments)):
             merge = merge_step(p, len(self.fragments), self.sync_every)
@@ -280,13 +276,7 @@ class DiLoCo:
             self._pending = None
         if self.codec is not None:
             self.codec.close()
-        self._hook.remove()
-
-    def __enter__(self) -> DiLoCo:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from thinwire.compression.base import Compressor, Part, Payload, from_bytes, to_
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
+from thinwire.strategies.averaging import PeriodicSync
 from thinwire.strategies.base import (
     Context,
     MemoryReport,
@@ -141,7 +142,7 @@ class ChunkTopK2Bit(Compressor):
         out.view(-1).index_add_(0, pos, val.to(out.dtype))
 
 
-class SparseLoCo:
+class SparseLoCo(PeriodicSync):
     """SparseLoCo's outer loop around ``model`` (module docstring): after every
     ``sync_every``-th step of ``inner_optimizer``, steps 2-7."""
 
@@ -149,22 +150,12 @@ class SparseLoCo:
                  sync_every: int, *, comm: Comm | None = None, outer_lr: float = 1.0,
                  beta: float = 0.95, chunk: int = 4096, topk: int = 64,
                  tag: str = "average") -> None:
-        if sync_every < 1:
-            raise UsageError(f"SparseLoCo sync_every must be >= 1, got {sync_every}")
-        self.model = model
-        self.sync_every = sync_every
-        self.comm = comm if comm is not None else Comm()
-        self.outer_lr, self.beta, self.tag = outer_lr, beta, tag
+        super().__init__(model, sync_every, comm=comm, tag=tag)
+        self.outer_lr, self.beta = outer_lr, beta
         self.codec = ChunkTopK2Bit(chunk, topk)
-        self.steps = 0
         self.global_flat = flat_params(model).clone()
         self.error = torch.zeros_like(self.global_flat)
-        self._hook = inner_optimizer.register_step_post_hook(self._after_step)
-
-    def _after_step(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
-        self.steps += 1
-        if self.steps % self.sync_every == 0:
-            self.sync()
+        self._hook_on(inner_optimizer)
 
     def sync(self) -> None:
         """Steps 2-7."""
@@ -189,22 +180,13 @@ class SparseLoCo:
             load_flat(self.model, self.global_flat)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "global": self.global_flat.clone(),
+        return {**super().state_dict(), "global": self.global_flat.clone(),
                 "error": self.error.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = int(state["steps"])
+        super().load_state_dict(state)
         self.global_flat.copy_(state["global"])
         self.error.copy_(state["error"])
-
-    def close(self) -> None:
-        self._hook.remove()
-
-    def __enter__(self) -> SparseLoCo:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)
