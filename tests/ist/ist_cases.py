@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -378,3 +379,47 @@ GRAPH_CASES: dict[str, Case] = {
                           _tokens),
 }
 CASES.update(GRAPH_CASES)
+
+
+def subnet_of(model: nn.Module, adapter: Any, held: dict[str, np.ndarray]) -> nn.Module:
+    """A copy of ``model`` cut to the units ``held`` (every cut tensor's elements of those
+    units, as a worker's subnet holds them), configured by the adapter."""
+    import copy
+
+    from thinwire.strategies.ist.layout import element_index
+
+    sub = copy.deepcopy(model)
+    tensors = {**dict(sub.named_parameters()), **dict(sub.named_buffers())}
+    with torch.no_grad():
+        for t in adapter.plan.tensors:
+            x = tensors[t.name].data
+            for c in t.cuts:
+                size = adapter.plan.group(c.group).size
+                x = x.index_select(c.dim, element_index(c, size, torch.as_tensor(held[c.group])))
+            tensors[t.name].data = x.clone()
+    adapter.configure(sub, held)
+    return sub
+
+
+def zeroed_unheld(model: nn.Module, plan: Any, held: dict[str, np.ndarray]
+                  ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """A copy of ``model`` with every element of an unheld unit zeroed (running variances
+    kept: a zero channel then normalises to zero), and the copy's tensors by name."""
+    import copy
+
+    from thinwire.strategies.ist.layout import element_index
+
+    out = copy.deepcopy(model)
+    tensors = {**dict(out.named_parameters()), **dict(out.named_buffers())}
+    with torch.no_grad():
+        for t in plan.tensors:
+            x = tensors[t.name]
+            for c in t.cuts:
+                keep = element_index(c, plan.group(c.group).size, torch.as_tensor(held[c.group]))
+                mask = torch.zeros(x.shape[c.dim], dtype=torch.bool)
+                mask[keep] = True
+                view = [1] * x.dim()
+                view[c.dim] = -1
+                if not t.buffer or "running_mean" in t.name:
+                    x.mul_(mask.view(view).to(x.dtype))
+    return out, tensors

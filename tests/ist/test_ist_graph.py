@@ -22,7 +22,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from harness import run_workers
-from ist_cases import CASES, GRAPH_CASES, EncoderClassifier, ResidualCNN, ResNet18, state
+from ist_cases import (
+    CASES,
+    GRAPH_CASES,
+    EncoderClassifier,
+    ResidualCNN,
+    ResNet18,
+    state,
+    subnet_of,
+    zeroed_unheld,
+)
 from torch import nn
 
 from thinwire.errors import UsageError
@@ -32,7 +41,6 @@ from thinwire.models.graph_adapter import derive_adapter
 from thinwire.models.resnet import ResISTAdapter
 from thinwire.runtime.comm import Comm, Ledger
 from thinwire.strategies.ist.core import IST
-from thinwire.strategies.ist.layout import element_index
 
 
 def _canonical(plan: ISTPlan) -> tuple:
@@ -117,20 +125,8 @@ def _restricted(model: nn.Module, plan: ISTPlan, held: dict[str, np.ndarray],
                 factors: dict[str, float]) -> nn.Module:
     """The full model with every element of an unheld unit zeroed, and the columns of each
     layer fed by a cut group multiplied by its factor (inverted dropout on its input)."""
-    out = copy.deepcopy(model)
-    tensors = {**dict(out.named_parameters()), **dict(out.named_buffers())}
+    out, tensors = zeroed_unheld(model, plan, held)
     with torch.no_grad():
-        for t in plan.tensors:
-            x = tensors[t.name]
-            for c in t.cuts:
-                size = plan.group(c.group).size
-                keep = element_index(c, size, torch.as_tensor(held[c.group]))
-                mask = torch.zeros(x.shape[c.dim], dtype=torch.bool)
-                mask[keep] = True
-                view = [1] * x.dim()
-                view[c.dim] = -1
-                if not t.buffer or "running_mean" in t.name:
-                    x.mul_(mask.view(view).to(x.dtype))
         for mod, group in plan.scaled_inputs:
             for t in plan.tensors:
                 owner = t.name.rsplit(".", 1)[0]
@@ -139,20 +135,6 @@ def _restricted(model: nn.Module, plan: ISTPlan, held: dict[str, np.ndarray],
                     if hit and c.group == group and c.dim >= 1:
                         tensors[t.name].mul_(factors[group])
     return out
-
-
-def _subnet(model: nn.Module, adapter, held: dict[str, np.ndarray]) -> nn.Module:  # noqa: ANN001
-    sub = copy.deepcopy(model)
-    tensors = {**dict(sub.named_parameters()), **dict(sub.named_buffers())}
-    with torch.no_grad():
-        for t in adapter.plan.tensors:
-            x = tensors[t.name].data
-            for c in t.cuts:
-                size = adapter.plan.group(c.group).size
-                x = x.index_select(c.dim, element_index(c, size, torch.as_tensor(held[c.group])))
-            tensors[t.name].data = x.clone()
-    adapter.configure(sub, held)
-    return sub
 
 
 @pytest.mark.parametrize("name", ["g_mlp", "g_gpt", "g_cnn", "g_encoder", "g_transformer"])
@@ -167,7 +149,7 @@ def test_subnet_forward_equals_the_restricted_full_model(name: str) -> None:
             for g in adapter.plan.groups}
     factors = {g.name: g.size / len(held[g.name]) for g in adapter.plan.groups}
     x, _ = case.batch(0, 0)
-    sub = _subnet(model, adapter, held)
+    sub = subnet_of(model, adapter, held)
     handles = adapter.install_scaling(
         sub, [(m, factors[g]) for m, g in adapter.plan.scaled_inputs])
     full = _restricted(model, adapter.plan, held, factors)

@@ -20,7 +20,6 @@ torchvision's compiled operators do not load beside torch's CPU build; thinwire.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +31,13 @@ import torch
 import torch.nn.functional as F
 import transformers
 from harness import run_workers
+from ist_cases import subnet_of, zeroed_unheld
 from torch import nn
 from torchvision.models import mobilenet_v3_small, resnet18
 
 from thinwire.models.graph import derive_adapter
 from thinwire.runtime.comm import Comm, Ledger
 from thinwire.strategies.ist.core import IST
-from thinwire.strategies.ist.layout import element_index
 
 transformers.logging.set_verbosity_error()
 VOCAB = 64
@@ -175,37 +174,11 @@ def test_each_model_is_cut_where_its_papers_cut_it(name: str) -> None:
         assert (group, 0, 1, 1) in se and ("features.4.block.2.fc1", 1, 1, 1) in se
 
 
-def _subnet(model: nn.Module, adapter: Any, held: dict[str, np.ndarray]) -> nn.Module:
-    sub = copy.deepcopy(model)
-    tensors = {**dict(sub.named_parameters()), **dict(sub.named_buffers())}
-    with torch.no_grad():
-        for t in adapter.plan.tensors:
-            x = tensors[t.name].data
-            for c in t.cuts:
-                size = adapter.plan.group(c.group).size
-                x = x.index_select(c.dim, element_index(c, size, torch.as_tensor(held[c.group])))
-            tensors[t.name].data = x.clone()
-    adapter.configure(sub, held)
-    return sub
-
-
 def _restricted(model: nn.Module, plan: Any, held: dict[str, np.ndarray],
                 factors: dict[str, float]) -> tuple[nn.Module, list[Any]]:
-    """The full model with every element of an unheld unit zeroed (running variances kept:
-    a zero channel then normalises to zero) and each scaled module's input multiplied."""
-    out = copy.deepcopy(model)
-    tensors = {**dict(out.named_parameters()), **dict(out.named_buffers())}
-    with torch.no_grad():
-        for t in plan.tensors:
-            x = tensors[t.name]
-            for c in t.cuts:
-                keep = element_index(c, plan.group(c.group).size, torch.as_tensor(held[c.group]))
-                mask = torch.zeros(x.shape[c.dim], dtype=torch.bool)
-                mask[keep] = True
-                view = [1] * x.dim()
-                view[c.dim] = -1
-                if not t.buffer or "running_mean" in t.name:
-                    x.mul_(mask.view(view).to(x.dtype))
+    """The full model with every element of an unheld unit zeroed and each scaled module's
+    input multiplied."""
+    out, _ = zeroed_unheld(model, plan, held)
     modules = dict(out.named_modules())
     handles = [modules[m].register_forward_pre_hook(
         lambda _m, args, f=factors[g]: (args[0] * f, *args[1:])) for m, g in plan.scaled_inputs]
@@ -222,7 +195,7 @@ def test_a_subnet_computes_the_full_model_restricted_to_its_units(name: str) -> 
     held = {g.name: np.sort(rng.choice(g.size, max(1, g.size // 2), replace=False))
             for g in adapter.plan.groups}
     factors = {g.name: g.size / len(held[g.name]) for g in adapter.plan.groups}
-    sub = _subnet(model, adapter, held)
+    sub = subnet_of(model, adapter, held)
     scaling = adapter.install_scaling(sub, [(m, factors[g]) for m, g in adapter.plan.scaled_inputs])
     full, hooks = _restricted(model, adapter.plan, held, factors)
     for m in (sub, full, model):

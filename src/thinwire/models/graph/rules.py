@@ -152,38 +152,36 @@ def flatten(p: Context, n: fx.Node, m: nn.Flatten, name: str, out: Any) -> Ann:
     return p.flatten(a, p.shape(x), m.start_dim, m.end_dim)
 
 
-def linear(p: Context, n: fx.Node, m: nn.Linear, name: str, out: Any) -> Ann:
-    """Output features are a new group (weight rows, bias); the input's group indexes the
-    weight's columns."""
+def _projection(p: Context, n: fx.Node, name: str, out: Any, size: int, rows: int,
+                bias: bool) -> tuple[Ann, int]:
+    """A Linear-like projection over the last dimension: the input's group indexes the weight's
+    dimension ``1 - rows``, the ``size`` outputs are a new group over its dimension ``rows``
+    (and the bias); (the annotation of the output, the new group)."""
     a = _input(p, n)[1]
     last = out.dim() - 1
     kept = {d: v for d, v in a.items() if d != last}
     if last in a:
         gid, inner = a[last]
-        p.consume(name, gid, inner, f"{name}.weight", 1)
-    uses = [Use(f"{name}.weight", 0)]
-    if m.bias is not None:
-        uses.append(Use(f"{name}.bias", 0))
-    kept[last] = (p.new_group(m.out_features, name, uses), 1)
-    return kept
+        p.consume(name, gid, inner, f"{name}.weight", 1 - rows)
+    uses = [Use(f"{name}.weight", rows)] + ([Use(f"{name}.bias", 0)] if bias else [])
+    new = p.new_group(size, name, uses)
+    kept[last] = (new, 1)
+    return kept, new
+
+
+def linear(p: Context, n: fx.Node, m: nn.Linear, name: str, out: Any) -> Ann:
+    """Output features are a new group (weight rows, bias); the input's group indexes the
+    weight's columns."""
+    return _projection(p, n, name, out, m.out_features, 0, m.bias is not None)[0]
 
 
 def conv1d_transposed(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> Ann:
     """transformers' ``Conv1D`` (GPT-2's projections): a Linear whose weight is stored
     transposed, ``[in, out]``, and whose forward reshapes to ``nf`` outputs (a subnet sets
     ``nf`` to its width)."""
-    a = _input(p, n)[1]
-    last = out.dim() - 1
-    kept = {d: v for d, v in a.items() if d != last}
-    if last in a:
-        gid, inner = a[last]
-        p.consume(name, gid, inner, f"{name}.weight", 0)
-    uses = [Use(f"{name}.weight", 1)]
-    if getattr(m, "bias", None) is not None:
-        uses.append(Use(f"{name}.bias", 0))
-    gid = p.new_group(int(m.weight.shape[1]), name, uses)
+    kept, gid = _projection(p, n, name, out, int(m.weight.shape[1]), 1,
+                            getattr(m, "bias", None) is not None)
     p.groups.follow(name, "nf", gid)
-    kept[last] = (gid, 1)
     return kept
 
 
