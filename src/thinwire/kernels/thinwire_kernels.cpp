@@ -204,6 +204,17 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
   }
 }
 
+// fn(c, a, e) for every chunk c of [0, d) (elements [a, e)), whole chunks per parallel block
+template <class F>
+void for_chunks(int nt, int64_t d, int64_t chunk, F fn) {
+  const int64_t chunks = (d + chunk - 1) / chunk;
+  const int64_t per = std::max<int64_t>(1, BLOCK / chunk);
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    const int64_t c1 = std::min(chunks, (b + 1) * per);
+    for (int64_t c = b * per; c < c1; ++c) fn(c, c * chunk, std::min(d, c * chunk + chunk));
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -212,35 +223,23 @@ int thinwire_kernels_version() { return 1; }
 
 // --- int8 with one absmax scale per chunk (compression/quantize.py, Int8) --------------------
 void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* scale, int nt) {
-  const int64_t chunks = (d + chunk - 1) / chunk;
-  const int64_t per = std::max<int64_t>(1, BLOCK / chunk);
-  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
-    const int64_t c1 = std::min(chunks, (b + 1) * per);
-    for (int64_t c = b * per; c < c1; ++c) {
-      const int64_t a = c * chunk, e = std::min(d, a + chunk);
-      // absmax on the bits of |x|: for finite floats unsigned order is float order
-      uint32_t mb = 0;
-      for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
-      float m;
-      std::memcpy(&m, &mb, sizeof m);
-      const float sc = m / 127.0f;
-      scale[c] = sc;
-      const float safe = sc > 0.0f ? sc : 1.0f;
-      round_int8(x + a, q + a, e - a, safe);
-    }
+  for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
+    // absmax on the bits of |x|: for finite floats unsigned order is float order
+    uint32_t mb = 0;
+    for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
+    float m;
+    std::memcpy(&m, &mb, sizeof m);
+    const float sc = m / 127.0f;
+    scale[c] = sc;
+    const float safe = sc > 0.0f ? sc : 1.0f;
+    round_int8(x + a, q + a, e - a, safe);
   });
 }
 
 void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, float* out,
                  int nt) {
-  const int64_t chunks = (d + chunk - 1) / chunk;
-  const int64_t per = std::max<int64_t>(1, BLOCK / chunk);
-  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
-    const int64_t c1 = std::min(chunks, (b + 1) * per);
-    for (int64_t c = b * per; c < c1; ++c) {
-      const int64_t a = c * chunk, e = std::min(d, a + chunk);
-      widen_scale(q + a, out + a, e - a, scale[c]);
-    }
+  for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
+    widen_scale(q + a, out + a, e - a, scale[c]);
   });
 }
 
