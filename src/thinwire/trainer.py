@@ -41,6 +41,7 @@ from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
 from thinwire.rundir import write_bytes, write_text
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import lr_at
+from thinwire.summary import ByteTotals, MemoryTotals, RankTotals, RunSummary
 
 RECALIBRATION_BATCHES = 20
 
@@ -216,48 +217,26 @@ class Trainer:
         c = self._counters()
         mem = self.strategy.memory()
         rss, device_peak = process_peaks(self.device)
-        rows = self.comm.gather_floats([c["sent_bytes"], c["payload_bytes"], c["recv_bytes"],
-                                        mem.params, mem.grads, mem.optimizer, mem.param_count,
-                                        mem.stored_count, mem.activations, mem.gathered,
-                                        mem.host, mem.peak, rss, device_peak,
-                                        float(self.final_model is not None)])
+        mine = RankTotals(
+            sent=c["sent_bytes"], payload=c["payload_bytes"], recv=c["recv_bytes"],
+            params=mem.params, grads=mem.grads, optimizer=mem.optimizer,
+            param_count=mem.param_count, stored_count=mem.stored_count,
+            activations=mem.activations, gathered=mem.gathered, host=mem.host, peak=mem.peak,
+            rss_peak=rss, device_peak=device_peak, holds_model=float(self.final_model is not None))
+        ranks = [RankTotals.of(row) for row in self.comm.gather_floats(mine.floats())]
         self._export()
         cfg = self.cfg
-        summary = {
-            "method": cfg.method.name, "model": cfg.model.name, "data": cfg.data.name,
-            "label": label(cfg), "run": cfg.run_name, "metric": self.task.metric,
-            "higher_is_better": self.task.higher_is_better,
-            "workers": self.comm.world_size, "steps": cfg.train.steps,
-            "final": last_eval, "wall_s": wall, "compute_s": compute, "comm_s": comm_s,
-            "bytes": {
-                "sent_per_worker_mean": sum(r[0] for r in rows) / len(rows),
-                "sent_per_worker_max": max(r[0] for r in rows),
-                "payload_per_worker_mean": sum(r[1] for r in rows) / len(rows),
-                "recv_per_worker_max": max(r[2] for r in rows),
-                "per_rank_sent": [r[0] for r in rows],
-                "collectives_estimated": bool(self.comm.ledger.totals()["sent_estimated"]),
-            },
-            "memory": {
-                "params_bytes_max": max(r[3] for r in rows), "grads_bytes_max": max(r[4] for r in rows),
-                "optimizer_bytes_max": max(r[5] for r in rows),
-                "params_held_max": int(max(r[6] for r in rows)),
-                "params_stored_max": int(max(r[7] for r in rows)),
-                "params_full": self.strategy.full_param_count(),
-                "activations_bytes_max": max(r[8] for r in rows),
-                "gathered_bytes_max": max(r[9] for r in rows),
-                "host_bytes_max": max(r[10] for r in rows),
-                "peak_bytes_max": max(r[11] for r in rows),
-                "per_rank_peak": [r[11] for r in rows],
-                "rss_peak_bytes_max": max(r[12] for r in rows),
-                "device_peak_bytes_max": max(r[13] for r in rows),
-                "options": {"zero": cfg.memory.zero, "recompute": cfg.memory.recompute,
-                            "offload": cfg.memory.offload},
-            },
-            "config": to_dict(cfg),
-            # what the final write holds besides this file (checkpoint.final_state_problem)
-            "final_files": (["model.pt"] if any(r[14] for r in rows) else [])
-            + [f"ledger.rank{r}.json" for r in range(len(rows))],
-        }
+        estimated = bool(self.comm.ledger.totals()["sent_estimated"])
+        summary = RunSummary(
+            method=cfg.method.name, model=cfg.model.name, data=cfg.data.name, label=label(cfg),
+            run=cfg.run_name, metric=self.task.metric,
+            higher_is_better=self.task.higher_is_better, workers=self.comm.world_size,
+            steps=cfg.train.steps, final=last_eval, wall_s=wall, compute_s=compute,
+            comm_s=comm_s, bytes=ByteTotals.of(ranks, estimated),
+            memory=MemoryTotals.of(ranks, self.strategy.full_param_count(),
+                                   {"zero": cfg.memory.zero, "recompute": cfg.memory.recompute,
+                                    "offload": cfg.memory.offload}),
+            config=to_dict(cfg), final_files=RunSummary.files_of(ranks)).to_json()
         ledger = self.comm.ledger
         write_text(self.run_dir / f"ledger.rank{self.comm.rank}.json", json.dumps(
             {"by_op": ledger.by_op(), "totals": ledger.totals(),
