@@ -86,7 +86,7 @@ CASES: dict[str, dict[str, Any]] = {
         "models": {c: {"method.compressor": c} for c in
                    ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1", "qsgd", "int8",
                     "int8:exchange=scatter", "sign", "powersgd:rank=2"]},
-        "restart": {"plain": ({**MLP, "model.norm": "none"}, 4)},
+        "restart": {"plain": ({**MLP, "model.norm": "none"}, 2)},
         "device": {"topk-ef": {**MLP, "method.compressor": "topk:ratio=0.1"},
                    "zero1": {**MLP, "memory.zero": 1, "train.optimizer": "adamw"},
                    "zero3": {**MLP, "memory.zero": 3}},
@@ -98,7 +98,7 @@ CASES: dict[str, dict[str, Any]] = {
                              "train.optimizer": "adamw", "train.lr": 0.01}},
         "ledger": {"plain": {**MLP, "method.period": 5, "model.norm": "none"}},
         "models": {"period2": {"method.period": 2}},
-        "restart": {"plain": ({**MLP, "method.period": 5, "model.norm": "none"}, 3)},
+        "restart": {"plain": ({**MLP, "method.period": 5, "model.norm": "none"}, 2)},
         "device": {"plain": {**MLP, "method.period": 2}},
         "gloo_cuda": True,
         "gpu": {"plain": {"method.period": 10}},
@@ -173,7 +173,7 @@ CASES: dict[str, dict[str, Any]] = {
                                "train.seed": 3}},
         "models": Exempt("it cuts a model by its IST adapter rather than replicating it; "
                          "tests/ist/ train each model that has one"),
-        "restart": {"plain": ({**MLP, "method.local_steps": 5, "model.norm": "batch"}, 3)},
+        "restart": {"plain": ({**MLP, "method.local_steps": 5, "model.norm": "batch"}, 2)},
         "device": {"auto-switch": {**MLP, "method.local_steps": 2, "method.period": 2,
                                    "method.switch_patience": 1, "method.switch_tol": 1.0}},
         "gloo_cuda": P2P,

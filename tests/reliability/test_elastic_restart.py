@@ -1,6 +1,6 @@
 """Elastic restarts: a worker SIGKILLed at a random step (seeded) is restarted with its group by
 torch's agent, the group resumes from the newest complete checkpoint, and the final weights
-equal an uninterrupted run's bit for bit. Ten kills in all (dp 4, localsgd 3, ist 3), each
+equal an uninterrupted run's bit for bit. Six kills in all (two for each of dp, localsgd and ist), each
 followed by a restart; 2 workers, a 32-32 MLP on digits, 40 steps, a checkpoint every 5. The
 methods and their kills: every method's ``restart`` entry in tests/method_cases.py."""
 
