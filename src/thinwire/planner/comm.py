@@ -8,6 +8,9 @@ efficiency)), gamma seconds per byte reduced (Thakur, Rabenseifner & Gropp 2005;
   binomial tree all-reduce 2 log2(p) (alpha + n beta)            (reduce, then broadcast)
   hierarchical all-reduce  intra reduce-scatter(g) + inter all-reduce(n/g) + intra all-gather(g)
   point to point           alpha + n beta
+The ring terms' bytes per rank are :func:`thinwire.ring.ring_share`'s, which the ledger
+and the methods' traffic formulas count too; all-gather here takes the full gathered size n,
+so its time is the reduce-scatter's.
 Ranks are placed as Megatron does: tensor-parallel ranks fastest, then data-parallel, then
 pipeline, so a data-parallel group has min(d, g/t) members per node (g devices per node) and
 each member drives its own share of the node's network links.
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 
 from thinwire.planner.specs import ClusterSpec
 from thinwire.planner.strategy import StrategySpec
+from thinwire.ring import ring_share
 
 
 @dataclass(frozen=True)
@@ -45,24 +49,25 @@ def inter_link(cluster: ClusterSpec, bandwidth: float | None = None) -> Link:
     return Link.of(bw, cluster.inter_efficiency, cluster.inter_latency)
 
 
-def ring_allreduce(n: float, p: int, link: Link, gamma: float = 0.0) -> float:
+def ring_all_reduce_time(n: float, p: int, link: Link, gamma: float = 0.0) -> float:
     """2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma."""
     if p <= 1:
         return 0.0
-    return 2 * (p - 1) * link.alpha + 2 * (p - 1) / p * n * link.beta + (p - 1) / p * n * gamma
+    return (2 * (p - 1) * link.alpha + ring_share("all_reduce", p) * n * link.beta
+            + ring_share("reduce_scatter", p) * n * gamma)
 
 
-def ring_reduce_scatter(n: float, p: int, link: Link) -> float:
+def ring_reduce_scatter_time(n: float, p: int, link: Link) -> float:
     """(p-1) alpha + (p-1)/p n beta; n is the full (unscattered) size."""
     if p <= 1:
         return 0.0
-    return (p - 1) * link.alpha + (p - 1) / p * n * link.beta
+    return (p - 1) * link.alpha + ring_share("reduce_scatter", p) * n * link.beta
 
 
-ring_all_gather = ring_reduce_scatter
+ring_all_gather_time = ring_reduce_scatter_time
 
 
-def tree_allreduce(n: float, p: int, link: Link) -> float:
+def tree_all_reduce_time(n: float, p: int, link: Link) -> float:
     """Binomial-tree reduce then broadcast: 2 log2(p) (alpha + n beta)."""
     if p <= 1:
         return 0.0
@@ -78,21 +83,21 @@ def allreduce(n: float, local: int, nodes: int, intra: Link, inter: Link) -> flo
     """All-reduce over ``local`` ranks per node on ``nodes`` nodes: the best of ring and tree
     inside a flat group, hierarchical when the group spans nodes with several local members."""
     if nodes <= 1:
-        return min(ring_allreduce(n, local, intra), tree_allreduce(n, local, intra))
+        return min(ring_all_reduce_time(n, local, intra), tree_all_reduce_time(n, local, intra))
     if local <= 1:
-        return min(ring_allreduce(n, nodes, inter), tree_allreduce(n, nodes, inter))
-    cross = min(ring_allreduce(n / local, nodes, inter), tree_allreduce(n / local, nodes, inter))
-    return ring_reduce_scatter(n, local, intra) + cross + ring_all_gather(n, local, intra)
+        return min(ring_all_reduce_time(n, nodes, inter), tree_all_reduce_time(n, nodes, inter))
+    cross = min(ring_all_reduce_time(n / local, nodes, inter), tree_all_reduce_time(n / local, nodes, inter))
+    return ring_reduce_scatter_time(n, local, intra) + cross + ring_all_gather_time(n, local, intra)
 
 
 def reduce_scatter(n: float, local: int, nodes: int, intra: Link, inter: Link) -> float:
     """Hierarchical reduce-scatter: inside the node first, then across nodes on n/local."""
-    return ring_reduce_scatter(n, local, intra) + ring_reduce_scatter(n / local, nodes, inter)
+    return ring_reduce_scatter_time(n, local, intra) + ring_reduce_scatter_time(n / local, nodes, inter)
 
 
 def all_gather(n: float, local: int, nodes: int, intra: Link, inter: Link) -> float:
     """Hierarchical all-gather, the mirror of :func:`reduce_scatter`."""
-    return ring_all_gather(n / local, nodes, inter) + ring_all_gather(n, local, intra)
+    return ring_all_gather_time(n / local, nodes, inter) + ring_all_gather_time(n, local, intra)
 
 
 def dp_layout(cluster: ClusterSpec, s: StrategySpec) -> tuple[int, int]:
@@ -109,4 +114,4 @@ def pp_crosses_nodes(cluster: ClusterSpec, s: StrategySpec) -> bool:
 
 def ring_wire_factor(p: int) -> float:
     """Bytes a ring all-reduce puts on each rank's wire per payload byte: 2(p-1)/p."""
-    return 2.0 * (p - 1) / p if p > 1 else 0.0
+    return ring_share("all_reduce", p)

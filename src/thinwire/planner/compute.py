@@ -24,7 +24,12 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from thinwire.planner.comm import intra_link, ring_all_gather, ring_allreduce, ring_reduce_scatter
+from thinwire.planner.comm import (
+    intra_link,
+    ring_all_gather_time,
+    ring_all_reduce_time,
+    ring_reduce_scatter_time,
+)
 from thinwire.planner.specs import DTYPE_BYTES, ClusterSpec, TransformerSpec
 
 
@@ -138,9 +143,9 @@ def tp_layer_comm(nbytes: float, t: int, sp: bool, recompute: str, cluster: Clus
     link = intra_link(cluster)
     if sp:
         pairs = 6 if recompute == "full" else 5  # fwd 2 + bwd 2 (+ 2 re-gathers or re-forward)
-        return pairs * (ring_reduce_scatter(nbytes, t, link) + ring_all_gather(nbytes, t, link))
+        return pairs * (ring_reduce_scatter_time(nbytes, t, link) + ring_all_gather_time(nbytes, t, link))
     count = 6 if recompute == "full" else 4
-    return count * ring_allreduce(nbytes, t, link)
+    return count * ring_all_reduce_time(nbytes, t, link)
 
 
 @lru_cache(maxsize=1024)
@@ -158,9 +163,9 @@ def logits_cost(
     comm = 0.0
     if t > 1:  # gather the final layer norm output (SP) or all-reduce its gradient
         comm = (
-            ring_all_gather(nbytes, t, link) + ring_reduce_scatter(nbytes, t, link)
+            ring_all_gather_time(nbytes, t, link) + ring_reduce_scatter_time(nbytes, t, link)
             if sp
-            else ring_allreduce(nbytes, t, link)
+            else ring_all_reduce_time(nbytes, t, link)
         )
     return LayerCost(mm / cluster.compute_efficiency, vec / cluster.compute_efficiency, comm)
 

@@ -25,7 +25,7 @@ from thinwire.planner.comm import (
     intra_link,
     p2p,
     pp_crosses_nodes,
-    ring_all_gather,
+    ring_all_gather_time,
 )
 from thinwire.planner.compute import (
     layer_cost,
@@ -174,7 +174,7 @@ def _boundary(model: TransformerSpec, cluster: ClusterSpec, s: StrategySpec,
         return 0.0
     crossing = pp_crosses_nodes(cluster, s)
     link = inter_link(cluster, bandwidth) if crossing else intra_link(cluster)
-    gather = ring_all_gather(act, s.tp, intra_link(cluster)) if (crossing and s.tp > 1) else 0.0
+    gather = ring_all_gather_time(act, s.tp, intra_link(cluster)) if (crossing and s.tp > 1) else 0.0
     return 2 * s.interleave * (p2p(act / s.tp, link) + gather)
 
 

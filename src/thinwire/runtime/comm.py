@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from thinwire.ring import RING_OPS, ring_bytes
+
 CONTROL = "control"
 
 
@@ -53,13 +55,8 @@ def wire_estimate(op: str, payload: int, n: int, *, root: bool = False) -> tuple
     """
     if n <= 1:
         return 0, 0
-    if op == "all_reduce":
-        b = round(2 * (n - 1) / n * payload)
-        return b, b
-    if op == "all_gather":
-        return (n - 1) * payload, (n - 1) * payload
-    if op == "reduce_scatter":
-        b = round((n - 1) / n * payload)
+    if op in RING_OPS:  # the ring's bytes: thinwire.ring
+        b = ring_bytes(op, payload, n)
         return b, b
     if op == "broadcast":
         return (payload, 0) if root else (round((n - 2) / (n - 1) * payload), payload)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from thinwire.models.adapter import ISTPlan
+from thinwire.ring import ring_bytes
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,18 +30,18 @@ if TYPE_CHECKING:
 
 def ring_all_reduce(payload: int, n: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of ``payload`` bytes
-    (:func:`thinwire.runtime.comm.wire_estimate`)."""
-    return round(2 * (n - 1) / n * payload) if n > 1 else 0
+    (:mod:`thinwire.ring`, as the ledger counts them)."""
+    return ring_bytes("all_reduce", payload, n)
 
 
 def ring_all_gather(payload: int, n: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-gather of ``payload`` bytes per rank."""
-    return (n - 1) * payload if n > 1 else 0
+    return ring_bytes("all_gather", payload, n)
 
 
 def ring_reduce_scatter(payload: int, n: int) -> int:
     """Bytes one rank sends (and receives) in a ring reduce-scatter of ``payload`` bytes."""
-    return round((n - 1) / n * payload) if n > 1 else 0
+    return ring_bytes("reduce_scatter", payload, n)
 
 
 def wire(op: str, payload: int, n: int) -> int:
