@@ -33,10 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from thinwire.errors import UsageError
-from thinwire.models.adapter import Cut, ISTAdapter, ISTPlan, UnitGroup
-from thinwire.models.adapter import TensorPlan as ISTTensor
+from thinwire.models.adapter import Cut, ISTAdapter, ISTPlan, TensorPlan, UnitGroup
 from thinwire.models.registry import ModelEntry
-from thinwire.models.tensor_plan import Region, TensorPlan
+from thinwire.models.tensor_plan import Region, TPPlan
 from thinwire.options import check, opt
 
 if TYPE_CHECKING:
@@ -248,7 +247,7 @@ def build_gpt(options: Options, dataset: Dataset, seed: int) -> GPT:
                    tie_embeddings=options.tie_embeddings, dropout=options.dropout)
 
 
-def tensor_plan(model: nn.Module) -> TensorPlan:
+def tensor_plan(model: nn.Module) -> TPPlan:
     """Megatron's split of the GPT (:mod:`thinwire.models.tensor_plan`): per block, attention by
     heads (q, k, v column-parallel in units of ``head_dim`` rows, ``proj`` row-parallel) and the
     MLP by neurons (``fc1`` column, ``fc2`` row); the blocks are the sequence-parallel span.
@@ -262,7 +261,7 @@ def tensor_plan(model: nn.Module) -> TensorPlan:
                               unit=block.attn.head_dim))
         regions.append(Region(f"blocks.{i}.mlp", ("fc1",), ("fc2",)))
         span.append(f"blocks.{i}")
-    return TensorPlan(tuple(regions), tuple(span), seq_dim=1,
+    return TPPlan(tuple(regions), tuple(span), seq_dim=1,
                       width=model.tok_emb.embedding_dim, seq_len=model.context)
 
 
@@ -318,10 +317,10 @@ class GPTAdapter(ISTAdapter):
             cuts[f"{pre}mlp.fc1.bias"] = (Cut(ffn, 0),)
             cuts[f"{pre}mlp.fc2.weight"] = (Cut(ffn, 1),)
             scaled += [(f"{pre}attn.proj", heads), (f"{pre}mlp.fc2", ffn)]
-        tensors = [ISTTensor(name, tuple(p.shape), cuts.get(name, ()), dtype=_dtype(p))
+        tensors = [TensorPlan(name, tuple(p.shape), cuts.get(name, ()), dtype=_dtype(p))
                    for name, p in model.named_parameters()]
         persistent = dict(model.state_dict(keep_vars=True))
-        tensors += [ISTTensor(name, tuple(b.shape), buffer=True, dtype=_dtype(b))
+        tensors += [TensorPlan(name, tuple(b.shape), buffer=True, dtype=_dtype(b))
                     for name, b in model.named_buffers() if name in persistent]
         super().__init__(ISTPlan(groups=tuple(groups), tensors=tuple(tensors),
                                  scaled_inputs=tuple(scaled)))

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from thinwire.data.datasets import Dataset
     from thinwire.models.adapter import ISTAdapter
-    from thinwire.models.tensor_plan import EmbeddingPlan, TensorPlan
+    from thinwire.models.tensor_plan import EmbeddingPlan, TPPlan
 
 
 @dataclass(frozen=True)
@@ -46,5 +46,5 @@ class ModelEntry:
     selective: tuple[str, ...] = ()
     activations: Callable[[Any, Dataset, int, str], int] | None = None
     chain: Callable[[nn.Module], list[nn.Module]] | None = None
-    tensor: Callable[[nn.Module], TensorPlan] | None = None
+    tensor: Callable[[nn.Module], TPPlan] | None = None
     tables: Callable[[nn.Module], EmbeddingPlan] | None = None

@@ -32,7 +32,7 @@ class Region:
 
 
 @dataclass(frozen=True)
-class TensorPlan:
+class TPPlan:
     """Every region of a model and, for sequence parallelism, the span that may run on a slice
     of the sequence.
 

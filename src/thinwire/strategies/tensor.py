@@ -6,7 +6,7 @@ Recomputation in Large Transformer Models" (2022). The workers form a dp x tp me
 (``parallel.tp``; rank = d tp + t, :class:`~thinwire.runtime.mesh.Mesh`); the tp ranks of one
 group read the same data shard and hold 1/tp of every split layer, the dp groups are replicas.
 
-Which layers split is the model's own data, its :class:`~thinwire.models.tensor_plan.TensorPlan`
+Which layers split is the model's own data, its :class:`~thinwire.models.tensor_plan.TPPlan`
 (``ModelEntry.tensor``): per region, column-parallel layers (rows of weight and bias, in units
 such as an attention head) and row-parallel ones (columns of the weight; the bias whole).
 :func:`thinwire.strategies.tp.sharding.shard` rewrites the model in place (the operators are

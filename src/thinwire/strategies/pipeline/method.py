@@ -5,7 +5,7 @@ The run's workers form the mesh dp x pp x tp (``--parallel.pp S``, ``--parallel.
 workers / (S T)): the model's chain (its registry entry's ``chain``) is cut into S stages, rank
 (d, s, t) trains stage s of replica d, with T > 1 its tensor slice t. With T > 1, at the first
 batch (after the pipeline has probed its boundary shapes on the whole chain) the regions of the
-model's :class:`~thinwire.models.tensor_plan.TensorPlan` inside the stage are sharded in place
+model's :class:`~thinwire.models.tensor_plan.TPPlan` inside the stage are sharded in place
 over the mesh's tensor communicator by :func:`thinwire.strategies.tp.sharding.shard` (Megatron,
 Shoeybi et al. 2019: column- and row-parallel layers, the f and g operators, tag ``tp``); the
 stage's links are the same modules, so the schedule runs the sharded blocks unchanged, the T

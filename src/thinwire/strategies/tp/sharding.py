@@ -1,4 +1,4 @@
-"""Tensor-parallel sharding of a model from its :class:`~thinwire.models.tensor_plan.TensorPlan`
+"""Tensor-parallel sharding of a model from its :class:`~thinwire.models.tensor_plan.TPPlan`
 (the model's own data, ``ModelEntry.tensor``): per region, column-parallel layers (rows of
 weight and bias, in units such as an attention head) and row-parallel ones (columns of the
 weight; the bias whole). :func:`shard` rewrites the model in place:
@@ -41,7 +41,7 @@ from thinwire.strategies.tp.operators import (
 )
 
 if TYPE_CHECKING:
-    from thinwire.models.tensor_plan import TensorPlan
+    from thinwire.models.tensor_plan import TPPlan
 
 __all__ = ["Sharded", "check_split", "gather_full", "shard", "split_dims", "tensor_plan",
            "within"]
@@ -61,7 +61,7 @@ class Sharded:
     span_replicated: tuple[str, ...]
 
 
-def shard(model: nn.Module, plan: TensorPlan, ex: Exchange, *,
+def shard(model: nn.Module, plan: TPPlan, ex: Exchange, *,
           sequence_parallel: bool = False) -> Sharded:
     """Rewrite ``model`` in place into rank ``ex.comm.rank``'s tensor-parallel shard (steps 1-3
     of the module docstring). Every rank must start from the same model."""
@@ -139,8 +139,8 @@ def gather_full(model: nn.Module, sharded: Sharded, comm: Comm, into: nn.Module 
                 full[name].copy_(value)
 
 
-def tensor_plan(cfg: Any, model: nn.Module, who: str = "method tensor") -> TensorPlan:
-    """The model's :class:`TensorPlan` from its registry entry, or a one-line error naming
+def tensor_plan(cfg: Any, model: nn.Module, who: str = "method tensor") -> TPPlan:
+    """The model's :class:`TPPlan` from its registry entry, or a one-line error naming
     ``who`` asked and the models that have one."""
     from thinwire.models import MODELS
 
@@ -152,17 +152,17 @@ def tensor_plan(cfg: Any, model: nn.Module, who: str = "method tensor") -> Tenso
     return entry.tensor(model)
 
 
-def within(plan: TensorPlan, model: nn.Module, part: nn.Module) -> TensorPlan:
+def within(plan: TPPlan, model: nn.Module, part: nn.Module) -> TPPlan:
     """The regions of ``plan`` whose module lies inside ``part`` (e.g. one pipeline stage of
     ``model``), without a sequence-parallel span: a part of the model is sharded alone."""
-    from thinwire.models.tensor_plan import TensorPlan
+    from thinwire.models.tensor_plan import TPPlan
 
     inside = {id(m) for m in part.modules()}
     regions = tuple(r for r in plan.regions if id(model.get_submodule(r.path)) in inside)
-    return TensorPlan(regions, (), plan.seq_dim, plan.width, plan.seq_len)
+    return TPPlan(regions, (), plan.seq_dim, plan.width, plan.seq_len)
 
 
-def split_dims(model: nn.Module, plan: TensorPlan) -> dict[str, int]:
+def split_dims(model: nn.Module, plan: TPPlan) -> dict[str, int]:
     """The parameters :func:`shard` splits (name -> dim), without sharding: what
     :attr:`Sharded.split` will hold, for traffic formulas and memory counts."""
     out: dict[str, int] = {}
@@ -177,7 +177,7 @@ def split_dims(model: nn.Module, plan: TensorPlan) -> dict[str, int]:
     return out
 
 
-def check_split(cfg: Any, model: nn.Module, who: str = "method tensor") -> TensorPlan:
+def check_split(cfg: Any, model: nn.Module, who: str = "method tensor") -> TPPlan:
     """The model's plan splits ``parallel.tp`` ways (one-line errors naming ``who``): the model
     has a plan, no dropout, and tp divides every column layer's units."""
     plan = tensor_plan(cfg, model, who)
