@@ -48,7 +48,7 @@ def models(data_dir: str) -> dict[str, dict[str, str]]:
 def _runs(comm: Any, runs: dict[str, dict[str, str]]) -> dict[str, tuple[Any, ...]]:
     from thinwire import config
     from thinwire.data.task import task_for
-    from thinwire.planner.runs import predict_run
+    from thinwire.planner.runs import predict_dp_run
     from thinwire.run import build_model, build_strategy, load_data, make_stream
     from thinwire.runtime.comm import Comm
 
@@ -56,7 +56,7 @@ def _runs(comm: Any, runs: dict[str, dict[str, str]]) -> dict[str, tuple[Any, ..
     for name, over in runs.items():
         cfg = config.load(None, over)
         ds = load_data(cfg)
-        predicted = predict_run(cfg, ds, build_model(cfg, ds))
+        predicted = predict_dp_run(cfg, ds, build_model(cfg, ds))
         own = Comm()
         strategy = build_strategy(cfg, own, torch.device("cpu"), task_for(ds),
                                   build_model(cfg, ds))

@@ -278,7 +278,7 @@ def test_memory_options_on_cuda_match_the_planner(extra: dict[str, str], tmp_pat
     saved activations are within 5% of the prediction (the CUDA attention kernels keep a few
     bytes more or less per row than the CPU one), and the allocator's peak covers the measured
     sum."""
-    from thinwire.planner.runs import predict_run
+    from thinwire.planner.runs import predict_dp_run
     from thinwire.run import build_model, load_data
 
     workers = min(2, torch.cuda.device_count())
@@ -291,7 +291,7 @@ def test_memory_options_on_cuda_match_the_planner(extra: dict[str, str], tmp_pat
     cfg = load(None, over)
     mem = run_config(cfg)["memory"]
     ds = load_data(cfg)
-    want, _ = predict_run(cfg, ds, build_model(cfg, ds))
+    want, _ = predict_dp_run(cfg, ds, build_model(cfg, ds))
     states = mem["params_bytes_max"] + mem["grads_bytes_max"] + mem["optimizer_bytes_max"]
     if cfg.memory.offload == "params":
         assert mem["host_bytes_max"] == states

@@ -54,7 +54,7 @@ def _overrides(model: str, extra: dict[str, str]) -> dict[str, str]:
 def _train_all(comm, runs):  # type: ignore[no-untyped-def]
     """Every config of ``runs`` in turn on this process group, each with its own ledger."""
     from thinwire.data.task import task_for
-    from thinwire.planner.runs import predict_run
+    from thinwire.planner.runs import predict_dp_run
     from thinwire.run import build_model, build_strategy, load_data, make_stream
     from thinwire.runtime.comm import Comm
 
@@ -63,7 +63,7 @@ def _train_all(comm, runs):  # type: ignore[no-untyped-def]
         cfg = config.load(None, over)
         ds = load_data(cfg)
         model = build_model(cfg, ds)
-        predicted = predict_run(cfg, ds, build_model(cfg, ds))
+        predicted = predict_dp_run(cfg, ds, build_model(cfg, ds))
         own = Comm()
         strategy = build_strategy(cfg, own, torch.device("cpu"), task_for(ds), model)
         stream = make_stream(cfg, ds, *strategy.data_shard())

@@ -126,7 +126,7 @@ def run_memory(layout: Layout, *, zero: int, workers: int, states: int, activati
     return RunMemory(local, local, states * local, activations, gathered)
 
 
-def run_traffic(layout: Layout, *, zero: int, workers: int, steps: int, codec: str = "none",
+def dp_run_traffic(layout: Layout, *, zero: int, workers: int, steps: int, codec: str = "none",
                 blocks: Sequence[str] = ()) -> Traffic:
     """The ledger's totals of a ``dp`` run of ``steps`` steps (module docstring)."""
     from thinwire.strategies.traffic import Traffic, wire
@@ -179,7 +179,7 @@ def _broadcasts(layout: Layout, n: int, steps: int) -> Traffic:
     return Traffic(tuple(sent), tuple(recv), tuple(pay), {"broadcast": (calls * steps, wire0)})
 
 
-def predict_run(cfg: Any, dataset: Any, model: Any) -> tuple[RunMemory, Traffic]:
+def predict_dp_run(cfg: Any, dataset: Any, model: Any) -> tuple[RunMemory, Traffic]:
     """The prediction for config ``cfg`` (method ``dp``) of ``model`` on ``dataset``: memory
     per rank and the ledger's totals, from the model's shapes and its entry's formulas."""
     from thinwire.models import MODELS
@@ -199,10 +199,10 @@ def predict_run(cfg: Any, dataset: Any, model: Any) -> tuple[RunMemory, Traffic]
                      blocks=entry.blocks)
     method = METHODS.get(cfg.method.name)  # the run's codec, as the method declares it
     codec = method.formulas["codec"](cfg.method.options) if "codec" in method.formulas else "none"
-    traffic = run_traffic(layout, zero=zero, workers=n, steps=cfg.train.steps, codec=codec,
+    traffic = dp_run_traffic(layout, zero=zero, workers=n, steps=cfg.train.steps, codec=codec,
                           blocks=entry.blocks)
     return mem, traffic
 
 
-__all__ = ["RunMemory", "fsdp_groups", "optimizer_tensors", "predict_run", "run_memory",
-           "run_traffic", "shard_numel"]
+__all__ = ["RunMemory", "fsdp_groups", "optimizer_tensors", "predict_dp_run", "run_memory",
+           "dp_run_traffic", "shard_numel"]
