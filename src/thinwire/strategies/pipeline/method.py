@@ -189,27 +189,27 @@ class PipelineParallel(SteppedStrategy):
         self.chain = chain_of(ctx.cfg, self.model)
         mesh = ctx.mesh
         if mesh is None:  # one stage: micro-batched data parallelism
-            self.pp, self.dp = Comm.local(self.comm.ledger), self.comm
-            self.tp = Comm.local(self.comm.ledger)
+            self.pp_comm, self.dp_comm = Comm.local(self.comm.ledger), self.comm
+            self.tp_comm = Comm.local(self.comm.ledger)
             self.d, self.dps = self.comm.rank, self.comm.world_size
             self.loss_rank = 0
         else:
-            self.pp, self.dp, self.tp = mesh.pp, mesh.dp, mesh.tp
+            self.pp_comm, self.dp_comm, self.tp_comm = mesh.pp, mesh.dp, mesh.tp
             self.d, self.dps = mesh.coords.dp, mesh.dp.world_size
             self.loss_rank = mesh.rank_of(0, mesh.pp.world_size - 1, 0)
-        self.S, self.s = self.pp.world_size, self.pp.rank
+        self.n_stages, self.stage_rank = self.pp_comm.world_size, self.pp_comm.rank
         # tensor parallelism: the stage's slices (after the first batch); replica 0's first
         # tensor rank of each stage keeps a whole model to gather them into for evaluation
         self.sharded: Sharded | None = None
         self.full: nn.Module | None = None
-        if self.tp.world_size > 1 and self.d == 0 and self.tp.rank == 0:
+        if self.tp_comm.world_size > 1 and self.d == 0 and self.tp_comm.rank == 0:
             self.full = copy.deepcopy(self.model)
         codec = None
         if self.o.tp_codec != "none":
             from thinwire.compression import build
 
             codec = build(self.o.tp_codec, seed=self.cfg.train.seed, rank=self.comm.rank)
-        self.exchange = Exchange(self.tp, codec)
+        self.exchange = Exchange(self.tp_comm, codec)
         self.pipe: Pipeline | None = None
         self.opt: torch.optim.Optimizer | None = None
         self._pending: dict[str, Any] | None = None
@@ -220,11 +220,11 @@ class PipelineParallel(SteppedStrategy):
     def _setup(self, x: torch.Tensor) -> Pipeline:
         """The stage's pipeline and optimizer, at the first batch (its shape fixes the
         boundaries')."""
-        pipe = Pipeline(self.chain, self.pp, micro_batches=self.o.micro_batches,
+        pipe = Pipeline(self.chain, self.pp_comm, micro_batches=self.o.micro_batches,
                         loss=self.loss_fn, example=x.chunk(self.o.micro_batches)[0],
                         schedule=self.o.schedule, boundaries=self.o.boundaries(),
                         seed=self.cfg.train.seed)
-        if self.tp.world_size > 1:  # the stage's regions split over the tensor group
+        if self.tp_comm.world_size > 1:  # the stage's regions split over the tensor group
             plan = within(tensor_plan(self.cfg, self.model, TP_USER), self.model, pipe.stage)
             self.sharded = shard(self.model, plan, self.exchange)
         self.pipe, self.opt = pipe, make_optimizer(pipe.parameters(), self.cfg.train)
@@ -253,9 +253,9 @@ class PipelineParallel(SteppedStrategy):
         loss = self.pipe.run(x, y, step)  # 1.
         params = self.pipe.parameters()
         grads = grads_of(params)
-        if self.dp.world_size > 1:  # 2.
+        if self.dp_comm.world_size > 1:  # 2.
             flat = flatten(grads)
-            self.dp.all_reduce(flat, op="avg", tag="grad")
+            self.dp_comm.all_reduce(flat, op="avg", tag="grad")
             unflatten_into(flat, grads)
         for p, g in zip(params, grads):
             p.grad = g
@@ -268,21 +268,21 @@ class PipelineParallel(SteppedStrategy):
         dev = self.ctx.device
         params = self.pipe.parameters()
         if self.sharded is None:
-            return summed(sq_norm(params, dev), self.pp)
+            return summed(sq_norm(params, dev), self.pp_comm)
         split = {id(p) for n, p in self.model.named_parameters() if n in self.sharded.split}
-        sq = summed(sq_norm([p for p in params if id(p) in split], dev), self.tp)
-        return summed(sq + sq_norm([p for p in params if id(p) not in split], dev), self.pp)
+        sq = summed(sq_norm([p for p in params if id(p) in split], dev), self.tp_comm)
+        return summed(sq + sq_norm([p for p in params if id(p) not in split], dev), self.pp_comm)
 
     def reduce_loss(self, loss: torch.Tensor | float) -> float:
         """Step 4's end: the last stage's loss, broadcast over the pipeline group (control)."""
         out = torch.tensor([float(loss)], dtype=torch.float64, device=self.ctx.device)
-        self.pp.broadcast(out, src=self.S - 1, tag=CONTROL)
+        self.pp_comm.broadcast(out, src=self.n_stages - 1, tag=CONTROL)
         return float(out)
 
     # --- evaluation ----------------------------------------------------------------------------
     def _stage_modules(self, s: int, chain: Sequence[nn.Module]) -> list[nn.Module]:
         """Stage s's trained modules in :meth:`Pipeline.modules` order (links, decoder, encoder)."""
-        a, b = cut(len(chain), self.S)[s]
+        a, b = cut(len(chain), self.n_stages)[s]
         out: list[nn.Module] = [nn.Sequential(*chain[a:b])]
         necks = self.pipe.bottlenecks if self.pipe is not None else {}
         if s - 1 in necks:
@@ -299,22 +299,22 @@ class PipelineParallel(SteppedStrategy):
         whole: nn.Module | None = self.model
         if self.sharded is not None:
             if self.d == 0:
-                gather_full(self.model, self.sharded, self.tp, self.full)
+                gather_full(self.model, self.sharded, self.tp_comm, self.full)
             whole = self.full
         if whole is None:  # a tensor rank t > 0: its slices are gathered
             return None
         chain = self.chain if whole is self.model else chain_of(self.cfg, whole)
-        if self.d == 0 and self.S > 1:
-            if self.s < self.S - 1:
+        if self.d == 0 and self.n_stages > 1:
+            if self.stage_rank < self.n_stages - 1:
                 flat = torch.cat([p.detach().reshape(-1)
-                                  for m in self._stage_modules(self.s, chain)
+                                  for m in self._stage_modules(self.stage_rank, chain)
                                   for p in m.parameters()])
-                self.pp.send(flat, self.S - 1, tag=CONTROL)
+                self.pp_comm.send(flat, self.n_stages - 1, tag=CONTROL)
             else:
-                for s in range(self.S - 1):
+                for s in range(self.n_stages - 1):
                     params = [p for m in self._stage_modules(s, chain) for p in m.parameters()]
                     flat = torch.empty(sum(p.numel() for p in params), device=self.ctx.device)
-                    self.pp.recv(flat, s, tag=CONTROL)
+                    self.pp_comm.recv(flat, s, tag=CONTROL)
                     with torch.no_grad():
                         unflatten_into(flat, params)
         if self.comm.rank != self.loss_rank:
@@ -323,7 +323,7 @@ class PipelineParallel(SteppedStrategy):
         if not necks:
             return whole
         out: list[nn.Module] = []
-        for s, (a, b) in enumerate(cut(len(chain), self.S)):
+        for s, (a, b) in enumerate(cut(len(chain), self.n_stages)):
             if s - 1 in necks:
                 out.append(necks[s - 1][1])
             out += chain[a:b]
@@ -360,7 +360,7 @@ class PipelineParallel(SteppedStrategy):
 
     def memory(self) -> MemoryReport:
         if self.pipe is None:
-            a, b = cut(len(self.chain), self.S)[self.s]
+            a, b = cut(len(self.chain), self.n_stages)[self.stage_rank]
             return memory_of([p for link in self.chain[a:b] for p in link.parameters()], None)
         return memory_of(self.pipe.parameters(), self.opt)
 

@@ -158,33 +158,33 @@ class Pipeline:
                  example: torch.Tensor, schedule: str = "1f1b",
                  boundaries: Boundaries = Boundaries(), seed: int = 0) -> None:
         self.comm, self.loss_fn, self.schedule = comm, loss, schedule
-        self.S, self.s, self.M = comm.world_size, comm.rank, micro_batches
+        self.n_stages, self.stage_rank, self.n_micro = comm.world_size, comm.rank, micro_batches
         self.chain = list(chain)
-        self.cuts = cut(len(self.chain), self.S)
-        a, b = self.cuts[self.s]
+        self.cuts = cut(len(self.chain), self.n_stages)
+        a, b = self.cuts[self.stage_rank]
         self.stage = nn.Sequential(*self.chain[a:b])
         self.boundaries = boundaries
         self.widths = self._probe(example)
         # bottlenecks of every boundary (the evaluated model holds them all); codecs of this
         # rank's two boundaries
         self.bottlenecks: dict[int, tuple[nn.Module, nn.Module]] = {}
-        for bd in range(self.S - 1):
+        for bd in range(self.n_stages - 1):
             f, _ = boundaries.specs(bd)
             if is_bottleneck(f):
                 self.bottlenecks[bd] = bottleneck(f, self.widths[bd][-1], seed, bd)
-        self.encoder = self.bottlenecks.get(self.s, (None, None))[0]
-        self.decoder = self.bottlenecks.get(self.s - 1, (None, None))[1]
+        self.encoder = self.bottlenecks.get(self.stage_rank, (None, None))[0]
+        self.decoder = self.bottlenecks.get(self.stage_rank - 1, (None, None))[1]
         for mod in (self.encoder, self.decoder):
             if mod is not None:
                 mod.to(next(iter(self.stage.parameters()), torch.empty(0)).device)
         self.codecs: dict[tuple[int, str], BoundaryCodec] = {}
         self.plain: dict[tuple[int, str], BoundaryCodec] = {}
-        for bd in (self.s - 1, self.s):
-            if 0 <= bd < self.S - 1:
+        for bd in (self.stage_rank - 1, self.stage_rank):
+            if 0 <= bd < self.n_stages - 1:
                 f, g = boundaries.specs(bd)
                 self.codecs[(bd, "F")] = build_boundary("none" if is_bottleneck(f) else f,
-                                                        seed=seed, rank=self.s)
-                self.codecs[(bd, "B")] = build_boundary(g, seed=seed, rank=self.s)
+                                                        seed=seed, rank=self.stage_rank)
+                self.codecs[(bd, "B")] = build_boundary(g, seed=seed, rank=self.stage_rank)
                 self.plain[(bd, "B")] = build_boundary("none")
         self._pending: list[tuple[Any, torch.Tensor]] = []
         self.passes: list[tuple[str, int, float]] = []
@@ -227,7 +227,7 @@ class Pipeline:
 
     # --- the wire ------------------------------------------------------------------------------
     def _codec(self, b: int, d: str, m: int) -> BoundaryCodec:
-        if d == "B" and not self.boundaries.compressed_backward(b, m, self.S, self.M):
+        if d == "B" and not self.boundaries.compressed_backward(b, m, self.n_stages, self.n_micro):
             return self.plain[(b, d)]
         return self.codecs[(b, d)]
 
@@ -250,7 +250,7 @@ class Pipeline:
     def run(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float | None:
         """Forward and backward of every micro-batch of (x, y) on this stage (steps 1-5 of the
         module docstring); parameter gradients are accumulated (zero them before)."""
-        S, s, M = self.S, self.s, self.M
+        S, s, M = self.n_stages, self.stage_rank, self.n_micro
         if x.shape[0] % M:
             raise ValueError(f"a batch of {x.shape[0]} does not split into {M} micro-batches")
         xs, ys = x.chunk(M), y.chunk(M)  # 1.
