@@ -303,41 +303,68 @@ def train_and_measure(spec: BridgeSpec, method: str, shard: str, lr: float, seed
 # --- step 5 and the outputs --------------------------------------------------------------------
 def _figure(path: Path, spec: BridgeSpec, runs: Sequence[RunCurve], f_ref: float,
             f_gd: float) -> Path:
+    """The bridge's figure: one objective panel per shard mode, then the plateau gaps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     shards = [s for s in spec.shards if any(r.shard == s for r in runs)]
     fig, axes = plt.subplots(1, len(shards) + 1, figsize=(6.0 * (len(shards) + 1), 4.6),
                              squeeze=False)
-    styles = {"ist": "-", "localsgd": "--"}
     top = max(f_ref + 0.05, *(r.plateau() for r in runs))
-    for ax, shard in zip(axes[0], shards):  # one panel per shard mode: f against lr x step
-        for r in (r for r in runs if r.shard == shard):
-            j = spec.lrs.index(r.lr) if r.lr in spec.lrs else 0
-            ax.plot(np.array(r.curve_steps) * r.lr, r.objective, styles.get(r.method, "-"),
-                    color=f"C{j}", marker=".", ms=3, lw=1.3,
-                    label=f"{METHOD_LABELS.get(r.method, r.method)}, lr={r.lr:g}")
-        ax.axhline(f_ref, color="k", ls=":", lw=1.1, label=f"f_ref (full-batch L-BFGS) {f_ref:.3g}")
-        ax.axhline(f_gd, color="0.5", ls="-.", lw=1.0,
-                   label=f"full-batch GD after the same span {f_gd:.3g}")
-        ax.set_ylim(f_ref - 0.1 * (top - f_ref), f_ref + 2.0 * (top - f_ref))
-        ax.set_title(f"{SHARD_LABELS.get(shard, shard)} shards: objective of the assembled model",
-                     fontsize=10)
-        ax.set_xlabel("lr x step (the same span for every lr)")
-        ax.set_ylabel(r"$f(\theta)$ = train CE + $\lambda/2\,\|\theta\|^2$")
-        ax.grid(True, alpha=0.25)
-        ax.legend(fontsize=7)
-    ax = axes[0][-1]  # plateau gap against lr, log-log, with the fit a + b lr
+    for ax, shard in zip(axes[0], shards):
+        _objective_panel(ax, spec, [r for r in runs if r.shard == shard], shard, f_ref, f_gd,
+                         top)
+    _gap_panel(axes[0][-1], spec, runs, f_ref, f_gd)
+    fig.suptitle(
+        f"Bridge to practice: torch IST vs local SGD on {spec.dataset}, {spec.workers} workers, "
+        f"MLP {'-'.join(str(h) for h in spec.hidden)}, norm={spec.norm}, "
+        f"lambda={spec.weight_decay:g} (Theorem 2's floor?)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+_STYLES = {"ist": "-", "localsgd": "--"}
+
+
+def _objective_panel(ax: Any, spec: BridgeSpec, runs: Sequence[RunCurve], shard: str,
+                     f_ref: float, f_gd: float, top: float) -> None:
+    """One shard mode's panel: the assembled model's objective against lr x step."""
+    for r in runs:
+        j = spec.lrs.index(r.lr) if r.lr in spec.lrs else 0
+        ax.plot(np.array(r.curve_steps) * r.lr, r.objective, _STYLES.get(r.method, "-"),
+                color=f"C{j}", marker=".", ms=3, lw=1.3,
+                label=f"{METHOD_LABELS.get(r.method, r.method)}, lr={r.lr:g}")
+    ax.axhline(f_ref, color="k", ls=":", lw=1.1, label=f"f_ref (full-batch L-BFGS) {f_ref:.3g}")
+    ax.axhline(f_gd, color="0.5", ls="-.", lw=1.0,
+               label=f"full-batch GD after the same span {f_gd:.3g}")
+    ax.set_ylim(f_ref - 0.1 * (top - f_ref), f_ref + 2.0 * (top - f_ref))
+    ax.set_title(f"{SHARD_LABELS.get(shard, shard)} shards: objective of the assembled model",
+                 fontsize=10)
+    ax.set_xlabel("lr x step (the same span for every lr)")
+    ax.set_ylabel(r"$f(\theta)$ = train CE + $\lambda/2\,\|\theta\|^2$")
+    ax.grid(True, alpha=0.25)
+    ax.legend(fontsize=7)
+
+
+def _gap_panel(ax: Any, spec: BridgeSpec, runs: Sequence[RunCurve], f_ref: float,
+               f_gd: float) -> None:
+    """The last panel: plateau gap against lr, log-log, with the fit a + b lr per pair."""
+    import matplotlib.ticker
+
     lowest = 1.0
     for j, (shard, method, rs) in enumerate(_by_pair(spec, runs)):
         lrs = np.array([r.lr for r in rs])
         gaps = np.array([r.plateau() - f_ref for r in rs])
         lowest = min([lowest, *(float(g) for g in gaps if g > 0)])
         color = f"C{j + 3}"
-        ax.plot(lrs, np.maximum(gaps, 1e-9), styles.get(method, "-"),
+        ax.plot(lrs, np.maximum(gaps, 1e-9), _STYLES.get(method, "-"),
                 marker="o" if shard == "skew" else "s", color=color,
                 label=f"{METHOD_LABELS.get(method, method)}, {SHARD_LABELS.get(shard, shard)}")
         a, b = fit_floor(lrs.tolist(), gaps.tolist())
@@ -367,17 +394,6 @@ def _figure(path: Path, spec: BridgeSpec, runs: Sequence[RunCurve], f_ref: float
         ax.legend(fontsize=7, loc="best")
     else:
         ax.text(0.5, 0.5, "needs two learning rates or more", ha="center", transform=ax.transAxes)
-    fig.suptitle(
-        f"Bridge to practice: torch IST vs local SGD on {spec.dataset}, {spec.workers} workers, "
-        f"MLP {'-'.join(str(h) for h in spec.hidden)}, norm={spec.norm}, "
-        f"lambda={spec.weight_decay:g} (Theorem 2's floor?)",
-        fontsize=11,
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
-    return path
 
 
 def fit_floor(lrs: Sequence[float], gaps: Sequence[float]) -> tuple[float, float]:
@@ -424,6 +440,45 @@ def _floor_rows(spec: BridgeSpec, runs: Sequence[RunCurve], f_ref: float,
     return rows, nums
 
 
+def _run_rows(runs: Sequence[RunCurve], f_ref: float,
+              f_gd: float) -> tuple[dict[str, float], list[list[object]]]:
+    """Step 6's numbers (by ``method/shard/lr``) and the main table's rows, one per run."""
+    numbers: dict[str, float] = {"f_ref": f_ref, "f_gd": f_gd, "gd_residue": f_gd - f_ref}
+    rows: list[list[object]] = []
+    for r in runs:
+        key = f"{r.method}/{r.shard}/{r.lr:g}"
+        plateau = r.plateau()
+        numbers |= {f"{key}/plateau": plateau, f"{key}/gap": plateau - f_ref,
+                    f"{key}/final_ce": r.cross_entropy[-1], f"{key}/final_penalty": r.penalty[-1],
+                    f"{key}/test_nll": r.test_nll_logged,
+                    f"{key}/test_nll_reloaded": r.test_nll_reloaded,
+                    f"{key}/test_accuracy": r.test_accuracy, f"{key}/points": len(r.objective)}
+        rows.append([SHARD_LABELS.get(r.shard, r.shard), METHOD_LABELS.get(r.method, r.method),
+                     r.lr, r.steps, plateau, plateau - f_ref, r.cross_entropy[-1], r.penalty[-1],
+                     r.test_nll_logged, r.test_accuracy])
+    return numbers, rows
+
+
+def _summary(spec: BridgeSpec, seed: int, f_ref: float, f_gd: float) -> str:
+    """The experiment's one-paragraph summary: the setting and how to read the table."""
+    span = ", ".join(f"{lr:g} x {spec.steps(lr)}" for lr in spec.lrs)
+    return (
+        f"torch IST (method.scale={spec.ist_scale}, K={spec.local_steps}) and local SGD "
+        f"(H={spec.local_steps}) on {spec.dataset}, {spec.workers} gloo workers, MLP "
+        f"{'-'.join(str(h) for h in spec.hidden)} (norm={spec.norm}), batch {spec.batch_size}, "
+        f"weight decay lambda={spec.weight_decay:g}, seed {seed}; lr x steps = {span}. "
+        f"f = train cross-entropy + lambda/2 ||theta||^2 of the assembled model at "
+        f"{spec.points} checkpoints per run; f_ref = {f_ref:.4g} by full-batch L-BFGS from the "
+        f"same initialisation. The ratio compares the plateau gap at the smallest and the largest "
+        f"lr ({min(spec.lrs) / max(spec.lrs):g} if the gap were proportional to lr, 1 for a floor); "
+        f"a and b fit gap = a + b lr over the {len(spec.lrs)} lrs (Theorem 2's shape: a floor "
+        f"plus a term in the step size). Full-batch gradient descent at lr={min(spec.lrs):g} over "
+        f"the same span ends at f_gd = {f_gd:.4g}: a gap of {f_gd - f_ref:.3g} only says the runs "
+        f"stop before the flow has converged, and every method shares it; verdict 'floor' when "
+        f"a > {FLOOR_FACTOR:g} x {f_gd - f_ref:.3g}."
+    )
+
+
 def run_bridge(out_dir: Path, seed: int, spec: BridgeSpec = DEFAULT) -> ExperimentResult:
     """Steps 1-6 for ``spec``; writes ``<spec.name>.png``."""
     import torch
@@ -444,19 +499,7 @@ def run_bridge(out_dir: Path, seed: int, spec: BridgeSpec = DEFAULT) -> Experime
                         runs.append(train_and_measure(spec, method, shard, lr, seed, Path(tmp), ds))
     finally:
         torch.set_num_threads(threads)
-    numbers: dict[str, float] = {"f_ref": f_ref, "f_gd": f_gd, "gd_residue": f_gd - f_ref}
-    rows: list[list[object]] = []
-    for r in runs:
-        key = f"{r.method}/{r.shard}/{r.lr:g}"
-        plateau = r.plateau()
-        numbers |= {f"{key}/plateau": plateau, f"{key}/gap": plateau - f_ref,
-                    f"{key}/final_ce": r.cross_entropy[-1], f"{key}/final_penalty": r.penalty[-1],
-                    f"{key}/test_nll": r.test_nll_logged,
-                    f"{key}/test_nll_reloaded": r.test_nll_reloaded,
-                    f"{key}/test_accuracy": r.test_accuracy, f"{key}/points": len(r.objective)}
-        rows.append([SHARD_LABELS.get(r.shard, r.shard), METHOD_LABELS.get(r.method, r.method),
-                     r.lr, r.steps, plateau, plateau - f_ref, r.cross_entropy[-1], r.penalty[-1],
-                     r.test_nll_logged, r.test_accuracy])
+    numbers, rows = _run_rows(runs, f_ref, f_gd)
     floor_rows, floor_nums = _floor_rows(spec, runs, f_ref, f_gd - f_ref)
     numbers |= floor_nums
     fig = _figure(out_dir / f"{spec.name}.png", spec, runs, f_ref, f_gd)
@@ -472,22 +515,7 @@ def run_bridge(out_dir: Path, seed: int, spec: BridgeSpec = DEFAULT) -> Experime
              "verdict"],
             floor_rows,
         )
-    span = ", ".join(f"{lr:g} x {spec.steps(lr)}" for lr in spec.lrs)
-    summary = (
-        f"torch IST (method.scale={spec.ist_scale}, K={spec.local_steps}) and local SGD "
-        f"(H={spec.local_steps}) on {spec.dataset}, {spec.workers} gloo workers, MLP "
-        f"{'-'.join(str(h) for h in spec.hidden)} (norm={spec.norm}), batch {spec.batch_size}, "
-        f"weight decay lambda={spec.weight_decay:g}, seed {seed}; lr x steps = {span}. "
-        f"f = train cross-entropy + lambda/2 ||theta||^2 of the assembled model at "
-        f"{spec.points} checkpoints per run; f_ref = {f_ref:.4g} by full-batch L-BFGS from the "
-        f"same initialisation. The ratio compares the plateau gap at the smallest and the largest "
-        f"lr ({min(spec.lrs) / max(spec.lrs):g} if the gap were proportional to lr, 1 for a floor); "
-        f"a and b fit gap = a + b lr over the {len(spec.lrs)} lrs (Theorem 2's shape: a floor "
-        f"plus a term in the step size). Full-batch gradient descent at lr={min(spec.lrs):g} over "
-        f"the same span ends at f_gd = {f_gd:.4g}: a gap of {f_gd - f_ref:.3g} only says the runs "
-        f"stop before the flow has converged, and every method shares it; verdict 'floor' when "
-        f"a > {FLOOR_FACTOR:g} x {f_gd - f_ref:.3g}."
-    )
+    summary = _summary(spec, seed, f_ref, f_gd)
     title = f"Bridge to practice: torch IST on label-skewed shards (norm={spec.norm})"
     return ExperimentResult(spec.name, title, table, (fig,), numbers, summary)
 

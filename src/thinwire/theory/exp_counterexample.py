@@ -140,18 +140,9 @@ def run(out_dir: Path, params: Params | None = None) -> ExperimentResult:
         check = two_by_two_check(A, B, c)
         err, first = _trajectory(p, c)
         monotone = bool(np.all(np.diff(err) <= 0))
-        rows.append(
-            [
-                label,
-                c,
-                check.lambda_min_W,
-                check.theta,
-                "holds" if check.holds else "fails",
-                _theta(A, B, c, "scaled"),
-                first,
-                "yes" if monotone else "no",
-            ]
-        )
+        rows.append([label, c, check.lambda_min_W, check.theta,
+                     "holds" if check.holds else "fails", _theta(A, B, c, "scaled"), first,
+                     "yes" if monotone else "no"])
         numbers[f"{label}/theta"] = check.theta
         numbers[f"{label}/first_step_change"] = first
         below_rises = below_rises or (j == 1 and first > 0)
@@ -163,16 +154,8 @@ def run(out_dir: Path, params: Params | None = None) -> ExperimentResult:
         [_theta_panel(p, threshold), traj],
         f"2x2 counterexample: the plain sketch breaks Theorem 1's condition at c > 2ab/(a+b), a={A:g}, b={B:g}",
     )
-    headers = [
-        "c",
-        "value",
-        "lambda_min(W)",
-        "theta (plain)",
-        "condition",
-        "theta (scaled)",
-        "first-step change of ||x||^2_L",
-        "error monotone",
-    ]
+    headers = ["c", "value", "lambda_min(W)", "theta (plain)", "condition", "theta (scaled)",
+               "first-step change of ||x||^2_L", "error monotone"]
     summary = (
         f"L = [[{A:g}, c], [c, {B:g}]] on two identical workers, plain Perm-1 sketch; the threshold "
         f"2ab/(a+b) = {threshold:.6g} is computed, and theta is the smallest value with "
@@ -183,11 +166,4 @@ def run(out_dir: Path, params: Params | None = None) -> ExperimentResult:
         "on this instance (B is diagonal): what the counterexample breaks is the L-norm descent "
         "that Theorem 1's proof relies on."
     )
-    return ExperimentResult(
-        NAME,
-        TITLE,
-        markdown_table(headers, rows),
-        (fig,),
-        numbers,
-        summary,
-    )
+    return ExperimentResult(NAME, TITLE, markdown_table(headers, rows), (fig,), numbers, summary)
