@@ -273,6 +273,25 @@ def linear_stack(model: nn.Module) -> LinearStackAdapter:
 
     Raises :class:`UsageError` naming the first module that does not fit, with the fix."""
     modules = dict(model.named_modules())
+    calls, lin_calls = _stack_calls(model, modules)
+    widths = []
+    for a, b in zip(lin_calls[:-1], lin_calls[1:]):
+        la, lb = modules[a], modules[b]
+        assert isinstance(la, nn.Linear) and isinstance(lb, nn.Linear)
+        if la.out_features != lb.in_features:
+            raise UsageError(f"{a} ({la.out_features} outputs) does not feed {b} "
+                             f"({lb.in_features} inputs); IST needs a chain of Linear layers")
+        widths.append(la.out_features)
+    groups = tuple(UnitGroup(f"hidden.{i}", w) for i, w in enumerate(widths))
+    tensors, scaled, norms, batch_after = _stack_tensors(modules, calls, len(lin_calls) - 1)
+    plan = ISTPlan(groups=groups, tensors=tuple(tensors), scaled_inputs=tuple(scaled),
+                   batch_normalised=len(batch_after) == len(widths))
+    return LinearStackAdapter(plan, norms)
+
+
+def _stack_calls(model: nn.Module, modules: dict[str, nn.Module]) -> tuple[list[str], list[str]]:
+    """The Linear and norm layers in call order, and the Linear ones alone; refuses a model
+    that is not a chain of them (one line each, with the fix)."""
     linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
     if len(linears) < 2:
         raise UsageError(f"IST found {len(linears)} Linear layer(s) in {type(model).__name__}; "
@@ -280,9 +299,8 @@ def linear_stack(model: nn.Module) -> LinearStackAdapter:
                          "an adapter for this model")
     first = modules[linears[0]]
     assert isinstance(first, nn.Linear)
-    order = _call_order(model, first.in_features)
     calls: list[str] = []
-    for name in order:
+    for name in _call_order(model, first.in_features):
         mod = modules[name]
         if isinstance(mod, (nn.Linear, *_NORMS)):
             calls.append(name)
@@ -298,20 +316,19 @@ def linear_stack(model: nn.Module) -> LinearStackAdapter:
         unused = sorted(set(linears) - set(lin_calls))
         raise UsageError(f"{type(model).__name__}: Linear layers {unused} are not used by the "
                          "forward pass; IST needs every parameter trained")
-    widths = []
-    for a, b in zip(lin_calls[:-1], lin_calls[1:]):
-        la, lb = modules[a], modules[b]
-        assert isinstance(la, nn.Linear) and isinstance(lb, nn.Linear)
-        if la.out_features != lb.in_features:
-            raise UsageError(f"{a} ({la.out_features} outputs) does not feed {b} "
-                             f"({lb.in_features} inputs); IST needs a chain of Linear layers")
-        widths.append(la.out_features)
-    groups = tuple(UnitGroup(f"hidden.{i}", w) for i, w in enumerate(widths))
-    last = len(lin_calls) - 1
+    return calls, lin_calls
+
+
+def _stack_tensors(modules: dict[str, nn.Module], calls: Sequence[str], last: int
+                   ) -> tuple[list[TensorPlan], list[tuple[str, str]], dict[str, str], set[int]]:
+    """Every tensor's cuts in the chain ``calls`` (``last``: the output layer's index): a
+    Linear's rows by its own hidden group and columns by the previous one (its input scaled),
+    a norm's parameters and buffers by the group it follows. Also the scaled inputs, the
+    norms' groups, and the hidden layers followed by a BatchNorm1d on batch statistics."""
     tensors: list[TensorPlan] = []
     scaled: list[tuple[str, str]] = []
     norms: dict[str, str] = {}
-    batch_after = [False] * len(widths)
+    batch_after: set[int] = set()
     layer = -1
     for name in calls:
         mod = modules[name]
@@ -335,7 +352,7 @@ def linear_stack(model: nn.Module) -> LinearStackAdapter:
         if cut:
             norms[name] = f"hidden.{layer}"
             if isinstance(mod, nn.BatchNorm1d) and not mod.track_running_stats:
-                batch_after[layer] = True
+                batch_after.add(layer)
         for pname, p in mod.named_parameters(recurse=False):
             tensors.append(TensorPlan(f"{name}.{pname}", tuple(p.shape), cut))
         for bname, b in mod.named_buffers(recurse=False):
@@ -344,9 +361,7 @@ def linear_stack(model: nn.Module) -> LinearStackAdapter:
                                           dtype=str(b.dtype).replace("torch.", "")))
             else:
                 tensors.append(TensorPlan(f"{name}.{bname}", tuple(b.shape), cut, buffer=True))
-    plan = ISTPlan(groups=groups, tensors=tuple(tensors), scaled_inputs=tuple(scaled),
-                   batch_normalised=all(batch_after))
-    return LinearStackAdapter(plan, norms)
+    return tensors, scaled, norms, batch_after
 
 
 def subnet_shape(t: TensorPlan, sizes: Mapping[str, int], groups: Sequence[UnitGroup]) -> tuple[int, ...]:

@@ -41,7 +41,7 @@ from thinwire.strategies.tp.operators import (
 )
 
 if TYPE_CHECKING:
-    from thinwire.models.tensor_plan import TPPlan
+    from thinwire.models.tensor_plan import Region, TPPlan
 
 __all__ = ["Sharded", "check_split", "gather_full", "shard", "split_dims", "tensor_plan",
            "within"]
@@ -65,33 +65,16 @@ def shard(model: nn.Module, plan: TPPlan, ex: Exchange, *,
           sequence_parallel: bool = False) -> Sharded:
     """Rewrite ``model`` in place into rank ``ex.comm.rank``'s tensor-parallel shard (steps 1-3
     of the module docstring). Every rank must start from the same model."""
-    n, t = ex.size, ex.comm.rank
     seq_dim = plan.seq_dim if sequence_parallel else None
     split: dict[str, int] = {}
     for i, region in enumerate(plan.regions):
         module = model.get_submodule(region.path)
         for name in region.column:
-            lin = module.get_submodule(name)
-            assert isinstance(lin, nn.Linear)
-            rows = lin.out_features
-            if rows % (region.unit * n):
-                raise UsageError(f"tensor: {region.path}.{name} has {rows // region.unit} units, "
-                                 f"not divisible by parallel.tp={n}; choose a tp dividing it")
-            lo, hi = t * rows // n, (t + 1) * rows // n
-            new = nn.Linear(lin.in_features, hi - lo, bias=lin.bias is not None,
-                            device=lin.weight.device, dtype=lin.weight.dtype)
-            with torch.no_grad():
-                new.weight.copy_(lin.weight[lo:hi])
-                if lin.bias is not None:
-                    new.bias.copy_(lin.bias[lo:hi])
-            _set(module, name, new.to(lin.weight.device))
-            split[f"{region.path}.{name}.weight"] = 0
-            if lin.bias is not None:
-                split[f"{region.path}.{name}.bias"] = 0
+            split |= _split_column(module, region, name, ex)
         for j, name in enumerate(region.row):
             lin = module.get_submodule(name)
             assert isinstance(lin, nn.Linear)
-            cols = lin.in_features
+            cols, n, t = lin.in_features, ex.size, ex.comm.rank
             lo, hi = t * cols // n, (t + 1) * cols // n
             bias = lin.bias.detach().clone() if lin.bias is not None else None
             _set(module, name, RowParallel(lin.weight.detach()[:, lo:hi].clone(), bias, ex,
@@ -106,23 +89,53 @@ def shard(model: nn.Module, plan: TPPlan, ex: Exchange, *,
                 lambda _m, args, k=8 * i: (_Copy.apply(args[0], ex, k), *args[1:]))
     replicated: tuple[str, ...] = ()
     if sequence_parallel and plan.span:
-        key = 8 * len(plan.regions)
-        first, last = model.get_submodule(plan.span[0]), model.get_submodule(plan.span[-1])
-
-        def enter(_m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-            x = args[0]
-            if x.shape[plan.seq_dim] % n:
-                raise UsageError(f"tensor: sequence parallelism needs the sequence length "
-                                 f"({x.shape[plan.seq_dim]}) divisible by parallel.tp={n}")
-            return (_Split.apply(x, ex, key, plan.seq_dim), *args[1:])
-
-        first.register_forward_pre_hook(enter)
-        last.register_forward_hook(
-            lambda _m, _a, out: _Unsplit.apply(out, ex, key + 1, plan.seq_dim))
-        prefixes = tuple(p + "." for p in plan.span)
-        replicated = tuple(name for name, _ in model.named_parameters()
-                           if name.startswith(prefixes) and name not in split)
+        replicated = _split_sequence(model, plan, ex, split)
     return Sharded(split, replicated)
+
+
+def _split_column(module: nn.Module, region: Region, name: str, ex: Exchange) -> dict[str, int]:
+    """Step 1 for one column-parallel Linear of ``region``: keep this rank's rows (a
+    contiguous 1/n of its output units); the split dimension of its parameters."""
+    n, t = ex.size, ex.comm.rank
+    lin = module.get_submodule(name)
+    assert isinstance(lin, nn.Linear)
+    rows = lin.out_features
+    if rows % (region.unit * n):
+        raise UsageError(f"tensor: {region.path}.{name} has {rows // region.unit} units, "
+                         f"not divisible by parallel.tp={n}; choose a tp dividing it")
+    lo, hi = t * rows // n, (t + 1) * rows // n
+    new = nn.Linear(lin.in_features, hi - lo, bias=lin.bias is not None,
+                    device=lin.weight.device, dtype=lin.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(lin.weight[lo:hi])
+        if lin.bias is not None:
+            new.bias.copy_(lin.bias[lo:hi])
+    _set(module, name, new.to(lin.weight.device))
+    out = {f"{region.path}.{name}.weight": 0}
+    if lin.bias is not None:
+        out[f"{region.path}.{name}.bias"] = 0
+    return out
+
+
+def _split_sequence(model: nn.Module, plan: TPPlan, ex: Exchange,
+                    split: dict[str, int]) -> tuple[str, ...]:
+    """Sequence parallelism over ``plan.span``: its input split along the sequence on entry,
+    gathered on exit; returns the span's parameters that stay whole on every rank."""
+    n, key = ex.size, 8 * len(plan.regions)
+    first, last = model.get_submodule(plan.span[0]), model.get_submodule(plan.span[-1])
+
+    def enter(_m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0]
+        if x.shape[plan.seq_dim] % n:
+            raise UsageError(f"tensor: sequence parallelism needs the sequence length "
+                             f"({x.shape[plan.seq_dim]}) divisible by parallel.tp={n}")
+        return (_Split.apply(x, ex, key, plan.seq_dim), *args[1:])
+
+    first.register_forward_pre_hook(enter)
+    last.register_forward_hook(lambda _m, _a, out: _Unsplit.apply(out, ex, key + 1, plan.seq_dim))
+    prefixes = tuple(p + "." for p in plan.span)
+    return tuple(name for name, _ in model.named_parameters()
+                 if name.startswith(prefixes) and name not in split)
 
 
 def gather_full(model: nn.Module, sharded: Sharded, comm: Comm, into: nn.Module | None) -> None:
