@@ -24,11 +24,11 @@ method; every fact comes from the method's registry entry:
    :class:`~thinwire.strategies.base.ReplicatedStrategy`; otherwise the part the model's IST
    plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`, the
    ``worker_numel`` of the :class:`~thinwire.strategies.entry.Subnets` entry), which needs a
-   plan (MLP specs, counted modules with
-   an adapter); :func:`worker_widths` (the compute and activation model of a subnet) is the
-   MLP's; a method that cuts the model its own way gives a worker's part as its entry's
-   ``share`` (:class:`~thinwire.strategies.entry.Shares`; :func:`method_share`: slide's shard of the wide layer, its active fraction's work
-   and its hash tables).
+   plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the compute and
+   activation model of a subnet) is the MLP's; a method that cuts the model its own way gives
+   a worker's part as its entry's ``share`` (:class:`~thinwire.strategies.entry.Shares`;
+   :func:`method_share`: slide's shard of the wide layer, its active fraction's work and its
+   hash tables).
 
 torch is imported on use only (the registry's modules and the adapters need it).
 """
@@ -131,8 +131,8 @@ def method_that_is(capability: type, what: str) -> MethodEntry:
 
 
 def bucketed() -> Bucketed:
-    """The method with DDP's buckets and ZeRO-1's owners (:class:`~thinwire.strategies.entry.
-    Bucketed`)."""
+    """The method with DDP's buckets and ZeRO-1's owners
+    (:class:`~thinwire.strategies.entry.Bucketed`)."""
     from thinwire.strategies.entry import Bucketed
 
     entry = method_that_is(Bucketed, "DDP's buckets and ZeRO-1's owners")
@@ -161,9 +161,10 @@ def subnets() -> Subnets:
 
 
 def default_methods() -> list[str]:
-    """Every registered method priced from a model's layout alone (``planned``: no
-    :class:`~thinwire.strategies.entry.HasRunLayout`), at its defaults, except the first (the runs' default method, plain data
-    parallelism, which the planner's own layout stands for)."""
+    """Every registered method priced from a model's layout alone (``planned``: its entry is
+    no :class:`~thinwire.strategies.entry.HasRunLayout`), at its defaults, except the first
+    (the runs' default method, plain data parallelism, which the planner's own layout stands
+    for)."""
     from thinwire.strategies import METHODS
 
     return [n for n, e in list(METHODS.entries())[1:] if e.planned]
@@ -258,11 +259,13 @@ def per_step(model: ModelSpec, spec: str, workers: int, tp: int, pp: int, optimi
              codec: bool = True) -> PerStep:
     """Step 3: the steady-state traffic per step of ``spec`` on ``workers`` replicas (or
     subnets) of ``model``'s per-device shard; ``codec=False``: with its codec switched off."""
+    from thinwire.strategies.entry import Shares
+
     method = resolve(spec) if codec else resolve(spec).without_codec()
     layout = layout_of(model, tp, pp)
     options = method.entry.options_for(method.options, layout.ist)  # the model's own defaults
     period = int(method.entry.sync_every(options))
-    if layout.ist is None and not _shares(method.entry) and partitioned(method):
+    if layout.ist is None and not isinstance(method.entry, Shares) and partitioned(method):
         raise UsageError(f"--method {spec}: {method.entry.name} cuts the model into units; the "
                          "planner has their plan for MLP specs (mlp-W0-...-WL) and for modules "
                          "counted with their adapter (model_spec_from_module(m, adapter=))")
@@ -285,13 +288,6 @@ def method_share(model: ModelSpec, spec: str, workers: int) -> WorkerShare | Non
         return None
     return entry.share(layout_of(model), method.options, workers)
 
-
-def _shares(entry: MethodEntry) -> bool:
-    """Whether the method cuts the model its own way (:class:`~thinwire.strategies.entry.Shares`;
-    its ``share`` checks the model)."""
-    from thinwire.strategies.entry import Shares
-
-    return isinstance(entry, Shares)
 
 
 def work_share(model: ModelSpec, spec: str, workers: int) -> float:
