@@ -134,24 +134,31 @@ def test_the_planner_check_finds_a_planted_method_import(tmp_path: Path) -> None
 
 def test_the_entries_declare_what_the_planner_reads() -> None:
     """The entry's answers are the method's own: ``partitioned`` is the Strategy's class, the
-    declared formulas are the functions the method runs with, a missing one a one-line error."""
+    capabilities are the functions the method runs with, and a method has only those its
+    entry's type names."""
     import importlib
 
-    import pytest
-
-    from thinwire.errors import UsageError
     from thinwire.strategies import METHODS
     from thinwire.strategies.base import ReplicatedStrategy
+    from thinwire.strategies.entry import Bucketed, Compressed, Rescalable, Staged
+    from thinwire.strategies.traffic import Layout, ParamInfo
 
     for name, entry in METHODS.entries():
         module, _, cls = entry.strategy.partition(":")
         strategy = getattr(importlib.import_module(module), cls)
+        assert entry.strategy_class() is strategy, name
         assert entry.partitioned() is (not issubclass(strategy, ReplicatedStrategy)), name
     assert not METHODS.get("dp").partitioned() and METHODS.get("ist").partitioned()
-    from thinwire.strategies.data_parallel import bucket_traffic
+    from thinwire.strategies.data_parallel import Options, bucket_traffic
     from thinwire.strategies.memory import deal
 
     dp = METHODS.get("dp")
-    assert dp.formula("buckets") is bucket_traffic and dp.formula("owners") is deal
-    with pytest.raises(UsageError, match=r"^method dp: declares no 'plan' formula"):
-        dp.formula("plan")
+    assert isinstance(dp, Bucketed) and isinstance(dp, Compressed) and isinstance(dp, Rescalable)
+    assert not isinstance(dp, Staged)
+    sizes = [7, 300, 20, 300, 1]
+    assert dp.owners(sizes, 3) == deal(sizes, 3)
+    layout = Layout(tuple(ParamInfo(f"p{i}", (n,)) for i, n in enumerate(sizes)))
+    assert dp.buckets(layout, "none", 4, 3) == bucket_traffic(layout, "none", 4, 3)
+    coded = Options(compressor="topk:ratio=0.1")
+    assert dp.codec(coded) == "topk:ratio=0.1" and dp.uncompressed(coded) == Options()
+    assert dp.rescales(Options()) and not dp.rescales(coded)

@@ -128,7 +128,7 @@ MUTANTS = (
            ("tests/reliability/test_guarded_behaviours.py",)),
     Mutant("dp-codec-rescale", "checkpoint", "compressed dp accepted for resume at another "
            "worker count", "strategies/data_parallel.py",
-           'rescalable=lambda o: o.compressor == "none"', "rescalable=lambda o: True",
+           'return options.compressor == "none"', "return True",
            ("tests/reliability/test_guarded_behaviours.py",)),
     # --- hard edges: constants and rules no test pinned before ------------------------------------
     Mutant("slide-padded-count", "slide", "SLIDE's loss divides a sample's label term by its "

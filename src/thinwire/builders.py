@@ -9,7 +9,6 @@ The worker's trainer (:mod:`thinwire.trainer`) and the launcher side's pre-fligh
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
@@ -61,18 +60,16 @@ def make_stream(cfg: Config, dataset: Dataset, shard: int, shards: int) -> Batch
 def build_strategy(cfg: Config, comm: Comm, device: torch.device, task: Task,
                    model: nn.Module, mesh: Any = None) -> Strategy:
     """The configured method's Strategy around ``model``."""
-    entry = METHODS.get(cfg.method.name)
-    module, _, cls = entry.strategy.partition(":")
-    strategy_cls = getattr(importlib.import_module(module), cls)
+    strategy_cls: type[Strategy] = METHODS.get(cfg.method.name).strategy_class()
     ctx = Context(cfg=cfg, comm=comm, device=device, loss=task.loss, mesh=mesh)
-    return strategy_cls(ctx, model)  # type: ignore[no-any-return]
+    return strategy_cls(ctx, model)
 
 
 def rescalable(cfg: Config) -> bool:
     """Whether the run's method resumes a checkpoint written by another worker count
-    (:attr:`~thinwire.strategies.entry.MethodEntry.rescalable`; never with ZeRO, whose
-    optimizer state or parameters are sharded per rank)."""
-    return cfg.memory.zero == 0 and METHODS.get(cfg.method.name).rescalable(cfg.method.options)
+    (its entry is :class:`~thinwire.strategies.entry.Rescalable` and says so of its options;
+    never with ZeRO, whose optimizer state or parameters are sharded per rank)."""
+    return cfg.memory.zero == 0 and METHODS.get(cfg.method.name).rescales(cfg.method.options)
 
 
 def build_mesh(cfg: Config, comm: Comm, device: torch.device) -> Any:

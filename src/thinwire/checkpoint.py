@@ -295,7 +295,7 @@ def load_rank(run_dir: Path, step: int, rank: int, world_size: int, *,
     """This rank's state of ``step``, validated (see the module docstring); safe loading only.
 
     With ``rescalable`` (the method's state is the same on every rank at a checkpoint,
-    :attr:`~thinwire.strategies.entry.MethodEntry.rescalable`) a run of another worker count
+    :class:`~thinwire.strategies.entry.Rescalable`) a run of another worker count
     resumes from it: every rank loads rank 0's file."""
     import torch
 

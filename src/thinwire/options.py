@@ -266,6 +266,20 @@ class Registry(Generic[E]):
             self._cache[name] = getattr(importlib.import_module(module), attr)
         return self._cache[name]
 
+    def register(self, name: str, path: str) -> None:
+        """Add an entry defined outside the library, named as the built-in ones are
+        (``"package.module:ATTR"``, imported on first use); a name already taken is a one-line
+        error."""
+        if name in self:
+            raise OptionError(f"{self.kind} {name!r} is already registered ({self.paths[name]}); "
+                              "register it under another name")
+        self.paths[name] = path
+
+    def unregister(self, name: str) -> None:
+        """Remove the entry ``name`` (one :meth:`register` added; nothing if there is none)."""
+        self.paths.pop(name, None)
+        self._cache.pop(name, None)
+
     def entries(self) -> Iterator[tuple[str, E]]:
         for name in self.paths:
             yield name, self.get(name)

@@ -47,13 +47,14 @@ def run_layout(cfg: Config, dataset: Dataset | None = None) -> Layout:
     from thinwire.models import MODELS
     from thinwire.run import build_model, load_data, make_stream
     from thinwire.strategies import METHODS
+    from thinwire.strategies.entry import HasRunLayout
     from thinwire.strategies.traffic import Layout
 
     ds = dataset if dataset is not None else load_data(cfg)
     model = build_model(cfg, ds)
     batch = make_stream(cfg, ds, 0, cfg.dp_degree).batch(0)
     entry = METHODS.get(cfg.method.name)
-    if entry.run_layout is not None:
+    if isinstance(entry, HasRunLayout):
         return entry.run_layout(cfg, model, batch)
     example = batch[0]
     adapter = MODELS.get(cfg.model.name).ist
@@ -76,12 +77,9 @@ def optimizer_states(cfg: Config) -> int:
 
 def run_traffic(cfg: Config, layout: Layout) -> Traffic:
     """Step 2: the run's ledger totals from its method's own traffic function."""
-    from thinwire.errors import UsageError
     from thinwire.strategies import METHODS
 
     entry = METHODS.get(cfg.method.name)
-    if entry.traffic is None:
-        raise UsageError(f"method {entry.name} has no traffic formula to predict its bytes")
     return entry.traffic(layout, cfg.method.options, cfg.runtime.workers, cfg.train.steps,
                          cfg.train.seed, optimizer_states(cfg))
 

@@ -46,11 +46,11 @@ DATA = {784: "fashion-mnist", 64: "digits"}
 
 
 def suite_specs() -> list[str]:
-    """Every registered method with a traffic formula (its defaults), and :data:`CODEC_RUN`."""
+    """Every registered method priced from a model's layout alone (its defaults; ``planned``),
+    and :data:`CODEC_RUN`."""
     from thinwire.strategies import METHODS
 
-    return [name for name, e in METHODS.entries()
-            if e.traffic is not None and e.planned] + [CODEC_RUN]
+    return [name for name, e in METHODS.entries() if e.planned] + [CODEC_RUN]
 
 
 def suite_configs(widths: Sequence[int], workers: int, steps: int, batch: int, out: str,

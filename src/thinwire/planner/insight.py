@@ -79,6 +79,7 @@ def method_variants(model: ModelSpec, base: StrategySpec, extra: Sequence[str] =
     registered method at its own defaults (those of ``thinwire train``) and the ``extra`` method
     specs; a method that cuts the model into units only where it can (an MLP, tp = pp = 1)."""
     from thinwire.planner.methods import default_methods, partitioned, resolve
+    from thinwire.strategies.entry import Shares
 
     plain = dataclasses.replace(base, method="", zero=0)
     out = {BASELINE: dataclasses.replace(base, method="")}
@@ -88,7 +89,7 @@ def method_variants(model: ModelSpec, base: StrategySpec, extra: Sequence[str] =
         cuts = partitioned(resolve(spec))
         has_plan = isinstance(model, MLPSpec) or (isinstance(model, CountedSpec)
                                                    and model.ist is not None) \
-            or resolve(spec).entry.share is not None  # its own cut (it checks the model)
+            or isinstance(resolve(spec).entry, Shares)  # its own cut (it checks the model)
         if cuts and (not has_plan or base.tp > 1 or base.pp > 1):
             continue
         out[spec] = dataclasses.replace(plain, method=spec)

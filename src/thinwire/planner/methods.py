@@ -23,11 +23,12 @@ method; every fact comes from the method's registry entry:
 4. what a worker trains: the whole model for methods whose Strategy is a
    :class:`~thinwire.strategies.base.ReplicatedStrategy`; otherwise the part the model's IST
    plan deals it, the mean over workers of round 0's subnet (:func:`worker_params`, the
-   ``worker_numel`` its method declares), which needs a plan (MLP specs, counted modules with
-   an adapter); :func:`worker_widths` (the compute and activation model of a subnet) is the
-   MLP's; a method that cuts the model its own way declares a worker's part in its entry's
-   ``share`` (:func:`method_share`: slide's shard of the wide layer, its active fraction's work
-   and its hash tables).
+   ``worker_numel`` of the :class:`~thinwire.strategies.entry.Subnets` entry), which needs a
+   plan (MLP specs, counted modules with an adapter); :func:`worker_widths` (the compute and
+   activation model of a subnet) is the MLP's; a method that cuts the model its own way gives
+   a worker's part as its entry's ``share`` (:class:`~thinwire.strategies.entry.Shares`;
+   :func:`method_share`: slide's shard of the wide layer, its active fraction's work and its
+   hash tables).
 
 torch is imported on use only (the registry's modules and the adapters need it).
 """
@@ -44,7 +45,7 @@ from thinwire.planner.specs import CountedSpec, MLPSpec, ModelSpec, TransformerS
 
 if TYPE_CHECKING:
     from thinwire.models.adapter import ISTPlan
-    from thinwire.strategies.entry import MethodEntry, WorkerShare
+    from thinwire.strategies.entry import Bucketed, MethodEntry, Staged, Subnets, WorkerShare
     from thinwire.strategies.traffic import Layout, Traffic
 
 OPTIMIZER_STATES = {"adam": 2, "momentum": 1, "sgd": 0}
@@ -71,15 +72,22 @@ class Method:
 
     @property
     def codec(self) -> str:
-        """The codec spec the method encodes with (its declared ``codec``; "none": none)."""
-        codec = self.entry.formulas.get("codec")
-        return str(codec(self.options)) if codec is not None else "none"
+        """The codec spec the method encodes with (a
+        :class:`~thinwire.strategies.entry.Compressed` entry's ``codec``; "none": none)."""
+        from thinwire.strategies.entry import Compressed
+
+        entry = self.entry
+        return entry.codec(self.options) if isinstance(entry, Compressed) else "none"
 
     def without_codec(self) -> Method:
-        """The same method with its codec switched off (its declared ``uncompressed``;
-        compressed methods only)."""
-        plain = self.entry.formula("uncompressed")(self.options)
-        return Method(self.spec + " (uncompressed)", self.entry, plain)
+        """The same method with its codec switched off (a compressed entry's
+        ``uncompressed``; the method itself when it has no codec)."""
+        from thinwire.strategies.entry import Compressed
+
+        entry = self.entry
+        if not isinstance(entry, Compressed):
+            return self
+        return Method(self.spec + " (uncompressed)", entry, entry.uncompressed(self.options))
 
 
 @lru_cache(maxsize=256)
@@ -93,8 +101,6 @@ def resolve(spec: str) -> Method:
     if name not in METHODS:
         name, values = _alias(name, values, spec)
     entry = METHODS.get(name)
-    if entry.traffic is None:
-        raise UsageError(f"--method {spec}: {name} has no traffic formula; choose another method")
     options = build_options(entry.options, values, "method", owner=f"method {name}")
     return Method(spec, entry, options)
 
@@ -111,25 +117,57 @@ def _alias(name: str, values: dict[str, str], spec: str) -> tuple[str, dict[str,
                      f"{', '.join(METHODS.names())} or a codec name (e.g. topk:ratio=0.01)")
 
 
-def declaring(formula: str) -> MethodEntry:
-    """The first registered method whose entry declares ``formula`` (its ``formulas``): how the
-    planner finds, without naming it, the method a formula of its own prices (ZeRO's owners, a
-    pipeline's stage plan, IST's subnets); a one-line error if none does."""
+def method_that_is(capability: type, what: str) -> MethodEntry:
+    """The first registered method whose entry is ``capability`` (a protocol of
+    :mod:`thinwire.strategies.entry`, e.g. ``Staged``): how the planner finds, without naming
+    it, the method whose own formulas it prices with (ZeRO's owners, a pipeline's stage plan,
+    IST's subnets); a one-line error naming ``what`` if none is."""
     from thinwire.strategies import METHODS
 
     for _, entry in METHODS.entries():
-        if formula in entry.formulas:
+        if isinstance(entry, capability):
             return entry
-    raise UsageError(f"no registered method declares the {formula!r} formula")
+    raise UsageError(f"no registered method is {capability.__name__} ({what})")
+
+
+def bucketed() -> Bucketed:
+    """The method with DDP's buckets and ZeRO-1's owners
+    (:class:`~thinwire.strategies.entry.Bucketed`)."""
+    from thinwire.strategies.entry import Bucketed
+
+    entry = method_that_is(Bucketed, "DDP's buckets and ZeRO-1's owners")
+    assert isinstance(entry, Bucketed)
+    return entry
+
+
+def staged() -> Staged:
+    """The method with a pipeline's stage plan, message bytes and pass order
+    (:class:`~thinwire.strategies.entry.Staged`)."""
+    from thinwire.strategies.entry import Staged
+
+    entry = method_that_is(Staged, "a pipeline's stage plan")
+    assert isinstance(entry, Staged)
+    return entry
+
+
+def subnets() -> Subnets:
+    """The method whose workers train subnets of an IST plan
+    (:class:`~thinwire.strategies.entry.Subnets`)."""
+    from thinwire.strategies.entry import Subnets
+
+    entry = method_that_is(Subnets, "a worker's subnet of an IST plan")
+    assert isinstance(entry, Subnets)
+    return entry
 
 
 def default_methods() -> list[str]:
-    """Every registered method priced from a model's layout alone (a traffic formula, and
-    ``planned``), at its defaults, except the first (the runs' default method, plain data
-    parallelism, which the planner's own layout stands for)."""
+    """Every registered method priced from a model's layout alone (``planned``: its entry is
+    no :class:`~thinwire.strategies.entry.HasRunLayout`), at its defaults, except the first
+    (the runs' default method, plain data parallelism, which the planner's own layout stands
+    for)."""
     from thinwire.strategies import METHODS
 
-    return [n for n, e in list(METHODS.entries())[1:] if e.traffic is not None and e.planned]
+    return [n for n, e in list(METHODS.entries())[1:] if e.planned]
 
 
 def partitioned(method: Method) -> bool:
@@ -221,12 +259,13 @@ def per_step(model: ModelSpec, spec: str, workers: int, tp: int, pp: int, optimi
              codec: bool = True) -> PerStep:
     """Step 3: the steady-state traffic per step of ``spec`` on ``workers`` replicas (or
     subnets) of ``model``'s per-device shard; ``codec=False``: with its codec switched off."""
+    from thinwire.strategies.entry import Shares
+
     method = resolve(spec) if codec else resolve(spec).without_codec()
-    assert method.entry.traffic is not None
     layout = layout_of(model, tp, pp)
     options = method.entry.options_for(method.options, layout.ist)  # the model's own defaults
     period = int(method.entry.sync_every(options))
-    if layout.ist is None and method.entry.share is None and partitioned(method):
+    if layout.ist is None and not isinstance(method.entry, Shares) and partitioned(method):
         raise UsageError(f"--method {spec}: {method.entry.name} cuts the model into units; the "
                          "planner has their plan for MLP specs (mlp-W0-...-WL) and for modules "
                          "counted with their adapter (model_spec_from_module(m, adapter=))")
@@ -237,14 +276,18 @@ def per_step(model: ModelSpec, spec: str, workers: int, tp: int, pp: int, optimi
 
 
 def method_share(model: ModelSpec, spec: str, workers: int) -> WorkerShare | None:
-    """Step 4 for a method with its own ``share``: one worker's part of ``model`` (None: the
-    method declares none, or no method)."""
+    """Step 4 for a method with its own ``share`` (:class:`~thinwire.strategies.entry.Shares`):
+    one worker's part of ``model`` (None: the method has none, or no method)."""
+    from thinwire.strategies.entry import Shares
+
     if not spec:
         return None
     method = resolve(spec)
-    if method.entry.share is None:
+    entry = method.entry
+    if not isinstance(entry, Shares):
         return None
-    return method.entry.share(layout_of(model), method.options, workers)
+    return entry.share(layout_of(model), method.options, workers)
+
 
 
 def work_share(model: ModelSpec, spec: str, workers: int) -> float:
@@ -259,14 +302,16 @@ def work_share(model: ModelSpec, spec: str, workers: int) -> float:
 
 
 def _overlap(spec: str, workers: int) -> int:
-    """Workers holding each cut unit under ``spec`` (its ``overlap`` option resolved by the
-    method's ``overlap`` formula, 0: auto; 1 where the method has no such option, or no
-    spec)."""
+    """Workers holding each cut unit under ``spec`` (its ``overlap`` option resolved by a
+    :class:`~thinwire.strategies.entry.Subnets` entry's ``overlap``, 0: auto; 1 where the
+    method has no subnets, or no spec)."""
+    from thinwire.strategies.entry import Subnets
+
     if not spec:
         return 1
     method = resolve(spec)
-    held_by = method.entry.formulas.get("overlap")
-    return 1 if held_by is None else int(held_by(method.options, workers))
+    entry = method.entry
+    return int(entry.overlap(method.options, workers)) if isinstance(entry, Subnets) else 1
 
 
 def worker_params(model: ModelSpec, workers: int, spec: str = "") -> float:
@@ -283,8 +328,7 @@ def worker_params(model: ModelSpec, workers: int, spec: str = "") -> float:
     if plan is None:
         raise UsageError(f"model {model.name}: the planner has IST plans for MLP specs and for "
                          "modules counted with their adapter only")
-    numel = declaring("worker_numel").formula("worker_numel")
-    return float(numel(plan, workers, _overlap(spec, workers)))
+    return float(subnets().worker_numel(plan, workers, _overlap(spec, workers)))
 
 
 def worker_widths(model: MLPSpec, workers: int, spec: str = "") -> tuple[float, ...]:

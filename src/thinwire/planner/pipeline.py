@@ -57,16 +57,24 @@ from typing import TYPE_CHECKING, Any
 from thinwire.errors import UsageError
 
 if TYPE_CHECKING:
-    from thinwire.strategies.entry import MethodEntry
+    from thinwire.strategies.entry import MethodEntry, Staged
     from thinwire.strategies.traffic import Traffic
 
 
-def _method() -> MethodEntry:
-    """The pipeline method's registry entry (the one declaring its stage ``plan``): its options,
-    traffic and declared ``formulas``."""
-    from thinwire.planner.methods import declaring
+def _method() -> Staged:
+    """The pipeline method's stage ``plan``, ``message_bytes`` and pass ``order``: the
+    registered method that is :class:`~thinwire.strategies.entry.Staged`."""
+    from thinwire.planner.methods import staged
 
-    return declaring("plan")
+    return staged()
+
+
+def _entry() -> MethodEntry:
+    """The same method's registry entry (its options and traffic formula)."""
+    from thinwire.planner.methods import method_that_is
+    from thinwire.strategies.entry import Staged
+
+    return method_that_is(Staged, "a pipeline's stage plan")
 
 
 @dataclass(frozen=True)
@@ -101,17 +109,17 @@ class PipelineShape:
 
 
 def pipeline_plan(shape: PipelineShape) -> Any:
-    """Step 1: the method's stage plan (its declared ``plan`` class) for a transformer of these
+    """Step 1: the method's stage plan (its entry's ``plan``) for a transformer of these
     dimensions."""
     S = shape.stages
-    return _method().formula("plan")(S, shape.dp, shape.batch, ((shape.seq, shape.d_model),) * (S - 1),
-                        shape.stage_params or (0,) * S, shape.clip)
+    return _method().plan(S, shape.dp, shape.batch, ((shape.seq, shape.d_model),) * (S - 1),
+                          shape.stage_params or (0,) * S, shape.clip)
 
 
 def options_of(codec_fwd: str = "none", codec_bwd: str = "none", **more: Any) -> Any:
     """The pipeline method's options (defaults, the two codecs, any other option by name); a bad
     spec is a one-line error."""
-    return _method().options(codec_fwd=codec_fwd, codec_bwd=codec_bwd, **more)
+    return _entry().options(codec_fwd=codec_fwd, codec_bwd=codec_bwd, **more)
 
 
 def traffic(shape: PipelineShape, options: Any, steps: int = 1) -> Traffic:
@@ -119,7 +127,7 @@ def traffic(shape: PipelineShape, options: Any, steps: int = 1) -> Traffic:
     replica r // S), from the method's own formula. ``options.micro_batches`` must be M."""
     from thinwire.strategies.traffic import Layout
 
-    method_traffic = _method().traffic
+    method_traffic = _entry().traffic
     assert method_traffic is not None
 
     if options.micro_batches != shape.micro_batches:
@@ -295,8 +303,8 @@ def _inputs(shape: PipelineShape, options: Any, forward: Sequence[float],
             backward: Sequence[float], bandwidth: float, codec_seconds: Any,
             optimizer_seconds: Any, cores: int | None, burst: float) -> _Inputs:
     """:func:`simulate`'s arguments checked (one-line errors) and turned into :class:`_Inputs`."""
-    order = _method().formula("order")
-    message_bytes = _method().formula("message_bytes")
+    order = _method().order
+    message_bytes = _method().message_bytes
 
     S, M = shape.stages, shape.micro_batches
     for name, v in (("forward", forward), ("backward", backward)):

@@ -8,7 +8,8 @@ Rajbhandari et al. 2020 Sec. 5 with ZeRO's partitions as torch lays them out):
   1. ``zero = 0``: parameters P, gradients P (DDP's buckets, which the gradients are views of),
      optimizer s P.
   2. ``zero = 1``: as 0, but the optimizer state of the parameters the rank owns
-     (dp's declared ``owners``, :func:`thinwire.strategies.memory.deal`: whole parameters, largest first to the least
+     (dp's ``owners``, its entry being :class:`~thinwire.strategies.entry.Bucketed`;
+      :func:`thinwire.strategies.memory.deal`: whole parameters, largest first to the least
      loaded rank), s max_r P_r.
   3. ``zero = 2 | 3`` (FSDP2): every parameter sharded on dim 0 as ``torch.chunk``: rank r holds
      rows [r c, (r + 1) c) of c = ceil(d_0 / n); parameters, gradients and s optimizer tensors
@@ -20,7 +21,7 @@ Rajbhandari et al. 2020 Sec. 5 with ZeRO's partitions as torch lays them out):
 Activations: the model entry's ``activations`` formula from its shapes.
 
 Bytes (the ledger's totals; :mod:`thinwire.runtime.comm` wire estimates):
-  - ``zero = 0``: DDP's buckets (dp's declared ``buckets``,
+  - ``zero = 0``: DDP's buckets (dp's ``buckets``,
     :func:`thinwire.strategies.data_parallel.bucket_traffic`);
   - ``zero = 1``: the same, plus every step one broadcast per owning rank of its parameters;
   - ``zero = 2``: every step, per FSDP group (each block, then the root's own parameters), one
@@ -37,15 +38,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from thinwire.strategies.entry import Bucketed
     from thinwire.strategies.traffic import Layout, ParamInfo, Traffic
 
 
-def _dp(name: str) -> Any:
-    """Data parallelism's declared formula ``name`` (``buckets``, ``owners``: the method that
-    declares them in its registry entry's ``formulas``)."""
-    from thinwire.planner.methods import declaring
+def _dp() -> Bucketed:
+    """Data parallelism's entry: the registered method that is
+    :class:`~thinwire.strategies.entry.Bucketed` (``buckets``, ``owners``)."""
+    from thinwire.planner.methods import bucketed
 
-    return declaring(name).formula(name)
+    return bucketed()
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def run_memory(layout: Layout, *, zero: int, workers: int, states: int, activati
     if n <= 1 or zero == 0:
         return RunMemory(total, total, states * total, activations, 0)
     if zero == 1:
-        owner = _dp("owners")([p.numel for p in layout.params], n)
+        owner = _dp().owners([p.numel for p in layout.params], n)
         per_rank = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(n)]
         return RunMemory(total, total, states * max(per_rank), activations, 0)
     local = max(sum(shard_numel(p, n, r) * p.itemsize for p in layout.params) for r in range(n))
@@ -131,7 +133,7 @@ def dp_run_traffic(layout: Layout, *, zero: int, workers: int, steps: int, codec
     """The ledger's totals of a ``dp`` run of ``steps`` steps (module docstring)."""
     from thinwire.strategies.traffic import Traffic, wire
 
-    bucket_traffic = _dp("buckets")
+    bucket_traffic = _dp().buckets
     n = workers
     if n <= 1:
         return Traffic.none(n)
@@ -159,7 +161,7 @@ def _broadcasts(layout: Layout, n: int, steps: int) -> Traffic:
     from thinwire.runtime.comm import wire_estimate
     from thinwire.strategies.traffic import Traffic
 
-    owner = _dp("owners")([p.numel for p in layout.params], n)
+    owner = _dp().owners([p.numel for p in layout.params], n)
     owned = [sum(p.numel * p.itemsize for p, o in zip(layout.params, owner) if o == r)
              for r in range(n)]
     sent, recv, pay = [0] * n, [0] * n, [0] * n
@@ -184,6 +186,7 @@ def predict_dp_run(cfg: Any, dataset: Any, model: Any) -> tuple[RunMemory, Traff
     per rank and the ledger's totals, from the model's shapes and its entry's formulas."""
     from thinwire.models import MODELS
     from thinwire.strategies import METHODS
+    from thinwire.strategies.entry import Compressed
     from thinwire.strategies.traffic import Layout
 
     entry = MODELS.get(cfg.model.name)
@@ -197,8 +200,8 @@ def predict_dp_run(cfg: Any, dataset: Any, model: Any) -> tuple[RunMemory, Traff
     states = optimizer_tensors(cfg.train.optimizer, cfg.train.momentum)
     mem = run_memory(layout, zero=zero, workers=n, states=states, activations=acts,
                      blocks=entry.blocks)
-    method = METHODS.get(cfg.method.name)  # the run's codec, as the method declares it
-    codec = method.formulas["codec"](cfg.method.options) if "codec" in method.formulas else "none"
+    method = METHODS.get(cfg.method.name)  # the run's codec, as a compressed method gives it
+    codec = method.codec(cfg.method.options) if isinstance(method, Compressed) else "none"
     traffic = dp_run_traffic(layout, zero=zero, workers=n, steps=cfg.train.steps, codec=codec,
                           blocks=entry.blocks)
     return mem, traffic

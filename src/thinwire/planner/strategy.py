@@ -175,8 +175,9 @@ def check_partition(model: ModelSpec, s: StrategySpec) -> None:
         raise UsageError(f"--method {s.method} cuts the model over the dp workers; use --tp 1 "
                          "--pp 1")
     from thinwire.planner.methods import resolve
+    from thinwire.strategies.entry import Shares
 
-    if resolve(s.method).entry.share is not None:  # its own cut: its share checks the model
+    if isinstance(resolve(s.method).entry, Shares):  # its own cut: its share checks the model
         wide = getattr(model, "wide", None)
         if wide is not None and s.micro_batch_size * s.micro_batches != wide.batch:
             raise UsageError(f"--method {s.method} is priced at {model.name}'s batch of "

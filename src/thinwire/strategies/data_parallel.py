@@ -44,7 +44,7 @@ import copy
 import dataclasses
 import gc
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,7 @@ from thinwire.strategies.base import (
     ReplicatedStrategy,
     make_optimizer,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import Bucketed, Compressed, MethodEntry, Rescalable
 from thinwire.strategies.memory import (
     ShardedOptimizer,
     deal,
@@ -337,13 +337,32 @@ def _check_model(cfg: Any, model: nn.Module) -> None:
         raise OptionError(f"method.compressor: {why}")
 
 
-METHOD = MethodEntry(
+class DataParallelEntry(MethodEntry, Rescalable, Compressed, Bucketed):
+    """dp's registry entry: rescalable without a codec (a codec's residuals are per rank), its
+    codec is ``compressor``, and it declares DDP's bucket traffic and ZeRO-1's owners, which
+    the planner prices other methods' DDP averaging and ``[memory]`` runs with."""
+
+    def rescalable(self, options: Options) -> bool:
+        return options.compressor == "none"
+
+    def codec(self, options: Options) -> str:
+        return options.compressor
+
+    def uncompressed(self, options: Options) -> Options:
+        return dataclasses.replace(options, compressor="none")
+
+    def buckets(self, layout: Layout, codec: str, workers: int, steps: int) -> Traffic:
+        return bucket_traffic(layout, codec, workers, steps)
+
+    def owners(self, sizes: Sequence[int], n: int) -> list[int]:
+        return deal(sizes, n)
+
+
+METHOD = DataParallelEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
-    check_model=_check_model,
-    rescalable=lambda o: o.compressor == "none",
-    formulas={"buckets": bucket_traffic, "owners": deal, "codec": lambda o: o.compressor,
-              "uncompressed": lambda o: dataclasses.replace(o, compressor="none")})
+    check_model=_check_model)
 
-__all__ = ["METHOD", "DataParallel", "Options", "allreduce_hook", "bucket_traffic", "buckets"]
+__all__ = ["METHOD", "DataParallel", "DataParallelEntry", "Options", "allreduce_hook",
+           "bucket_traffic", "buckets"]

@@ -73,7 +73,7 @@ from thinwire.strategies.base import (
     WrappedStrategy,
     optimizer_bytes,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import Compressed, MethodEntry, Rescalable
 from thinwire.strategies.traffic import Layout, Traffic
 
 
@@ -371,11 +371,21 @@ def _label(o: Options) -> str:
     return f"diloco(H={o.period}{stream}){extra}"
 
 
-METHOD = MethodEntry(
+class DiLoCoEntry(MethodEntry, Rescalable, Compressed):
+    """diloco's registry entry: its outer delta's codec is ``compressor``."""
+
+    def rescalable(self, options: Options) -> bool:
+        # a codec's residuals are per rank, as in dp; fragments and the merge leave ranks apart
+        return options.compressor == "none" and options.fragments == 1 and options.alpha == 0
+
+    def codec(self, options: Options) -> str:
+        return options.compressor
+
+    def uncompressed(self, options: Options) -> Options:
+        return dataclasses.replace(options, compressor="none")
+
+
+METHOD = DiLoCoEntry(
     name="diloco", summary="DiLoCo: H inner steps, outer Nesterov step on the mean pseudo-gradient",
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
-    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",),
-    # a codec's residuals are per rank, as in dp; fragments and the merge leave ranks apart
-    rescalable=lambda o: o.compressor == "none" and o.fragments == 1 and o.alpha == 0,
-    formulas={"codec": lambda o: o.compressor,
-              "uncompressed": lambda o: dataclasses.replace(o, compressor="none")})
+    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",))

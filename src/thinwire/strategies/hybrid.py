@@ -63,7 +63,7 @@ from thinwire.strategies.base import (
     make_optimizer,
     memory_of,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import HasRunLayout, MethodEntry
 from thinwire.strategies.grads import flatten, grads_of
 from thinwire.strategies.step import SteppedStrategy, sq_norm, summed
 from thinwire.strategies.traffic import Layout, Traffic, wire
@@ -421,11 +421,19 @@ def _check_model(cfg: Any, model: nn.Module) -> None:
     embedding_plan(cfg, model)
 
 
-METHOD = MethodEntry(
+class HybridEntry(MethodEntry, HasRunLayout):
+    """hybrid's registry entry: its traffic reads the run's :class:`HybridLayout`."""
+
+    def run_layout(self, cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+                   ) -> Layout:
+        return hybrid_layout(cfg, model, batch)
+
+
+METHOD = HybridEntry(
     name="hybrid", summary="DLRM hybrid parallelism: embedding tables split by table (all-to-all),"
     " MLPs data parallel; optional DCT thresholding (Gupta et al. 2021)",
     strategy="thinwire.strategies.hybrid:Hybrid", options=Options, label=_label,
-    check_model=_check_model, traffic=traffic, run_layout=hybrid_layout, planned=False)
+    check_model=_check_model, traffic=traffic)
 
 __all__ = ["METHOD", "Hybrid", "HybridLayout", "Options", "TableExchange", "hybrid_layout",
            "threshold", "traffic", "traffic_of"]

@@ -24,7 +24,7 @@ from torch import nn
 from thinwire.options import check, opt
 from thinwire.strategies.averaging import LocalSGD
 from thinwire.strategies.base import Context, WrappedStrategy
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import MethodEntry, Rescalable
 from thinwire.strategies.traffic import Layout, Traffic, averaging_traffic
 
 
@@ -52,8 +52,15 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     return averaging_traffic(layout, options.period, workers, steps)
 
 
-METHOD = MethodEntry(
+class LocalSGDEntry(MethodEntry, Rescalable):
+    """localsgd's registry entry: every rank holds the same model at a checkpoint."""
+
+    def rescalable(self, options: Options) -> bool:
+        return True
+
+
+METHOD = LocalSGDEntry(
     name="localsgd", summary="local SGD: H local steps, then average the models",
     strategy="thinwire.strategies.local_sgd:LocalSGDStrategy", options=Options,
     label=lambda o: f"localsgd(H={o.period})", sync_every=lambda o: o.period, traffic=traffic,
-    memory=("recompute",), rescalable=lambda o: True)
+    memory=("recompute",))

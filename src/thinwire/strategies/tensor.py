@@ -74,7 +74,7 @@ from thinwire.strategies.base import (
     make_optimizer,
     memory_of,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import HasRunLayout, MethodEntry
 from thinwire.strategies.grads import all_reduce_grads
 from thinwire.strategies.step import SteppedStrategy, sq_norm, summed
 from thinwire.strategies.tp import (
@@ -315,12 +315,19 @@ def _label(o: Options) -> str:
     return f"tensor({','.join(parts)})" if parts else "tensor"
 
 
-METHOD = MethodEntry(
+class TensorEntry(MethodEntry, HasRunLayout):
+    """tensor's registry entry: its traffic reads the run's :class:`TensorLayout`."""
+
+    def run_layout(self, cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+                   ) -> Layout:
+        return tensor_layout(cfg, model, batch)
+
+
+METHOD = TensorEntry(
     name="tensor", summary="Megatron tensor parallelism (parallel.tp) x data parallelism, "
     "optional sequence parallelism and a codec on the activations",
     strategy="thinwire.strategies.tensor:TensorParallel", options=Options, label=_label,
-    check=_check, check_model=_check_model, traffic=traffic, run_layout=tensor_layout,
-    planned=False, parallel=("tp",))
+    check=_check, check_model=_check_model, traffic=traffic, parallel=("tp",))
 
 __all__ = ["METHOD", "Options", "TPShape", "TensorLayout", "TensorParallel", "tensor_layout",
            "traffic", "traffic_of"]

@@ -8,9 +8,10 @@ standard step. The model's units come from its registry entry's adapter (``Model
 
 Local steps: ``method.local_steps = 0`` (the default) takes the model's own K, its adapter's
 ``default_local_steps`` (10; 50 for the ResNet, as ResIST), read from the registry entry's
-adapter class without building the model (:func:`local_steps_of`); the entry's ``for_model``
-resolves it for the config's synchronisation period (steps, evaluations and checkpoints are
-aligned to the model's K) and for the planner (from the plan's ``default_local_steps``).
+adapter class without building the model. :func:`local_steps` resolves K, the one place that
+does: the config's checks and synchronisation period (through the entry's ``for_model``: steps,
+evaluations and checkpoints are aligned to the model's K), the Strategy (from the run's
+adapter), the traffic formula and the planner (from the plan's ``default_local_steps``).
 
 Hybrid schedule: with ``method.switch_at = S`` the run switches to local SGD (period
 ``method.period``) on the full model at step S: IST's early speed without its accuracy ceiling
@@ -41,6 +42,7 @@ rank's stored slices to every other rank once, then local SGD's averages follow.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +61,7 @@ from thinwire.strategies.base import (
     make_optimizer,
     memory_of,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import MethodEntry, ModelDefaults, Subnets
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist.optstate import reindexes
 from thinwire.strategies.ist.partition import partition_groups, resolve_overlap
@@ -121,10 +123,6 @@ class Options:
         if self.local_steps:
             _check_k(self, self.local_steps)
 
-    def k(self, default: int) -> int:
-        """K: ``local_steps``, or ``default`` (the model's) when it is 0."""
-        return self.local_steps or default
-
     @property
     def hybrid(self) -> bool:
         """Whether the run may switch to local SGD (at a set step or automatically)."""
@@ -158,36 +156,37 @@ def _check_k(o: Options, k: int) -> None:
           f"discards the K-th update of each round; it needs method.local_steps >= 2, got {k}")
 
 
-def _for_model(o: Options, ist: Any) -> Options:
-    """The options with K resolved: ``local_steps = 0`` -> the model's ``default_local_steps``
-    (its adapter class or plan; 10 when it has none)."""
+def local_steps(o: Options, model: ISTPlan | ISTAdapter | Callable[..., Any] | None) -> int:
+    """K, resolved here and nowhere else (module docstring, "Local steps"): 1. a set
+    ``local_steps`` is K; 2. else the model's ``default_local_steps``, read from ``model``: its
+    IST plan, its adapter, or its registry entry's ``ist`` (an adapter class; a plain
+    function, such as the MLP's ``linear_stack``, or None: the generic
+    :attr:`ISTAdapter.default_local_steps`, 10)."""
     if o.local_steps:
-        return o
-    default = getattr(ist, "default_local_steps", ISTAdapter.default_local_steps)
-    return dataclasses.replace(o, local_steps=int(default))
+        return o.local_steps
+    if isinstance(model, (ISTPlan, ISTAdapter)) or (
+            isinstance(model, type) and issubclass(model, ISTAdapter)):
+        return int(model.default_local_steps)
+    return ISTAdapter.default_local_steps
+
+
+def _sync_period(o: Options, k: int) -> int:
+    """Steps between synchronisations at K = ``k``: lcm(K, H) when the run may switch to local
+    SGD, else K."""
+    return int(np.lcm(k, o.period)) if o.hybrid else k
 
 
 def _sync_every(o: Options) -> int:
     if not o.local_steps:
-        return 1  # K is the model's: ``sync_every_for`` (via ``_for_model``) knows it
-    if o.hybrid:
-        return int(np.lcm(o.local_steps, o.period))
-    return o.local_steps
-
-
-def default_local_steps(model_name: str) -> int:
-    """The model's K for ``local_steps = 0``: its registry entry's adapter class attribute
-    ``default_local_steps`` (an entry whose ``ist`` is a plain function: the generic 10)."""
-    from thinwire.models import MODELS
-
-    entry = MODELS.get(model_name)
-    return int(getattr(entry.ist, "default_local_steps", ISTAdapter.default_local_steps))
+        return 1  # K is the model's: ``sync_every_for`` (via ``for_model``) knows it
+    return _sync_period(o, o.local_steps)
 
 
 def local_steps_of(cfg: Any) -> int:
-    """K of an ``ist`` run config, resolved (module docstring)."""
-    o: Options = cfg.method.options
-    return o.k(default_local_steps(cfg.model.name))
+    """K of an ``ist`` run config (:func:`local_steps` of its model's registry entry)."""
+    from thinwire.models import MODELS
+
+    return local_steps(cfg.method.options, MODELS.get(cfg.model.name).ist)
 
 
 def _check(cfg: Any) -> None:
@@ -204,7 +203,7 @@ def _check(cfg: Any) -> None:
         return
     k = local_steps_of(cfg)
     _check_k(o, k)
-    sync = int(np.lcm(k, o.period)) if o.hybrid else k
+    sync = _sync_period(o, k)
     for name, every in (("train.steps", cfg.train.steps),
                         ("train.eval_every", cfg.train.eval_every),
                         ("run.checkpoint_every", cfg.run.checkpoint_every)):
@@ -275,7 +274,7 @@ class ISTStrategy(Strategy):
         self.model = model.to(ctx.device)
         self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
         adapter = adapter_for(self.cfg, model)
-        self.k = o.k(adapter.default_local_steps)
+        self.k = local_steps(o, adapter)
         self.ist = IST(self.model, self.opt, comm=self.comm, local_steps=self.k,
                        seed=self.cfg.train.seed, deployment=o.deployment,
                        scale=None if o.scale == "auto" else o.scale,
@@ -374,7 +373,7 @@ def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
         return Traffic.none(n)
     own = pc.Ownership(plan, n, o.deployment)
     groups = [(g.name, g.size, g.kind) for g in plan.groups]
-    k = o.k(plan.default_local_steps)
+    k = local_steps(o, plan)
     copies = (optimizer_states if reindexes(o.optimizer_state, plan.default_optimizer_state)
               else 0)
     last = o.switch_at if o.switch_at else steps
@@ -446,12 +445,24 @@ def worker_numel(plan: ISTPlan, workers: int, overlap: int = 1) -> float:
     return total / workers
 
 
-METHOD = MethodEntry(
+class ISTEntry(MethodEntry, ModelDefaults, Subnets):
+    """ist's registry entry: K defaults to the model's (:func:`local_steps`), and a worker
+    trains a subnet of the model's IST plan (:func:`worker_numel`, :func:`held_by`)."""
+
+    def for_model(self, options: Options, ist: Any) -> Options:
+        return dataclasses.replace(options, local_steps=local_steps(options, ist))
+
+    def worker_numel(self, plan: ISTPlan, workers: int, overlap: int = 1) -> float:
+        return worker_numel(plan, workers, overlap)
+
+    def overlap(self, options: Options, workers: int) -> int:
+        return held_by(options, workers)
+
+
+METHOD = ISTEntry(
     name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
-    for_model=_for_model, formulas={"worker_numel": worker_numel,
-                                        "overlap": held_by},
     regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
            "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST is 15.7x faster than DP "
            "and 2.6x faster than local SGD (python benchmarks/thin_wire.py, as root; "

@@ -62,7 +62,7 @@ from thinwire.strategies.base import (
     make_optimizer,
     memory_of,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import HasRunLayout, MethodEntry, Staged
 from thinwire.strategies.grads import flatten, grads_of, unflatten_into
 from thinwire.strategies.pipeline.codecs import boundary_names, check_spec
 from thinwire.strategies.pipeline.plan import TP_USER, PipelinePlan, chain_of, pipeline_layout
@@ -78,6 +78,7 @@ from thinwire.strategies.tp import (
     tensor_plan,
     within,
 )
+from thinwire.strategies.traffic import Layout
 
 
 @dataclass(frozen=True)
@@ -365,12 +366,33 @@ class PipelineParallel(SteppedStrategy):
         return memory_of(self.pipe.parameters(), self.opt)
 
 
-METHOD = MethodEntry(
+class PipelineEntry(MethodEntry, HasRunLayout, Staged):
+    """pipeline's registry entry: its traffic reads the run's :class:`PipelinePlan`, and it
+    declares the plan, message bytes and pass order the planner's pipeline model reads
+    (:mod:`thinwire.planner.pipeline`)."""
+
+    def run_layout(self, cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+                   ) -> Layout:
+        return pipeline_layout(cfg, model, batch)
+
+    def plan(self, stages: int, dp: int, batch: int, widths: tuple[tuple[int, ...], ...],
+             stage_params: tuple[int, ...], clip: bool = False) -> PipelinePlan:
+        return PipelinePlan(stages, dp, batch, widths, stage_params, clip)
+
+    def message_bytes(self, plan: PipelinePlan, options: Options
+                      ) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        return message_bytes(plan, options)
+
+    def order(self, schedule: str, stage: int, stages: int, micro: int
+              ) -> list[tuple[str, int]]:
+        return order(schedule, stage, stages, micro)
+
+
+METHOD = PipelineEntry(
     name="pipeline",
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
     strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
-    run_layout=pipeline_layout, planned=False, parallel=("pp", "tp"),
-    formulas={"plan": PipelinePlan, "message_bytes": message_bytes, "order": order})
+    parallel=("pp", "tp"))
 
 __all__ = ["METHOD", "Options", "PipelineParallel", "check_config", "check_model"]

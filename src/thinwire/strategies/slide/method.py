@@ -68,7 +68,13 @@ from thinwire.strategies.base import (
     MemoryReport,
     make_optimizer,
 )
-from thinwire.strategies.entry import MethodEntry, WideShapes, WorkerShare
+from thinwire.strategies.entry import (
+    HasRunLayout,
+    MethodEntry,
+    Shares,
+    WideShapes,
+    WorkerShare,
+)
 from thinwire.strategies.slide.layer import SLIDELayer
 from thinwire.strategies.slide.lsh import FAMILIES, SAMPLINGS
 from thinwire.strategies.step import SteppedStrategy, sq_norm, summed
@@ -518,12 +524,23 @@ def _alias(name: str, values: Any) -> dict[str, str] | None:
     return {"name": "slide", "full": "true", **dict(values)}
 
 
-METHOD = MethodEntry(
+class SlideEntry(MethodEntry, HasRunLayout, Shares):
+    """slide's registry entry: its traffic reads the run's wide-layer shapes, and a worker
+    holds its shard of the wide layer (:func:`share`)."""
+
+    def run_layout(self, cfg: Any, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+                   ) -> Layout:
+        return run_layout(cfg, model, batch)
+
+    def share(self, layout: Layout, options: Options, workers: int) -> WorkerShare:
+        return share(layout, options, workers)
+
+
+METHOD = SlideEntry(
     name="slide", summary="Distributed SLIDE: the wide layer sharded over workers with LSH-"
     "selected active neurons (sparse), lower layers data parallel (Yan et al. 2022)",
     strategy="thinwire.strategies.slide.method:Slide", options=Options, label=_label,
-    check=_check, check_model=_check_model, alias=_alias, traffic=traffic, share=share,
-    run_layout=run_layout, planned=False,
+    check=_check, check_model=_check_model, alias=_alias, traffic=traffic,
     defaults={"train.optimizer": "adamw", "train.lr": "0.001"}, model_kinds=("extreme",))
 
 __all__ = ["METHOD", "Options", "Slide", "SlidePlan", "plan", "run_layout",
