@@ -48,8 +48,8 @@ from thinwire.testbed.modelled import FRAME_EFFICIENCY
 
 def counted(run_dir: Path):
     """Step 2: the run's model, built from its config, counted with its IST adapter."""
+    from thinwire.builders import build_model, load_data
     from thinwire.models import MODELS
-    from thinwire.run import build_model, load_data
 
     cfg = config_mod.load(run_dir / "config.toml")
     model = build_model(cfg, load_data(cfg))

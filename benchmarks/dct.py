@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from thinwire.builders import build_model, build_strategy, load_data, make_stream
 from thinwire.config import load
 from thinwire.data.task import auc, task_for
-from thinwire.run import build_model, build_strategy, load_data, make_stream
 from thinwire.runtime.comm import Comm
 from thinwire.runtime.spawn import run_group
 

@@ -46,9 +46,9 @@ def plan(args: argparse.Namespace, vocab: int) -> dict:
 
 def measure(args: argparse.Namespace) -> dict:
     """Step 2: the GPT's training steps on the device."""
+    from thinwire.builders import build_model, build_strategy, load_data, make_stream
     from thinwire.config import load
     from thinwire.data.task import task_for
-    from thinwire.run import build_model, build_strategy, load_data, make_stream
     from thinwire.runtime.comm import Comm
 
     device = torch.device(args.device)

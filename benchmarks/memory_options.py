@@ -47,9 +47,9 @@ def models(data_dir: str) -> dict[str, dict[str, str]]:
 
 def _runs(comm: Any, runs: dict[str, dict[str, str]]) -> dict[str, tuple[Any, ...]]:
     from thinwire import config
+    from thinwire.builders import build_model, build_strategy, load_data, make_stream
     from thinwire.data.task import task_for
     from thinwire.planner.runs import predict_dp_run
-    from thinwire.run import build_model, build_strategy, load_data, make_stream
     from thinwire.runtime.comm import Comm
 
     out = {}

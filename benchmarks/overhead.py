@@ -39,8 +39,8 @@ def _port() -> int:
 
 
 def _plain_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    from thinwire.builders import build_model, load_data, make_stream
     from thinwire.config import load
-    from thinwire.run import build_model, load_data, make_stream
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -94,10 +94,10 @@ def config(name: str, args: argparse.Namespace, out: Path) -> Config:
 def calibrate(cfg: Config, reps: int) -> dict[str, Any]:
     """Step 1: each stage's real passes and optimizer step, on a communicator that moves
     nothing (:class:`thinwire.measure.local.Silent`), one thread, the median of ``reps`` steps."""
+    from thinwire.builders import build_model, load_data
     from thinwire.data.task import task_for
     from thinwire.measure.local import Silent
     from thinwire.models import MODELS
-    from thinwire.run import build_model, load_data
     from thinwire.strategies.base import make_optimizer
     from thinwire.strategies.pipeline.schedule import Pipeline
 
@@ -138,8 +138,8 @@ def calibrate(cfg: Config, reps: int) -> dict[str, Any]:
 
 def _loopback_worker(comm: Any, cfg: Config, steps: int) -> float:
     """This stage's CPU seconds (all its threads, user and system) a step of the real method."""
+    from thinwire.builders import build_mesh, build_model, build_strategy, load_data
     from thinwire.data.task import task_for
-    from thinwire.run import build_mesh, build_model, build_strategy, load_data
 
     ds = load_data(cfg)
     torch.manual_seed(cfg.train.seed)

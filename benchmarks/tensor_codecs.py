@@ -29,10 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from thinwire.builders import build_mesh, build_model, build_strategy, load_data
 from thinwire.compression import build
 from thinwire.config import load
 from thinwire.data.task import task_for
-from thinwire.run import build_mesh, build_model, build_strategy, load_data, split_methods
+from thinwire.run import split_methods
 from thinwire.runtime.comm import Comm
 from thinwire.runtime.spawn import run_group
 

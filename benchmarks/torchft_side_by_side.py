@@ -59,8 +59,8 @@ def written() -> int:
 
 
 def _setup(args: argparse.Namespace, rank: int) -> tuple[Any, Any, Any]:
+    from thinwire.builders import load_data, make_stream
     from thinwire.config import load
-    from thinwire.run import load_data, make_stream
 
     overrides = dict(s.split("=", 1) for s in args.set)
     cfg = load(None, {"train.batch_size": args.batch_size, **overrides})
@@ -71,7 +71,7 @@ def _setup(args: argparse.Namespace, rank: int) -> tuple[Any, Any, Any]:
 def _model(cfg: Any, ds: Any) -> Any:
     import torch
 
-    from thinwire.run import build_model
+    from thinwire.builders import build_model
 
     torch.manual_seed(0)
     return build_model(cfg, ds)

@@ -15,11 +15,11 @@ from harness import rendezvous_dir, run_workers
 from method_cases import params as case_params
 from torch import nn
 
+from thinwire.builders import build_model, build_strategy, load_data, make_stream
 from thinwire.config import load
 from thinwire.data.task import task_for
 from thinwire.models import build_mlp
 from thinwire.models.norms import recalibrate_batchnorm, uses_batch_statistics
-from thinwire.run import build_model, build_strategy, load_data, make_stream
 from thinwire.runtime.comm import Comm, CommError
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies import METHODS

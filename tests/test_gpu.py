@@ -50,8 +50,8 @@ def test_every_model_trains_on_cuda_with_nccl(model: str, method: str, variant: 
     """Each model with dp, local SGD and IST (where the model has IST units) on CUDA through
     nccl: it learns (beats chance clearly), and every rank's ledger equals the method's pure
     traffic formula to the byte (the bytes cannot depend on the device)."""
+    from thinwire.builders import build_model, load_data
     from thinwire.models import MODELS
-    from thinwire.run import build_model, load_data
     from thinwire.strategies import METHODS
     from thinwire.strategies.traffic import Layout
 
@@ -278,8 +278,8 @@ def test_memory_options_on_cuda_match_the_planner(extra: dict[str, str], tmp_pat
     saved activations are within 5% of the prediction (the CUDA attention kernels keep a few
     bytes more or less per row than the CPU one), and the allocator's peak covers the measured
     sum."""
+    from thinwire.builders import build_model, load_data
     from thinwire.planner.runs import predict_dp_run
-    from thinwire.run import build_model, load_data
 
     workers = min(2, torch.cuda.device_count())
     if workers < 2 and "memory.zero" in extra:

@@ -17,11 +17,11 @@ import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
 from harness import run_workers
 
+from thinwire.builders import build_model, build_strategy, load_data, make_stream
 from thinwire.config import load
 from thinwire.data.task import auc, task_for
 from thinwire.errors import UsageError
 from thinwire.measure.predict import run_traffic
-from thinwire.run import build_model, build_strategy, load_data, make_stream
 from thinwire.runtime.comm import Comm
 from thinwire.strategies import METHODS
 from thinwire.strategies.hybrid import traffic_of

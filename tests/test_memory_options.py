@@ -53,9 +53,9 @@ def _overrides(model: str, extra: dict[str, str]) -> dict[str, str]:
 
 def _train_all(comm, runs):  # type: ignore[no-untyped-def]
     """Every config of ``runs`` in turn on this process group, each with its own ledger."""
+    from thinwire.builders import build_model, build_strategy, load_data, make_stream
     from thinwire.data.task import task_for
     from thinwire.planner.runs import predict_dp_run
-    from thinwire.run import build_model, build_strategy, load_data, make_stream
     from thinwire.runtime.comm import Comm
 
     out = {}
@@ -143,9 +143,9 @@ def test_forbidden_combinations_are_one_line_errors(extra: dict[str, str], messa
 def _meter_and_formula(model_name: str, over: dict[str, str], recompute: str) -> tuple[int, int]:
     """(bytes the ActivationMeter counts over one training forward pass and loss, the model
     entry's formula) for the config ``over``, as the strategy measures them."""
+    from thinwire.builders import build_model, load_data, make_stream
     from thinwire.data.task import task_for
     from thinwire.models import MODELS as ENTRIES
-    from thinwire.run import build_model, load_data, make_stream
     from thinwire.strategies.memory import ActivationMeter, apply_recompute
 
     cfg = config.load(None, {"train.batch_size": "8", **over})

@@ -17,11 +17,12 @@ import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
 from harness import DATA, run_workers
 
+from thinwire.builders import build_mesh, build_model, build_strategy, load_data
 from thinwire.config import load
 from thinwire.data.task import task_for
 from thinwire.errors import UsageError
 from thinwire.measure.predict import run_traffic
-from thinwire.run import build_mesh, build_model, build_strategy, load_data, preflight
+from thinwire.run import preflight
 from thinwire.runtime.comm import Comm
 from thinwire.strategies import METHODS
 from thinwire.strategies.tensor import TPShape, traffic_of

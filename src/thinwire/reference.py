@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from thinwire.builders import build_model, load_data
 from thinwire.config import Config
 from thinwire.data import Dataset, all_shards
 from thinwire.data.task import task_for
-from thinwire.run import build_model, load_data
 from thinwire.strategies.base import lr_at, make_optimizer, set_lr
 
 

@@ -4,7 +4,7 @@ What ``thinwire train`` / ``compare``, the planner's calibration, the testbed an
 lab's bridge experiment call to turn a :class:`~thinwire.config.Config` into a trained run; the
 command modules only parse arguments. The builders a worker calls (data, model, stream,
 strategy, mesh) live in :mod:`thinwire.builders` (the workers never import this module, which
-launches them) and are re-exported here. Steps of :func:`run_config`:
+launches them), and are imported from there. Steps of :func:`run_config`:
   1. :func:`preflight`: load the data once, build the model once, and check what would fail on
      the workers (shards hold a batch, the model fits the data and the method) as one-line
      errors before any worker starts;
@@ -25,13 +25,10 @@ from typing import Any
 
 from thinwire import config as config_mod
 from thinwire.builders import (
-    build_mesh,
     build_model,
-    build_strategy,
     load_data,
     make_stream,
     rescalable,
-    shard_of,
 )
 from thinwire.config import Config
 from thinwire.data import Dataset
@@ -40,9 +37,8 @@ from thinwire.options import parse_spec, split_top
 from thinwire.strategies import METHODS
 
 __all__ = [
-    "build_mesh", "build_model", "build_strategy", "load_data", "make_stream", "method_configs",
-    "method_overrides", "preflight", "rescalable", "run_config", "run_directory", "run_name",
-    "shard_of", "split_methods",
+    "method_configs", "method_overrides", "preflight", "run_config", "run_directory", "run_name",
+    "split_methods",
 ]
 
 

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 from harness import run_workers
 
+from thinwire.builders import build_strategy
 from thinwire.config import load
 from thinwire.data.task import TASKS
 from thinwire.models import build_mlp
-from thinwire.run import build_strategy
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import Strategy
 

@@ -12,12 +12,12 @@ import torch
 from harness import run_workers
 from torch import nn
 
+from thinwire.builders import build_strategy
 from thinwire.config import load
 from thinwire.data.task import TASKS
 from thinwire.errors import UsageError
 from thinwire.models import build_mlp
 from thinwire.models.adapter import linear_stack
-from thinwire.run import build_strategy
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.method import Options, PlateauRule, ist_traffic

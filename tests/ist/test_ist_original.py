@@ -8,9 +8,9 @@ import pytest
 import torch
 from ist_cases import CASES
 
+from thinwire.builders import load_data, make_stream
 from thinwire.config import load
 from thinwire.errors import UsageError
-from thinwire.run import load_data, make_stream
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.method import data_shard

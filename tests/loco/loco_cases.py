@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from thinwire.builders import build_strategy
 from thinwire.config import load
 from thinwire.data.task import TASKS
 from thinwire.models import build_mlp
-from thinwire.run import build_strategy
 from thinwire.runtime.comm import Comm
 
 IN, OUT, LR = 8, 4, 0.1

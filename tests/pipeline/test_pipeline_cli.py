@@ -11,9 +11,9 @@ from pathlib import Path
 
 from harness import DATA
 
+from thinwire.builders import load_data
 from thinwire.config import load
 from thinwire.measure.predict import run_layout, run_traffic
-from thinwire.run import load_data
 
 
 def test_train_gpt_in_two_tensor_parallel_stages_from_the_command_line(tmp_path: Path) -> None:

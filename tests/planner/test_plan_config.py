@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from thinwire import config as config_mod
+from thinwire.builders import build_model, load_data
 from thinwire.cli import main
 from thinwire.commands.plan import config_strategy
 from thinwire.measure.predict import run_layout, run_traffic
 from thinwire.planner.presets import model_spec_from_module
-from thinwire.run import build_model, load_data
 
 MLP = {"model.name": "mlp", "data.name": "digits", "model.hidden": "16,16", "runtime.workers": 2,
        "train.steps": 20, "train.eval_every": 20}

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from harness import run_workers
 
+from thinwire.builders import build_model, build_strategy, load_data, make_stream, rescalable
 from thinwire.config import load
-from thinwire.run import build_model, build_strategy, load_data, make_stream, rescalable
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.pipeline.codecs import Key, build_boundary
 

@@ -24,9 +24,9 @@ def test_slide_loss_divides_by_the_true_label_count_not_the_slots() -> None:
     """Rows with 1, 2 and 3 labels in 3 slots (padded with -1): the sharded loss and its
     gradient equal multilabel_nll on the dense logits, row by row. Dividing by the 3 slots
     instead would shrink the 1-label row's label term to a third."""
+    from thinwire.builders import build_model, load_data
     from thinwire.config import load
     from thinwire.data.task import multilabel_nll, task_for
-    from thinwire.run import build_model, load_data
     from thinwire.strategies.base import Context
     from thinwire.strategies.slide.method import Slide
 

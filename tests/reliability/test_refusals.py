@@ -10,6 +10,7 @@ import pytest
 import torch
 from report_cases import write_report_run
 
+from thinwire import builders
 from thinwire import config as config_mod
 from thinwire import run as run_mod
 from thinwire.cli import main
@@ -125,8 +126,8 @@ def test_diloco_with_a_codec_does_not_resume_at_another_worker_count() -> None:
     coded = config_mod.load(None, {**TINY, "method.name": "diloco", "method.period": "2",
                                    "method.compressor": "topk:ratio=0.1"})
     dp_coded = config_mod.load(None, {**TINY, "method.compressor": "topk:ratio=0.1"})
-    assert run_mod.rescalable(plain)
-    assert not run_mod.rescalable(coded) and not run_mod.rescalable(dp_coded)
+    assert builders.rescalable(plain)
+    assert not builders.rescalable(coded) and not builders.rescalable(dp_coded)
 
 
 # --- 9. messages ---------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork
 from harness import assert_same_state, flat_state, run_workers
 
+from thinwire.builders import build_model, build_strategy, load_data, make_stream
 from thinwire.config import load
 from thinwire.data.task import task_for
-from thinwire.run import build_model, build_strategy, load_data, make_stream
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import Context
 from thinwire.strategies.slide.method import Slide, traffic_of

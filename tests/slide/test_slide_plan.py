@@ -19,6 +19,7 @@ import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork
 from harness import run_workers
 
+from thinwire.builders import build_model, build_strategy, load_data, make_stream
 from thinwire.cli import main
 from thinwire.config import dumps, load
 from thinwire.data.task import task_for
@@ -27,7 +28,6 @@ from thinwire.planner.presets import load_cluster, load_model
 from thinwire.planner.specs import XMLPShapes
 from thinwire.planner.step import predict
 from thinwire.planner.strategy import StrategySpec
-from thinwire.run import build_model, build_strategy, load_data, make_stream
 from thinwire.runtime.comm import Comm
 
 SMALL = {"method.name": "slide", "data.labels": 200, "data.features": 300, "data.proto": 8,

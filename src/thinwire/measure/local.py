@@ -103,8 +103,8 @@ class RunShape:
 
 def _strategy(cfg: Config, dataset: Dataset, comm: Comm) -> tuple[torch.nn.Module, Any, Any]:
     """The run's model, its Strategy on ``comm`` (CPU), and the run's batch stream."""
+    from thinwire.builders import build_model, build_strategy, make_stream
     from thinwire.data.task import task_for
-    from thinwire.run import build_model, build_strategy, make_stream
 
     model = build_model(cfg, dataset)
     strategy = build_strategy(cfg, comm, torch.device("cpu"), task_for(dataset), model)

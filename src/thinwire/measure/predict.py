@@ -44,8 +44,8 @@ any other op (an exchange of messages) takes n - 1."""
 
 def run_layout(cfg: Config, dataset: Dataset | None = None) -> Layout:
     """Step 1: the layout of the run's model (module docstring)."""
+    from thinwire.builders import build_model, load_data, make_stream
     from thinwire.models import MODELS
-    from thinwire.run import build_model, load_data, make_stream
     from thinwire.strategies import METHODS
     from thinwire.strategies.entry import HasRunLayout
     from thinwire.strategies.traffic import Layout

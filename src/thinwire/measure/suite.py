@@ -169,7 +169,7 @@ def _one_run(cfg: Config, probe: Probe, before: Calibration, layout: Layout, sha
 def run_suite(widths: Sequence[int], workers: int, steps: int, batch: int, out: str, *,
               reps: int = 5, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Steps 1-3 (module docstring); the runs' predictions and measurements as plain data."""
-    from thinwire.run import load_data
+    from thinwire.builders import load_data
 
     start = time.perf_counter()
     configs = suite_configs(widths, workers, steps, batch, out)
