@@ -56,3 +56,17 @@ def test_the_model_parallel_methods_step_in_the_template() -> None:
             assert strategy.train_step is SteppedStrategy.train_step, name
             stepped.append(name)
     assert len(stepped) == 4, stepped
+
+
+def test_every_methods_strategy_is_named_for_what_it_is() -> None:
+    """"strategies/: one module per method": its Strategy class is ``<Name>Strategy`` (the
+    plain name belongs to the public object a user calls: IST, LocalSGD, DiLoCo, Pipeline)."""
+    import importlib
+
+    from thinwire.strategies import METHODS
+    from thinwire.strategies.base import Strategy
+
+    for name, entry in METHODS.entries():
+        module, _, cls = entry.strategy.partition(":")
+        assert issubclass(getattr(importlib.import_module(module), cls), Strategy), name
+        assert cls.endswith("Strategy"), f"{name}: {cls}"

@@ -110,11 +110,13 @@ def run_config(cfg: Config) -> dict[str, Any]:
     """Train one config on its local workers (steps 1-4); returns the run's summary. A bad input
     found by a worker is a :class:`UsageError`, a failed worker a :class:`RunFailed`."""
     from thinwire.launch import WorkerFailed, launch
+    from thinwire.worker import RESUME_CHECKED_ENV
 
     preflight(cfg)
     with run_directory(cfg) as rd:
         try:
-            launch(rd.path, cfg.runtime.workers, max_restarts=cfg.runtime.max_restarts)
+            launch(rd.path, cfg.runtime.workers, max_restarts=cfg.runtime.max_restarts,
+                   env={RESUME_CHECKED_ENV: "1"})
         except WorkerFailed as exc:
             if exc.kind == "usage":
                 raise UsageError(f"{cfg.run_name}: {exc.cause or exc}") from None

@@ -52,6 +52,11 @@ from typing import Any
 LAUNCHER_PID_ENV = "THINWIRE_LAUNCHER_PID"
 """Set by :func:`thinwire.launch.launch`: the pid the workers must die with."""
 
+RESUME_CHECKED_ENV = "THINWIRE_RESUME_CHECKED"
+"""Set by :func:`thinwire.run.run_config`, whose run directory checked a resume (every rank's
+checkpoint, :func:`thinwire.checkpoint.require_resumable`) before starting the workers; a
+worker started without it (an external torchrun) checks the resume itself."""
+
 EXIT_USAGE = 2
 EXIT_ERROR = 1
 
@@ -277,7 +282,9 @@ def _train(cfg: Any, run_dir: Path, lock: Any) -> int:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
     device = rt.init_from_env(cfg.runtime)
     comm = Comm() if rt.initialised() else Comm.local()
-    if cfg.run.resume and not restarted:  # a restart before the first checkpoint starts afresh
+    # a restart before the first checkpoint starts afresh; a resume the launcher checked is not
+    # checked again
+    if cfg.run.resume and not restarted and not os.environ.get(RESUME_CHECKED_ENV):
         from thinwire.builders import rescalable
 
         if comm.rank == 0:

@@ -30,7 +30,7 @@ from thinwire.models.gpt import GPT
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies import METHODS
 from thinwire.strategies.base import Context
-from thinwire.strategies.pipeline.method import PipelineParallel
+from thinwire.strategies.pipeline.method import PipelineStrategy
 
 DP, PP, TP = 2, 2, 2
 M, B, L, V, STEPS = 2, 4, 16, 13, 2
@@ -65,7 +65,7 @@ def _train(comm: Any, runs: list[tuple[str, float]]) -> list[dict[str, Any]]:
     for schedule, clip in runs:
         ctx = Context(cfg=config(schedule, **{"train.clip_norm": clip}), comm=comm,
                       device=torch.device("cpu"), loss=lm_loss, mesh=mesh)
-        strat = PipelineParallel(ctx, make())
+        strat = PipelineStrategy(ctx, make())
         d, dps = strat.data_shard()
         assert (d, dps) == (mesh.coords.dp, DP)
         mark = comm.ledger.mark()

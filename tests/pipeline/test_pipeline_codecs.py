@@ -21,7 +21,7 @@ from thinwire.strategies.pipeline.codecs import (
     build_boundary,
     sample_ids,
 )
-from thinwire.strategies.pipeline.method import PipelineParallel
+from thinwire.strategies.pipeline.method import PipelineStrategy
 from thinwire.strategies.pipeline.plan import pipeline_layout
 
 SHAPE = (4, 6, 10)
@@ -206,7 +206,7 @@ def _compressed(comm) -> list:
         cfg = _cfg(over)
         model = make("gpt")
         ctx = Context(cfg=cfg, comm=comm, device=torch.device("cpu"), loss=lm_loss, mesh=mesh)
-        strat = PipelineParallel(ctx, model)
+        strat = PipelineStrategy(ctx, model)
         mark = comm.ledger.mark()
         losses = [strat.train_step(batch("gpt", 0), s) for s in range(2)]
         sent = comm.ledger.totals(since=mark)

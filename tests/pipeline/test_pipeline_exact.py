@@ -22,7 +22,7 @@ from thinwire.models.mlp import build_mlp
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies import METHODS
 from thinwire.strategies.base import Context
-from thinwire.strategies.pipeline.method import PipelineParallel
+from thinwire.strategies.pipeline.method import PipelineStrategy
 from thinwire.strategies.pipeline.plan import pipeline_layout
 
 M, B, L, V = 4, 8, 6, 11
@@ -63,7 +63,7 @@ def _stage_grads(comm, S: int, dp: int, runs) -> list:
         cfg = config(model_name, schedule, S, dp)
         model = make(model_name)
         ctx = Context(cfg=cfg, comm=comm, device=torch.device("cpu"), loss=lm_loss, mesh=mesh)
-        strat = PipelineParallel(ctx, model)
+        strat = PipelineStrategy(ctx, model)
         shard, shards = strat.data_shard()
         assert (shard, shards) == (mesh.coords.dp, dp)
         mark = comm.ledger.mark()

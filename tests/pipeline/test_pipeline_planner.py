@@ -23,7 +23,7 @@ from thinwire.planner.pipeline import (
 )
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies.base import Context
-from thinwire.strategies.pipeline.method import PipelineParallel
+from thinwire.strategies.pipeline.method import PipelineStrategy
 from thinwire.strategies.pipeline.schedule import Boundaries
 
 CODECS = [("int8", "int4"), ("topk:ratio=0.25", "lowrank:rank=2")]
@@ -47,7 +47,7 @@ def _ledgers(comm, S: int) -> list[tuple[int, int]]:
     for fwd, bwd in CODECS:
         cfg = _cfg(S, fwd, bwd)
         ctx = Context(cfg=cfg, comm=comm, device=torch.device("cpu"), loss=lm_loss, mesh=mesh)
-        strat = PipelineParallel(ctx, make("gpt"))
+        strat = PipelineStrategy(ctx, make("gpt"))
         mark = comm.ledger.mark()
         for step in range(STEPS):
             strat.train_step(batch("gpt", 0), step)

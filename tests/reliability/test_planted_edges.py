@@ -28,13 +28,13 @@ def test_slide_loss_divides_by_the_true_label_count_not_the_slots() -> None:
     from thinwire.config import load
     from thinwire.data.task import multilabel_nll, task_for
     from thinwire.strategies.base import Context
-    from thinwire.strategies.slide.method import Slide
+    from thinwire.strategies.slide.method import SlideStrategy
 
     cfg = load(None, {"method.name": "slide", "method.full": "true", "data.labels": 12,
                       "data.features": 20, "data.train": 64, "data.test": 16,
                       "model.hidden": 6, "runtime.workers": 2})
     ds = load_data(cfg)
-    strat = Slide(Context(cfg, Comm.local(), torch.device("cpu"), task_for(ds).loss),
+    strat = SlideStrategy(Context(cfg, Comm.local(), torch.device("cpu"), task_for(ds).loss),
                   build_model(cfg, ds), shards=2)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(3, 6, generator=g)

@@ -2,7 +2,7 @@
 resume is bit for bit, training beats the trivial baseline.
 
 Exactness: n ranks (each its shard, its tables) against one process holding all n shards
-(``Slide(..., shards=n)`` on a local communicator) fed the ranks' batches concatenated. The
+(``SlideStrategy(..., shards=n)`` on a local communicator) fed the ranks' batches concatenated. The
 active sets depend only on the tables and the hidden rows, the tables only on the weights, so
 both compute the same function; the only differences are the order of floating-point sums (the
 all-reduces), ~1e-7 relative. Over 12 Adam steps with 2 table rebuilds, losses agree to 1e-5
@@ -25,7 +25,7 @@ from thinwire.config import load
 from thinwire.data.task import task_for
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import Context
-from thinwire.strategies.slide.method import Slide, traffic_of
+from thinwire.strategies.slide.method import SlideStrategy, traffic_of
 from thinwire.trainer import Trainer
 
 SMALL = {"method.name": "slide", "data.labels": 200, "data.features": 300, "data.proto": 8,
@@ -40,7 +40,7 @@ def _exact(comm: Comm, over: dict[str, Any]) -> dict[str, Any]:
     cfg = load(None, {**SMALL, **over, "runtime.workers": n})
     ds = load_data(cfg)
     strat = build_strategy(cfg, comm, torch.device("cpu"), task_for(ds), build_model(cfg, ds))
-    assert isinstance(strat, Slide)
+    assert isinstance(strat, SlideStrategy)
     stream = make_stream(cfg, ds, comm.rank, n)
     mark = comm.ledger.mark()
     losses = [strat.train_step(stream.batch(s), s) for s in range(STEPS)]
@@ -59,12 +59,12 @@ def _exact(comm: Comm, over: dict[str, Any]) -> dict[str, Any]:
             "lower": [p.detach().clone() for p in strat.lower]}
 
 
-def _reference(n: int, over: dict[str, Any]) -> tuple[list[float], Slide]:
+def _reference(n: int, over: dict[str, Any]) -> tuple[list[float], SlideStrategy]:
     cfg = load(None, {**SMALL, **over, "runtime.workers": n})
     ds = load_data(cfg)
     task = task_for(ds)
     ctx = Context(cfg, Comm.local(), torch.device("cpu"), task.loss)
-    strat = Slide(ctx, build_model(cfg, ds), shards=n)
+    strat = SlideStrategy(ctx, build_model(cfg, ds), shards=n)
     streams = [make_stream(cfg, ds, r, n) for r in range(n)]
     losses = []
     for s in range(STEPS):
@@ -155,7 +155,7 @@ def test_training_beats_most_frequent_label() -> None:
                       "runtime.workers": 2})
     ds = load_data(cfg)
     task = task_for(ds)
-    strat = Slide(Context(cfg, Comm.local(), torch.device("cpu"), task.loss),
+    strat = SlideStrategy(Context(cfg, Comm.local(), torch.device("cpu"), task.loss),
                   build_model(cfg, ds), shards=2)
     stream = make_stream(cfg, ds, 0, 1)
     for s in range(80):
@@ -176,7 +176,7 @@ def test_plan_equals_the_run() -> None:
     cfg = load(None, {**SMALL, "runtime.workers": 2, "method.rebuild_first": 50})
     ds = load_data(cfg)
     task = task_for(ds)
-    strat = Slide(Context(cfg, Comm.local(), torch.device("cpu"), task.loss),
+    strat = SlideStrategy(Context(cfg, Comm.local(), torch.device("cpu"), task.loss),
                   build_model(cfg, ds), shards=2)
     stream = make_stream(cfg, ds, 0, 1)
     strat.train_step(stream.batch(0), 0)

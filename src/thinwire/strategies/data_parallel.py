@@ -33,9 +33,9 @@ Resume: a new process starts DDP from its first-iteration bucket again. So that 
 resume sees the buckets of the uninterrupted run (a codec with a scale per bucket or draws over
 its positions, such as int8, fp4, QSGD or rand-k, would otherwise encode a differently laid out
 bucket, and the ledger would count one more first-iteration step), the first step after
-:meth:`DataParallel.load_state_dict` runs one forward and backward first with the hook silent
+:meth:`DataParallelStrategy.load_state_dict` runs one forward and backward first with the hook silent
 (no exchange), the random state and the buffers put back after it, which lets DDP record the
-gradient-ready order and rebuild (:meth:`DataParallel._rebuild_buckets`).
+gradient-ready order and rebuild (:meth:`DataParallelStrategy._rebuild_buckets`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def allreduce_hook(comm: Comm) -> Any:
     return hook
 
 
-class DataParallel(ReplicatedStrategy):
+class DataParallelStrategy(ReplicatedStrategy):
     name = "dp"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
@@ -360,9 +360,9 @@ class DataParallelEntry(MethodEntry, Rescalable, Compressed, Bucketed):
 
 METHOD = DataParallelEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
-    strategy="thinwire.strategies.data_parallel:DataParallel", options=Options,
+    strategy="thinwire.strategies.data_parallel:DataParallelStrategy", options=Options,
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
     check_model=_check_model)
 
-__all__ = ["METHOD", "DataParallel", "DataParallelEntry", "Options", "allreduce_hook",
+__all__ = ["METHOD", "DataParallelStrategy", "DataParallelEntry", "Options", "allreduce_hook",
            "bucket_traffic", "buckets"]

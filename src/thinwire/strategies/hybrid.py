@@ -18,7 +18,7 @@ model's own data, its :class:`~thinwire.models.tensor_plan.EmbeddingPlan` (``Mod
      ranks in one 4-byte all-reduce, the replicated parameters counted once) scales every
      gradient; the optimizer steps (each rank its replica and its own tables).
 Steps 1-5 run in the template of :mod:`thinwire.strategies.step` (the pass is
-:meth:`Hybrid.forward_backward`).
+:meth:`HybridStrategy.forward_backward`).
 Without DCT the run equals single-process training on the n b impressions of a step, up to
 floating-point summation order.
 
@@ -226,7 +226,7 @@ def embedding_plan(cfg: Any, model: nn.Module) -> EmbeddingPlan:
     return entry.tables(model)
 
 
-class Hybrid(SteppedStrategy):
+class HybridStrategy(SteppedStrategy):
     name = "hybrid"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
@@ -432,8 +432,8 @@ class HybridEntry(MethodEntry, HasRunLayout):
 METHOD = HybridEntry(
     name="hybrid", summary="DLRM hybrid parallelism: embedding tables split by table (all-to-all),"
     " MLPs data parallel; optional DCT thresholding (Gupta et al. 2021)",
-    strategy="thinwire.strategies.hybrid:Hybrid", options=Options, label=_label,
+    strategy="thinwire.strategies.hybrid:HybridStrategy", options=Options, label=_label,
     check_model=_check_model, traffic=traffic)
 
-__all__ = ["METHOD", "Hybrid", "HybridLayout", "Options", "TableExchange", "hybrid_layout",
+__all__ = ["METHOD", "HybridStrategy", "HybridLayout", "Options", "TableExchange", "hybrid_layout",
            "threshold", "traffic", "traffic_of"]

@@ -25,7 +25,7 @@ such as an attention head) and row-parallel ones (columns of the weight; the bia
      group after backward.
 
 One step (the template of :mod:`thinwire.strategies.step`; the pass is
-:meth:`TensorParallel.forward_backward`): forward and backward through the sharded model; the
+:meth:`TensorParallelStrategy.forward_backward`): forward and backward through the sharded model; the
 sequence-parallel gradients summed over tp; every local gradient averaged over dp with one
 all-reduce; with ``train.clip_norm`` the whole model's norm (the split slices' squares summed
 over tp in one 4-byte all-reduce, the replicated parameters counted once, as Megatron does);
@@ -105,7 +105,7 @@ class Options:
 
 
 # --- the strategy -----------------------------------------------------------------------------------
-class TensorParallel(SteppedStrategy):
+class TensorParallelStrategy(SteppedStrategy):
     name = "tensor"
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
@@ -213,7 +213,7 @@ class TPShape:
     """Replicated parameters inside the sequence-parallel span."""
 
     @staticmethod
-    def of(strategy: TensorParallel, batch: int, seq: int) -> TPShape:
+    def of(strategy: TensorParallelStrategy, batch: int, seq: int) -> TPShape:
         params = dict(strategy.model.named_parameters())
         return TPShape(len(strategy.plan.regions), batch * seq, strategy.plan.width,
                        sum(p.numel() for p in params.values()),
@@ -326,8 +326,8 @@ class TensorEntry(MethodEntry, HasRunLayout):
 METHOD = TensorEntry(
     name="tensor", summary="Megatron tensor parallelism (parallel.tp) x data parallelism, "
     "optional sequence parallelism and a codec on the activations",
-    strategy="thinwire.strategies.tensor:TensorParallel", options=Options, label=_label,
+    strategy="thinwire.strategies.tensor:TensorParallelStrategy", options=Options, label=_label,
     check=_check, check_model=_check_model, traffic=traffic, parallel=("tp",))
 
-__all__ = ["METHOD", "Options", "TPShape", "TensorLayout", "TensorParallel", "tensor_layout",
+__all__ = ["METHOD", "Options", "TPShape", "TensorLayout", "TensorParallelStrategy", "tensor_layout",
            "traffic", "traffic_of"]

@@ -28,7 +28,7 @@ rank:
      (tagged control) so every rank reports the batch's loss.
 
 Steps 1-4 are the template of :mod:`thinwire.strategies.step` (the pass is
-:meth:`PipelineParallel.forward_backward`, the norm :meth:`PipelineParallel.grad_norm_sq`).
+:meth:`PipelineStrategy.forward_backward`, the norm :meth:`PipelineStrategy.grad_norm_sq`).
 
 Evaluation gathers every stage's parameters of replica 0 on its last stage (tagged control),
 which evaluates the whole model (with the boundaries' bottleneck modules, when there are any);
@@ -179,7 +179,7 @@ def _label(o: Options) -> str:
 
 
 # --- the Strategy --------------------------------------------------------------------------------
-class PipelineParallel(SteppedStrategy):
+class PipelineStrategy(SteppedStrategy):
     """Stage s of replica d of the dp x pp mesh, tensor slice t of it on a dp x pp x tp mesh
     (module docstring, steps 1-4)."""
 
@@ -391,8 +391,8 @@ class PipelineEntry(MethodEntry, HasRunLayout, Staged):
 METHOD = PipelineEntry(
     name="pipeline",
     summary="pipeline stages x data parallelism (GPipe or 1F1B) with compressed boundaries",
-    strategy="thinwire.strategies.pipeline.method:PipelineParallel", options=Options,
+    strategy="thinwire.strategies.pipeline.method:PipelineStrategy", options=Options,
     label=_label, check=check_config, check_model=check_model, traffic=traffic,
     parallel=("pp", "tp"))
 
-__all__ = ["METHOD", "Options", "PipelineParallel", "check_config", "check_model"]
+__all__ = ["METHOD", "Options", "PipelineStrategy", "check_config", "check_model"]

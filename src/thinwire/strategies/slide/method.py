@@ -30,7 +30,7 @@ with ``features(x)`` (the hidden activations) and ``wide`` (an ``nn.Linear``), e
      rebuilds its tables from its current weights on SLIDE's schedule.
 
 Steps 1-7 run in the template of :mod:`thinwire.strategies.step` (the pass is
-:meth:`Slide.forward_backward`).
+:meth:`SlideStrategy.forward_backward`).
 
 ``method.lower=replicate`` trades step 6's all-reduce, whose size grows with the lower layers
 (the input matrix of a sparse network: features x hidden), for work: the inputs are all-gathered
@@ -43,7 +43,7 @@ the order of batch x hidden width, as Distributed SLIDE's.
 same network trained by dense model parallelism, the Horovod-style baseline of the paper
 (shorthand ``dense-mp``); ``dp`` on the same model is the dense data-parallel one.
 
-Parity: n ranks equal one process holding all n shards (:class:`Slide` with ``shards=n`` on
+Parity: n ranks equal one process holding all n shards (:class:`SlideStrategy` with ``shards=n`` on
 :meth:`~thinwire.runtime.comm.Comm.local`) on the concatenated batches, up to the order of
 floating-point sums. Every message goes through :class:`~thinwire.runtime.comm.Comm`, tagged
 ``mp`` (steps 2, 4, 5) or ``grad`` (step 6); :func:`traffic_of` gives the ledger exactly.
@@ -138,7 +138,7 @@ def check_wide_model(model: nn.Module) -> nn.Linear:
     return wide
 
 
-class Slide(SteppedStrategy):
+class SlideStrategy(SteppedStrategy):
     """Steps 1-7 of the module docstring for this rank's shard (all ``shards`` in one process
     on a local communicator)."""
 
@@ -539,9 +539,9 @@ class SlideEntry(MethodEntry, HasRunLayout, Shares):
 METHOD = SlideEntry(
     name="slide", summary="Distributed SLIDE: the wide layer sharded over workers with LSH-"
     "selected active neurons (sparse), lower layers data parallel (Yan et al. 2022)",
-    strategy="thinwire.strategies.slide.method:Slide", options=Options, label=_label,
+    strategy="thinwire.strategies.slide.method:SlideStrategy", options=Options, label=_label,
     check=_check, check_model=_check_model, alias=_alias, traffic=traffic,
     defaults={"train.optimizer": "adamw", "train.lr": "0.001"}, model_kinds=("extreme",))
 
-__all__ = ["METHOD", "Options", "Slide", "SlidePlan", "plan", "run_layout",
+__all__ = ["METHOD", "Options", "SlideStrategy", "SlidePlan", "plan", "run_layout",
            "shard_range", "share", "traffic", "traffic_of"]
