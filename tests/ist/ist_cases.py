@@ -386,7 +386,7 @@ def subnet_of(model: nn.Module, adapter: Any, held: dict[str, np.ndarray]) -> nn
     units, as a worker's subnet holds them), configured by the adapter."""
     import copy
 
-    from thinwire.strategies.ist.layout import element_index
+    from thinwire.strategies.ist.elements import element_index
 
     sub = copy.deepcopy(model)
     tensors = {**dict(sub.named_parameters()), **dict(sub.named_buffers())}
@@ -407,7 +407,7 @@ def zeroed_unheld(model: nn.Module, plan: Any, held: dict[str, np.ndarray]
     kept: a zero channel then normalises to zero), and the copy's tensors by name."""
     import copy
 
-    from thinwire.strategies.ist.layout import element_index
+    from thinwire.strategies.ist.elements import element_index
 
     out = copy.deepcopy(model)
     tensors = {**dict(out.named_parameters()), **dict(out.named_buffers())}

@@ -78,7 +78,7 @@ from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
 from thinwire.strategies.ist.assembly import gather_full
-from thinwire.strategies.ist.layout import View
+from thinwire.strategies.ist.elements import View
 from thinwire.strategies.ist.optstate import OptimizerState, reindexes
 from thinwire.strategies.ist.partition import partition_groups, resolve_overlap
 from thinwire.strategies.ist.store import Dealt, Overlap, Store

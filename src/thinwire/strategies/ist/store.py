@@ -32,7 +32,7 @@ import torch
 from thinwire.models.adapter import TensorPlan
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.ist import pieces as pc
-from thinwire.strategies.ist.layout import View, element_index, put_block
+from thinwire.strategies.ist.elements import View, element_index, put_block
 
 Dealt = dict[str, list[list[torch.Tensor]]]
 """Returned copies of dealt-unit tensors: name -> per holder, [tensor, *state]."""

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from thinwire.strategies.ist import pieces as pc
-from thinwire.strategies.ist.layout import View, element_index
+from thinwire.strategies.ist.elements import View, element_index
 from thinwire.strategies.ist.store import Store
 
 Subnet = dict[str, list[torch.Tensor]]

@@ -1,8 +1,8 @@
 """Where a cut tensor's elements lie, seen from one rank: index arithmetic, no messages, no state.
 
-A :class:`~thinwire.models.adapter.Cut` lays a dimension out segment-major (every segment holds
+A :class:`~thinwire.models.adapter.Cut` orders a dimension segment-major (every segment holds
 ``per_unit`` elements per unit, in unit order); :func:`element_index` turns unit positions into
-element indices in such a layout, for the full tensor, an owner's slice or a subnet alike.
+element indices in that order, for the full tensor, an owner's slice or a subnet alike.
 :class:`View` binds a plan to one rank (its ownership, device and wire dtype) and answers, for a
 round's partition ``held``, which elements of a tensor a worker holds, which of them an owner
 stores, and how large the piece between the two is (:mod:`~thinwire.strategies.ist.pieces`
@@ -20,10 +20,10 @@ from thinwire.models.adapter import Cut, ISTPlan, TensorPlan
 from thinwire.strategies.ist import pieces as pc
 
 
-def element_index(c: Cut, units_in_layout: int, positions: torch.Tensor) -> torch.Tensor:
-    """Element indices along ``c.dim`` of ``positions`` in a layout of ``units_in_layout`` units
+def element_index(c: Cut, n_units: int, positions: torch.Tensor) -> torch.Tensor:
+    """Element indices along ``c.dim`` of ``positions`` in a dimension holding ``n_units`` units
     (segment-major: every segment holds per_unit elements per unit, in unit order)."""
-    step = units_in_layout * c.per_unit
+    step = n_units * c.per_unit
     within = torch.arange(c.per_unit, device=positions.device)
     one = (positions[:, None] * c.per_unit + within[None, :]).reshape(-1)
     if c.segments == 1:
@@ -87,7 +87,7 @@ class View:
 
     def other_index(self, t: TensorPlan, held: pc.Held, worker: int
                     ) -> list[tuple[int, torch.Tensor]]:
-        """(dim, full-layout indices) of the worker's units along ``t``'s other cuts."""
+        """(dim, full-tensor indices) of the worker's units along ``t``'s other cuts."""
         return [(c.dim, element_index(c, self.plan.group(c.group).size,
                                       self.units(held, c.group, worker)))
                 for c in t.cuts[1:]]
