@@ -4,7 +4,8 @@ import pytest
 import torch
 from harness import run_workers
 
-from thinwire.runtime.comm import Comm, wire_estimate
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import wire_estimate
 
 
 def _collectives(comm: Comm) -> dict:

@@ -57,7 +57,7 @@ _EXPORTS: dict[str, str] = {
     "Lighthouse": "thinwire.runtime.ft:Lighthouse",
     # the communication layer and its ledger
     "Comm": "thinwire.runtime.comm:Comm",
-    "Ledger": "thinwire.runtime.comm:Ledger",
+    "Ledger": "thinwire.runtime.ledger:Ledger",
     "Mesh": "thinwire.runtime.mesh:Mesh",
     # models, data and tasks of the registries
     "MODELS": "thinwire.models:MODELS",

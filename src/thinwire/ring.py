@@ -1,5 +1,5 @@
 """The ring algorithms' bytes per rank, in one place: the ledger's estimates
-(:func:`thinwire.runtime.comm.wire_estimate`), the methods' traffic formulas
+(:func:`thinwire.runtime.ledger.wire_estimate`), the methods' traffic formulas
 (:mod:`thinwire.strategies.traffic`) and the planner's alpha-beta times
 (:mod:`thinwire.planner.comm`) all take their bandwidth term from :func:`ring_share`.
 

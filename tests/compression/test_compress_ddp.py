@@ -13,7 +13,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from thinwire.compression import CODECS, build, ddp_hook, register
 from thinwire.models import build_mlp
-from thinwire.runtime.comm import Comm, CommError, wire_estimate
+from thinwire.runtime.comm import Comm, CommError
+from thinwire.runtime.ledger import wire_estimate
 
 IN, HIDDEN, OUT, STEPS = 8, (16, 16), 4, 3
 SHAPES = [(16, 8), (16,), (16, 16), (16,), (4, 16), (4,)]

@@ -15,7 +15,8 @@ import torch
 from harness import run_workers
 
 from thinwire.compression import CODECS, Compressor, RandK, build
-from thinwire.runtime.comm import Comm, wire_estimate
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import wire_estimate
 
 SHAPES = [(24, 16), (16,), (12, 24), (12,), (3, 3)]  # a bucket: matrices, vectors, a tiny one
 D = sum(math.prod(s) for s in SHAPES)  # 709

@@ -10,7 +10,8 @@ from harness import run_workers
 from torch import nn
 
 from thinwire.models.adapter import linear_stack
-from thinwire.runtime.comm import Comm, Ledger
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import Ledger
 from thinwire.strategies.ist.core import IST
 
 

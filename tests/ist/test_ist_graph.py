@@ -39,7 +39,8 @@ from thinwire.models.adapter import ISTPlan, linear_stack
 from thinwire.models.gpt import GPTAdapter
 from thinwire.models.graph_adapter import derive_adapter
 from thinwire.models.resnet import ResISTAdapter
-from thinwire.runtime.comm import Comm, Ledger
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import Ledger
 from thinwire.strategies.ist.core import IST
 
 

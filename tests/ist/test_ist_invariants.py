@@ -25,7 +25,8 @@ import torch
 from harness import run_workers
 from ist_cases import CASES, GRAPH_CASES, block_owner, state
 
-from thinwire.runtime.comm import Comm, Ledger
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import Ledger
 from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.method import Options, ist_traffic
 from thinwire.strategies.ist.partition import partition_groups

@@ -23,7 +23,8 @@ from torch import nn
 
 from thinwire.models.adapter import linear_stack
 from thinwire.models.norms import recalibrate_batchnorm
-from thinwire.runtime.comm import Comm, Ledger
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import Ledger
 from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.partition import overlapped, partition_groups, resolve_overlap, split
 

@@ -36,7 +36,8 @@ from torch import nn
 from torchvision.models import mobilenet_v3_small, resnet18
 
 from thinwire.models.graph import derive_adapter
-from thinwire.runtime.comm import Comm, Ledger
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import Ledger
 from thinwire.strategies.ist.core import IST
 
 transformers.logging.set_verbosity_error()

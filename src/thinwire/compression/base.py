@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from thinwire.runtime.comm import Comm, nbytes
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import nbytes
 
 Payload = tuple[torch.Tensor, ...]
 """The encoded form of a tensor: its parts, in their wire dtypes."""

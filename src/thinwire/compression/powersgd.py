@@ -51,7 +51,8 @@ from thinwire.compression.base import (
 )
 from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
-from thinwire.runtime.comm import Comm, nbytes
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import nbytes
 
 # (offset, numel, (n, m) or None for a tensor sent uncompressed)
 Segment = tuple[int, int, tuple[int, int] | None]

@@ -158,7 +158,7 @@ def dp_run_traffic(layout: Layout, *, zero: int, workers: int, steps: int, codec
 
 def _broadcasts(layout: Layout, n: int, steps: int) -> Traffic:
     """ZeRO-1: each owning rank broadcasts its parameters every step (chain estimate)."""
-    from thinwire.runtime.comm import wire_estimate
+    from thinwire.runtime.ledger import wire_estimate
     from thinwire.strategies.traffic import Traffic
 
     owner = _dp().owners([p.numel for p in layout.params], n)

@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from thinwire.runtime.comm import CONTROL, Comm, Ledger, nbytes
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import CONTROL, Ledger, nbytes
 
 RECOVERY = "recovery"
 """The ledger tag of recovery transfers: a joining worker's state sent by a live peer."""
@@ -136,7 +137,7 @@ class _CountingGroup:
     def _record(self, op: str, tensors: Sequence[torch.Tensor], peer: str) -> None:
         b = nbytes(tensors)
         sent, recv = (b, 0) if op == "send" else (0, b)
-        from thinwire.runtime.comm import LedgerEntry
+        from thinwire.runtime.ledger import LedgerEntry
 
         led = self._ledger()
         led.record(LedgerEntry(led.step, op, RECOVERY, b, sent, recv, peer, 0.0, False,

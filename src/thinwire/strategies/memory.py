@@ -46,7 +46,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from thinwire.runtime.comm import Comm, nbytes
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import nbytes
 
 # --- which modules -----------------------------------------------------------------------------
 
@@ -332,7 +333,7 @@ def full_state(model: nn.Module, comm: Comm) -> dict[str, torch.Tensor]:
     size, gathered and trimmed."""
     from torch.distributed.tensor import DTensor
 
-    from thinwire.runtime.comm import CONTROL
+    from thinwire.runtime.ledger import CONTROL
 
     out: dict[str, torch.Tensor] = {}
     n = comm.world_size

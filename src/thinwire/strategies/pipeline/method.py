@@ -54,7 +54,8 @@ from torch import nn
 from thinwire.compression.registry import check_codec, codec_names
 from thinwire.errors import UsageError
 from thinwire.options import OptionError, check, opt
-from thinwire.runtime.comm import CONTROL, Comm
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ledger import CONTROL
 from thinwire.strategies.base import (
     Batch,
     Context,
