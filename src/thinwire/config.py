@@ -12,6 +12,9 @@ Every field carries its help text (``metadata["help"]``, shown by ``thinwire tra
 validates itself; a bad value raises :class:`ConfigError` (a :class:`~thinwire.errors.UsageError`)
 whose one-line message names the field and the fix. The resolved config is written into the run
 directory as TOML and reads back to the same :class:`Config`.
+
+One concept, one file (over 400 lines): the run configuration (its sections, TOML, overrides and
+checks).
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ Guarantees (tests in ``tests/reliability/``):
 - **Elastic restarts** (``test_elastic_restart.py``). With ``max_restarts`` > 0 the agent restarts the
   whole worker group after a failure, and the restarted workers resume from the newest complete
   checkpoint.
+
+One concept, one file (over 400 lines): starting, watching and stopping a job's local workers
+(the elastic agent, its signals, and the first failure named).
 """
 
 from __future__ import annotations

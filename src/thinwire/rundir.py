@@ -55,6 +55,9 @@ The caller holds a :class:`RunDir` for the whole job::
 
 Leaving the ``with`` block without :meth:`RunDir.commit` (an exception, Ctrl-C) discards a
 replacement's staging directory; the lock is released either way.
+
+One concept, one file (over 400 lines): the run directory and the guarantees above, which its
+names, marker, writes and lock hold together.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@
   thinwire plan --model mlp-784-2048-2048-10 --cluster cpu-1gbe --nodes 64 --scaling --out runs/plan
   thinwire plan --calibrate --model mlp-784-512-512-10 --workers 4 --steps 100 --out runs/calibrate
 Bad input raises UsageError (the top-level command prints it and exits 2).
+
+One concept, one file (over 400 lines): the ``plan`` command's arguments and what each mode prints.
 """
 
 from __future__ import annotations

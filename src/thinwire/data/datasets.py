@@ -28,6 +28,8 @@ statistics always come from the full train split.
 
 The idx format (LeCun's MNIST files): 2 zero bytes, a type code (0x08 = uint8, ...), the number of
 dimensions, one big-endian uint32 per dimension, then the big-endian data.
+
+One concept, one file (over 400 lines): the classification datasets and the Dataset they load into.
 """
 
 from __future__ import annotations

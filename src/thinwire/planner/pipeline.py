@@ -46,6 +46,8 @@ before it exists, with the very formula the tests hold equal to the ledger:
    too), and the step ends when the last stage's loss reaches every stage. With a core a stage,
    equal stages, no message cost and an infinitely fast link it gives (M + S - 1)(F + B), the
    closed form's value.
+
+One concept, one file (over 400 lines): the planner's model of the pipeline method.
 """
 
 from __future__ import annotations

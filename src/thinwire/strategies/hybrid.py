@@ -43,6 +43,9 @@ point-to-point bytes), tagged ``mp`` (ids, vectors, their gradients) or ``grad``
 :func:`traffic_of` gives the uncompressed run's totals exactly (the registry's ``traffic`` over
 the run's :class:`HybridLayout`, :func:`hybrid_layout`). DCT's bytes depend on the data and
 are what the ledger records; the formula refuses them with one line.
+
+One concept, one file (over 400 lines): the hybrid method (its tables' exchange, DCT, strategy,
+checks and traffic formula), as every method lives in one module.
 """
 
 from __future__ import annotations

@@ -31,6 +31,9 @@ local SGD on the same shards. Steps:
 It launches 12 jobs of worker processes (about two minutes on 2 cores), so it is explicit-only:
 ``thinwire theory bridge --out DIR`` runs it, ``--all`` does not. ``bridge-batchnorm`` is the
 same with the original IST code's batch-norm layers (``method.scale = batchnorm``).
+
+One concept, one file (over 400 lines): the bridge experiment (its runs, references, table and
+figure), as every theory-lab experiment is one module.
 """
 
 from __future__ import annotations

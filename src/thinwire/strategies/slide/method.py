@@ -49,6 +49,9 @@ floating-point sums. Every message goes through :class:`~thinwire.runtime.comm.C
 ``mp`` (steps 2, 4, 5) or ``grad`` (step 6); :func:`traffic_of` gives the ledger exactly.
 Checkpoints hold each rank's shard, its tables (sorted ids, offsets, hash functions), its
 schedule and both optimizers: a resumed run is the uninterrupted one bit for bit.
+
+One concept, one file (over 400 lines): the slide method (its strategy, checks and traffic
+formula), as every method lives in one module.
 """
 
 from __future__ import annotations
