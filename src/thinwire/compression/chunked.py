@@ -62,7 +62,7 @@ class ChunkTopK2Bit(Compressor):
         valid[-1, min(self.topk, rest):] = False
         return valid
 
-    def encode(self, x: torch.Tensor, step: int = 0, *, key: int = 0) -> Payload:
+    def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         flat = x.detach().reshape(-1).float()
         d = flat.numel()
         rows = math.ceil(d / self.chunk)
@@ -103,14 +103,14 @@ class ChunkTopK2Bit(Compressor):
         val = torch.where((codes & 2) > 0, -mag, mag)
         return row * self.chunk + idx.long(), val
 
-    def decode(self, payload: Payload, numel: int, step: int = 0, *, key: int = 0,
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         pos, val = self._sparse(payload, numel)
         dense = torch.zeros(numel, dtype=torch.float32, device=val.device)
         dense[pos] = val
         return write_out(dense, out)
 
-    def decode_add(self, payload: Payload, out: torch.Tensor, step: int = 0, *,
+    def decode_add(self, payload: Payload, out: torch.Tensor, step: int, *,
                    key: int = 0) -> None:
         pos, val = self._sparse(payload, out.numel())
         out.view(-1).index_add_(0, pos, val.to(out.dtype))

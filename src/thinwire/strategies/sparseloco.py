@@ -75,16 +75,17 @@ class SparseLoCo(PeriodicSync):
             # 2. pseudo-gradient; 3. into the accumulator
             delta = self.global_flat - flat_params(self.model)
             self.error.mul_(self.beta).add_(delta)
-            # 4. top-k of each chunk, 2 bits a value; 5. what is sent leaves the accumulator
-            payload = self.codec.encode(self.error)
-            self.error.sub_(self.codec.decode(payload, d))
+            # 4. top-k of each chunk, 2 bits a value (deterministic: step and key 0);
+            # 5. what is sent leaves the accumulator
+            payload = self.codec.encode(self.error, 0)
+            self.error.sub_(self.codec.decode(payload, d, 0))
             # 6. every rank's payload, decoded and summed in rank order, over R
             wire = to_bytes(payload)
             rows = self.comm.all_gather(wire, tag=self.tag)
             spec = self.codec.spec(d)
             mean = torch.zeros_like(self.global_flat)
             for row in rows:
-                self.codec.decode_add(from_bytes(row, spec), mean)
+                self.codec.decode_add(from_bytes(row, spec), mean, 0)
             mean.div_(len(rows))
             # 7. the outer step; the replica restarts from theta
             self.global_flat.sub_(mean, alpha=self.outer_lr)
