@@ -31,7 +31,8 @@ def wire(codec, x: torch.Tensor, key: Site, receiver=None) -> tuple[torch.Tensor
     buf = to_bytes(codec.encode_tensor(x, key))
     spec = (receiver or codec).tensor_spec(tuple(x.shape))
     assert buf.numel() == sum(p.nbytes for p in spec) == codec.tensor_bytes(tuple(x.shape))
-    return (receiver or codec).decode_tensor(from_bytes(buf, spec), tuple(x.shape), key), buf.numel()
+    back = (receiver or codec).decode_tensor(from_bytes(buf, spec), tuple(x.shape), key)
+    return back, buf.numel()
 
 
 def test_identity_and_casts_round_trip_exactly_or_within_the_cast() -> None:
