@@ -1,5 +1,8 @@
 """The Compressor interface, wire-format helpers and shared randomness.
 
+One concept past 400 lines: the one codec interface every slot calls, with the wire format and
+the randomness its codecs share.
+
 A compressor (a *codec*) maps a flat tensor x of d elements to a *payload*: a tuple of tensors in
 their real wire dtypes (values, int32 indices, int8 levels, uint8 packed bits, fp32 scales), and
 back:
