@@ -90,7 +90,8 @@ def message_bytes(cfg: Any) -> tuple[int, int]:
     if is_bottleneck(fwd):
         shape = (8, 64, bottleneck_options(fwd)[1].dim)
         fwd = "none"
-    return build_boundary(fwd).payload_bytes(shape), build_boundary(bwd).payload_bytes(shape)
+    return (build_boundary(fwd, forward=True).tensor_bytes(shape),
+            build_boundary(bwd).tensor_bytes(shape))
 
 
 def main() -> int:

@@ -9,10 +9,10 @@ import re
 import pytest
 
 from thinwire.cli import main
-from thinwire.compression import CODECS
+from thinwire.compression import CODECS, slot_codecs
 from thinwire.data import DATASETS
 from thinwire.models import MODELS
-from thinwire.strategies.pipeline.codecs import BACKWARD_ONLY, BOTTLENECKS, OWN
+from thinwire.strategies.pipeline.codecs import BOTTLENECKS
 
 
 @pytest.fixture
@@ -35,17 +35,22 @@ def _option_help(text: str, flag: str) -> str:
     return re.sub(r"\s+", " ", " ".join(out))
 
 
-@pytest.mark.parametrize("flag, extra", [
-    ("--method.compressor", ()), ("--method.codec", ()), ("--method.tp_codec", ()),
-    ("--method.codec_fwd", (*(n for n in OWN if n not in BACKWARD_ONLY), *BOTTLENECKS)),
-    ("--method.codec_bwd", tuple(OWN)),
+@pytest.mark.parametrize("flag, slot, extra", [
+    ("--method.compressor", "grad", ()), ("--method.codec", "tp", ()),
+    ("--method.tp_codec", "tp", ()), ("--method.codec_fwd", "act", BOTTLENECKS),
+    ("--method.codec_bwd", "actgrad", ()),
 ])
-def test_every_codec_option_lists_every_codec(help_text: str, flag: str, extra: tuple) -> None:
+def test_every_codec_option_lists_every_codec_of_its_slot(help_text: str, flag: str, slot: str,
+                                                          extra: tuple) -> None:
     found = _option_help(help_text, flag)
-    for name in (*CODECS.names(), *extra):
+    takes = (*slot_codecs(slot), *extra)
+    for name in takes:
         assert re.search(rf"\b{re.escape(name)}\b", found), (flag, name, found)
-    if flag == "--method.codec_fwd":  # refused there: not offered
-        assert not any(re.search(rf"\b{n}\b", found) for n in BACKWARD_ONLY), found
+    refused = [n for n in CODECS.names() if n not in takes]
+    if slot != "actgrad":  # lowrank goes on activation gradients only: not offered elsewhere
+        assert "lowrank" in refused
+    for name in refused:  # refused there: not offered
+        assert not re.search(rf"\b{name}\b", found), (flag, name, found)
 
 
 def test_model_and_data_options_list_every_entry(help_text: str) -> None:

@@ -115,7 +115,7 @@ MUTANTS = (
            ("tests/reliability/test_rundir.py",)),
     # --- behaviours no test held before -----------------------------------------------------------
     Mutant("aqsgd-frozen", "pipeline", "AQ-SGD's per-sample history frozen after the first "
-           "visit (both sides)", "strategies/pipeline/codecs.py",
+           "visit (both sides)", "compression/aqsgd.py",
            "self.history[k] = v.clone()", "self.history.setdefault(k, v.clone())",
            ("tests/reliability/test_guarded_behaviours.py",)),
     Mutant("dct-every", "methods", "hybrid DCT re-estimates its DP threshold every step, not "

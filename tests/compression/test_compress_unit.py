@@ -15,6 +15,7 @@ from thinwire.compression import (
     ScaledSign,
     TopK,
     build,
+    slot_codecs,
 )
 from thinwire.compression.base import (
     from_bytes,
@@ -27,7 +28,7 @@ from thinwire.compression.base import (
 from thinwire.compression.sparse import _sample_plan, topk_indices
 from thinwire.options import OptionError
 
-NAMES = list(CODECS.names())
+NAMES = list(slot_codecs("grad"))
 SPARSE = {"topk", "randk"}
 
 

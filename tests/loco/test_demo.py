@@ -14,11 +14,12 @@ from harness import run_workers
 from loco_cases import LR, batch, cfg, flat, model, resumes_exactly, run
 from scipy.fft import dctn, idctn
 
+from thinwire.compression.dct import blocks_of
 from thinwire.config import load
 from thinwire.errors import UsageError
 from thinwire.runtime.comm import Comm
 from thinwire.strategies import METHODS
-from thinwire.strategies.demo import DeMo, blocks_of
+from thinwire.strategies.demo import DeMo
 from thinwire.strategies.traffic import Layout
 
 BETA, TOPK, CHUNK, STEPS = 0.9, 8, 8, 2

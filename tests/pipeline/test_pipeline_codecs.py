@@ -10,17 +10,12 @@ import torch
 from harness import run_workers
 from test_pipeline_exact import B, M, batch, lm_loss, make
 
-from thinwire.compression.base import from_bytes, to_bytes
+from thinwire.compression.base import Site, from_bytes, to_bytes
 from thinwire.options import OptionError
 from thinwire.runtime.mesh import Mesh
 from thinwire.strategies import METHODS
 from thinwire.strategies.base import Context
-from thinwire.strategies.pipeline.codecs import (
-    Key,
-    bottleneck,
-    build_boundary,
-    sample_ids,
-)
+from thinwire.strategies.pipeline.codecs import bottleneck, build_boundary, sample_ids
 from thinwire.strategies.pipeline.method import PipelineStrategy
 from thinwire.strategies.pipeline.plan import pipeline_layout
 
@@ -31,16 +26,17 @@ def x_of(seed: int = 0, shape: tuple[int, ...] = SHAPE) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def wire(codec, x: torch.Tensor, key: Key, receiver=None) -> tuple[torch.Tensor, int]:
+def wire(codec, x: torch.Tensor, key: Site, receiver=None) -> tuple[torch.Tensor, int]:
     """x through the codec as the pipeline sends it: bytes on the wire and back."""
-    buf = to_bytes(codec.encode(x, key))
-    spec = (receiver or codec).spec(tuple(x.shape))
-    assert buf.numel() == sum(p.nbytes for p in spec) == codec.payload_bytes(tuple(x.shape))
-    return (receiver or codec).decode(from_bytes(buf, spec), tuple(x.shape), key), buf.numel()
+    buf = to_bytes(codec.encode_tensor(x, key))
+    spec = (receiver or codec).tensor_spec(tuple(x.shape))
+    assert buf.numel() == sum(p.nbytes for p in spec) == codec.tensor_bytes(tuple(x.shape))
+    back = (receiver or codec).decode_tensor(from_bytes(buf, spec), tuple(x.shape), key)
+    return back, buf.numel()
 
 
 def test_identity_and_casts_round_trip_exactly_or_within_the_cast() -> None:
-    x, key = x_of(), Key(0, 0)
+    x, key = x_of(), Site(0, 0)
     y, n = wire(build_boundary("none"), x, key)
     assert torch.equal(y, x) and n == 4 * x.numel()
     y, n = wire(build_boundary("bf16"), x, key)
@@ -51,7 +47,7 @@ def test_identity_and_casts_round_trip_exactly_or_within_the_cast() -> None:
                                                 ("int4:chunk=7", 7, 7)])
 def test_quantisers_error_within_half_a_step_of_each_chunk(spec, levels, chunk) -> None:
     x = x_of(1, (3, 7, 11))  # 231 elements: odd, partial chunks
-    y, n = wire(build_boundary(spec), x, Key(0, 0))
+    y, n = wire(build_boundary(spec), x, Site(0, 0))
     d = x.numel()
     level_bytes = d if levels == 127 else (d + 1) // 2
     assert n == level_bytes + 4 * math.ceil(d / chunk)
@@ -63,7 +59,7 @@ def test_quantisers_error_within_half_a_step_of_each_chunk(spec, levels, chunk) 
 
 
 def test_topk_keeps_the_largest_and_error_feedback_keeps_the_rest() -> None:
-    x, key = x_of(2), Key(0, 3)
+    x, key = x_of(2), Site(0, 3)
     k = math.ceil(0.1 * x.numel())
     y, n = wire(build_boundary("topk:ratio=0.1"), x, key)
     assert n == 8 * k
@@ -72,50 +68,50 @@ def test_topk_keeps_the_largest_and_error_feedback_keeps_the_rest() -> None:
     assert x.reshape(-1).abs()[~kept].max() <= x.reshape(-1).abs()[kept].min()
     ef = build_boundary("topk:ratio=0.1,ef=true")
     y1, _ = wire(ef, x, key)
-    residual = ef.codec.residuals[3].clone()  # the codec reuses its memory
+    residual = ef.residuals[3].clone()  # the codec reuses its memory
     torch.testing.assert_close(residual, (x - y1).reshape(-1), rtol=0, atol=0)
     x2 = x_of(3)
-    y2, _ = wire(ef, x2, Key(1, 3))  # the next step's slot 3 carries the residual
-    plain, _ = wire(build_boundary("topk:ratio=0.1"), x2 + residual.view(SHAPE), Key(1, 3))
+    y2, _ = wire(ef, x2, Site(1, 3))  # the next step's slot 3 carries the residual
+    plain, _ = wire(build_boundary("topk:ratio=0.1"), x2 + residual.view(SHAPE), Site(1, 3))
     assert torch.equal(y2, plain)
 
 
 @pytest.mark.parametrize("ef", [False, True])
 def test_randk_sender_and_receiver_agree_on_the_indices(ef) -> None:
-    x, key = x_of(4), Key(5, 1)
+    x, key = x_of(4), Site(5, 1)
     spec = f"randk:ratio=0.25,ef={str(ef).lower()}"
     sender, receiver = build_boundary(spec, seed=7), build_boundary(spec, seed=7)
     y, n = wire(sender, x, key, receiver)
     k = math.ceil(0.25 * x.numel())
     assert n == 4 * k and int((y != 0).sum()) == k
-    own = sender.decode(sender.encode(x, key), SHAPE, key) if not ef else None
+    own = sender.decode_tensor(sender.encode_tensor(x, key), SHAPE, key) if not ef else None
     if own is not None:
         assert torch.equal(own, y)
     if ef:  # unscaled: the kept values are x's, the rest is the residual
         kept = y.reshape(-1) != 0
         assert torch.equal(y.reshape(-1)[kept], x.reshape(-1)[kept])
-        torch.testing.assert_close(sender.codec.residuals[1], (x - y).reshape(-1))
+        torch.testing.assert_close(sender.residuals[1], (x - y).reshape(-1))
 
 
 def test_lowrank_is_exact_at_low_rank_and_propagates_its_error_to_the_next_micro_batch() -> None:
     g = torch.Generator().manual_seed(0)
     low = (torch.randn(24, 2, generator=g) @ torch.randn(2, 10, generator=g)).view(4, 6, 10)
     codec = build_boundary("lowrank:rank=2,lep=false")
-    y, n = wire(codec, low, Key(0, 0))
+    y, n = wire(codec, low, Site(0, 0))
     assert n == 4 * 2 * (24 + 10)
     torch.testing.assert_close(y, low, rtol=1e-4, atol=1e-5)
     # lazy error propagation: micro-batch 1 sends M_1 + (M_0 - approx_0), within the step only
     lep, plain = build_boundary("lowrank:rank=2"), build_boundary("lowrank:rank=2,lep=false")
     x0, x1 = x_of(5), x_of(6)
-    y0, _ = wire(lep, x0, Key(3, 0))
+    y0, _ = wire(lep, x0, Site(3, 0))
     err = x0 - y0
     torch.testing.assert_close(lep.error, err.reshape(24, 10), rtol=1e-5, atol=1e-6)
     assert err.norm() < x0.norm()  # a projection never grows the matrix
-    y1, _ = wire(lep, x1, Key(3, 1))
-    want, _ = wire(plain, x1 + err, Key(3, 1))
+    y1, _ = wire(lep, x1, Site(3, 1))
+    want, _ = wire(plain, x1 + err, Site(3, 1))
     torch.testing.assert_close(y1, want, rtol=1e-5, atol=1e-5)
-    y2, _ = wire(lep, x1, Key(4, 1))  # a new step starts without error
-    want2, _ = wire(plain, x1, Key(4, 1))
+    y2, _ = wire(lep, x1, Site(4, 1))  # a new step starts without error
+    want2, _ = wire(plain, x1, Site(4, 1))
     torch.testing.assert_close(y2, want2, rtol=1e-5, atol=1e-6)
 
 
@@ -125,7 +121,7 @@ def test_aqsgd_histories_agree_and_deltas_shrink(bits) -> None:
     tokens = torch.randint(0, 9, (4, 5), generator=torch.Generator().manual_seed(1))
     ids = sample_ids(tokens)
     x = x_of(7)
-    key = Key(0, 0, ids)
+    key = Site(0, 0, ids)
     y, n = wire(sender, x, key, receiver)
     d = x.numel()
     assert n == (d if bits == 8 else (d + 1) // 2) + 4 * math.ceil(d / 128)
@@ -135,10 +131,10 @@ def test_aqsgd_histories_agree_and_deltas_shrink(bits) -> None:
         assert torch.equal(sender.history[i], receiver.history[i])
     # the same samples again, slightly moved: the error is the delta's, much smaller
     x2 = x + 0.01 * x_of(8)
-    y2, _ = wire(sender, x2, Key(1, 0, ids), receiver)
+    y2, _ = wire(sender, x2, Site(1, 0, ids), receiver)
     assert (y2 - x2).abs().max() < first / 10
     with pytest.raises(ValueError, match="ids"):
-        sender.encode(x, Key(0, 0))
+        sender.encode_tensor(x, Site(0, 0))
 
 
 def test_sample_ids_are_the_samples_contents() -> None:

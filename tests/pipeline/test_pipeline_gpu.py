@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from thinwire.compression.base import from_bytes, to_bytes
-from thinwire.strategies.pipeline.codecs import Key, build_boundary, sample_ids
+from thinwire.compression.base import Site, from_bytes, to_bytes
+from thinwire.strategies.pipeline.codecs import build_boundary, sample_ids
 
 pytestmark = pytest.mark.gpu
 
@@ -21,12 +21,12 @@ def test_codecs_agree_across_devices(spec: str) -> None:
     out = {}
     for device in ("cpu", "cuda"):
         codec = build_boundary(spec, seed=3)
-        key = Key(2, 1, ids.to(device))
-        payload = codec.encode(x.to(device), key)
+        key = Site(2, 1, ids.to(device))
+        payload = codec.encode_tensor(x.to(device), key)
         assert all(t.device.type == device for t in payload)
         buf = to_bytes(payload)
         back = build_boundary(spec, seed=3) if spec.startswith("aqsgd") else codec
-        out[device] = (buf.numel(), back.decode(from_bytes(buf, codec.spec(tuple(x.shape))),
-                                                tuple(x.shape), key).cpu())
+        out[device] = (buf.numel(), back.decode_tensor(
+            from_bytes(buf, codec.tensor_spec(tuple(x.shape))), tuple(x.shape), key).cpu())
     assert out["cpu"][0] == out["cuda"][0]
     torch.testing.assert_close(out["cuda"][1], out["cpu"][1], rtol=1e-4, atol=1e-5)

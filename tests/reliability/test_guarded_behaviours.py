@@ -11,9 +11,10 @@ import torch
 from harness import run_workers
 
 from thinwire.builders import build_model, build_strategy, load_data, make_stream, rescalable
+from thinwire.compression.base import Site
 from thinwire.config import load
 from thinwire.runtime.comm import Comm
-from thinwire.strategies.pipeline.codecs import Key, build_boundary
+from thinwire.strategies.pipeline.codecs import build_boundary
 
 
 # --- AQ-SGD: the per-sample history follows every visit, on both sides ----------------------------
@@ -30,8 +31,8 @@ def test_aqsgd_history_follows_each_visit_on_both_sides() -> None:
     ids = torch.tensor([7, 3, 11, 5])
     for visit in range(3):
         a = base + visit * 1.0 + 0.1 * torch.randn(4, 3, 8, generator=g)
-        key = Key(visit, 0, samples=ids)
-        got = receiver.decode(sender.encode(a, key), tuple(a.shape), key)
+        key = Site(visit, 0, samples=ids)
+        got = receiver.decode_tensor(sender.encode_tensor(a, key), tuple(a.shape), key)
         assert (got - a).abs().max() < 0.02, visit
         for i, sample in enumerate(ids.tolist()):
             assert torch.equal(sender.history[sample], receiver.history[sample])

@@ -14,9 +14,10 @@ from thinwire import builders
 from thinwire import config as config_mod
 from thinwire import run as run_mod
 from thinwire.cli import main
+from thinwire.compression.base import Site
 from thinwire.errors import UsageError
 from thinwire.report.tables import load_run
-from thinwire.strategies.pipeline.codecs import Key, bottleneck, build_boundary
+from thinwire.strategies.pipeline.codecs import bottleneck, build_boundary
 
 TINY = {"data.name": "digits", "model.hidden": "16", "train.batch_size": "8",
         "train.steps": "4", "runtime.workers": "2"}
@@ -68,9 +69,9 @@ def test_powersgd_with_a_rank_that_compresses_nothing_is_refused() -> None:
 
 def test_lowrank_that_cannot_compress_a_boundary_is_refused() -> None:
     x = torch.randn(4, 6, 10)  # [24, 10]: rank r compresses while r (24 + 10) < 240, r <= 7
-    build_boundary("lowrank:rank=7").encode(x, Key(0, 0))
+    build_boundary("lowrank:rank=7").encode_tensor(x, Site(0, 0))
     with pytest.raises(UsageError) as e:
-        build_boundary("lowrank:rank=100000").encode(x, Key(0, 0))
+        build_boundary("lowrank:rank=100000").encode_tensor(x, Site(0, 0))
     assert "cannot compress" in one_line(e) and "rank <= 7" in str(e.value)
 
 

@@ -1,5 +1,8 @@
 """The Compressor interface, wire-format helpers and shared randomness.
 
+One concept past 400 lines: the one codec interface every slot calls, with the wire format and
+the randomness its codecs share.
+
 A compressor (a *codec*) maps a flat tensor x of d elements to a *payload*: a tuple of tensors in
 their real wire dtypes (values, int32 indices, int8 levels, uint8 packed bits, fp32 scales), and
 back:
@@ -9,6 +12,18 @@ back:
 
 ``C.spec(d, dtype)`` lists the payload's parts (count and dtype of each) without running it, so
 ``payload_bytes`` and ``nominal_ratio`` (input bytes / payload bytes) are known in advance.
+
+Every codec slot (data-parallel gradients, outer deltas, tensor-parallel sums, a pipeline
+boundary's activations and activation gradients) takes this one interface. A slot that hands
+the codec a tensor of known shape at a :class:`Site` (step, key, sample ids) calls the tensor
+forms, which flatten for the flat codecs and keep the shape for the codecs that read it
+(:attr:`Compressor.shaped`: low rank's [rows, width] matrix, AQ-SGD's per-sample rows):
+
+    payload = C.encode_tensor(x, site)                 # x of any shape
+    x_hat   = C.decode_tensor(payload, x.shape, site)  # C.tensor_bytes(x.shape) bytes between
+
+State lives in the codec where it needs it (error feedback's residual per key, PowerSGD's warm
+start, low rank's lazy error, AQ-SGD's history per sample) and travels with ``state_dict``.
 
 The whole exchange belongs to the codec: :meth:`Compressor.average_async` averages a tensor over
 all ranks through :class:`~thinwire.runtime.comm.Comm`, and :meth:`Compressor.collectives` lists
@@ -223,6 +238,18 @@ def _format(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+@dataclass(frozen=True)
+class Site:
+    """Where a tensor is encoded, besides its values: the training step, the ``key`` of the
+    codec's per-key state and shared randomness (a DDP bucket, a micro-batch's slot, a
+    fragment, a call site), and the ids of its samples, one int64 per row, where the slot has
+    them (a pipeline boundary; :attr:`Compressor.needs_samples`)."""
+
+    step: int
+    key: int = 0
+    samples: torch.Tensor | None = None
+
+
 def done(value: torch.Tensor) -> torch.futures.Future:
     """A Future already holding ``value``."""
     fut: torch.futures.Future = torch.futures.Future()
@@ -239,6 +266,10 @@ class Compressor(ABC):
     linear: bool = False
     #: E[decode(encode(x))] = x
     unbiased: bool = False
+    #: reads the tensor's shape: encoded only through the tensor forms (:meth:`encode_tensor`)
+    shaped: bool = False
+    #: keeps state per sample: the slot hands it the samples' ids (:class:`Site`)
+    needs_samples: bool = False
 
     def __init__(self, *, seed: int = 0, rank: int = 0) -> None:
         self.seed = seed
@@ -285,6 +316,24 @@ class Compressor(ABC):
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return sum(p.nbytes for p in self.spec(numel, dtype))
+
+    # --- the tensor forms: a tensor of known shape at a site ----------------------------------
+    def tensor_spec(self, shape: Sequence[int]) -> tuple[Part, ...]:
+        """The payload's parts for a float32 tensor of ``shape`` (flat codecs: of its numel)."""
+        return self.spec(math.prod(shape), torch.float32)
+
+    def tensor_bytes(self, shape: Sequence[int]) -> int:
+        """The payload's exact bytes for a float32 tensor of ``shape``."""
+        return sum(p.nbytes for p in self.tensor_spec(shape))
+
+    def encode_tensor(self, x: torch.Tensor, site: Site) -> Payload:
+        """The payload of ``x`` (any shape, as float32) at ``site`` (flat codecs: of its
+        flattening, with the site's step and key)."""
+        return self.encode(x.detach().reshape(-1).float(), site.step, key=site.key)
+
+    def decode_tensor(self, payload: Payload, shape: Sequence[int], site: Site) -> torch.Tensor:
+        """The tensor of ``shape`` a payload of :meth:`encode_tensor` stands for."""
+        return self.decode(payload, math.prod(shape), site.step, key=site.key).view(*shape)
 
     def nominal_ratio(self, numel: int, dtype: torch.dtype = torch.float32) -> float:
         """Input bytes over payload bytes (> 1 is a saving), computed without running."""
@@ -391,6 +440,35 @@ class Compressor(ABC):
         """Install per-tensor ``pieces`` (from :meth:`split_state`, possibly of other keys) as
         key ``key``'s state; a tensor with no piece starts from zero state."""
         del key, shapes, pieces
+
+
+class Shaped(Compressor):
+    """A codec that reads its tensor's shape (:attr:`Compressor.shaped`): its wire format is
+    that of the tensor forms, which it defines; its flat forms are the tensor forms of a
+    vector of ``numel`` elements (where the codec needs rows, a vector is refused by the codec's
+    own one-line check)."""
+
+    shaped = True
+
+    @abstractmethod
+    def tensor_spec(self, shape: Sequence[int]) -> tuple[Part, ...]: ...
+
+    @abstractmethod
+    def encode_tensor(self, x: torch.Tensor, site: Site) -> Payload: ...
+
+    @abstractmethod
+    def decode_tensor(self, payload: Payload, shape: Sequence[int], site: Site) -> torch.Tensor: ...
+
+    def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
+        del dtype  # the wire format is fixed
+        return self.tensor_spec((numel,))
+
+    def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
+        return self.encode_tensor(x.reshape(-1), Site(step, key))
+
+    def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        return write_out(self.decode_tensor(payload, (numel,), Site(step, key)).reshape(-1), out)
 
 
 def write_out(values: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

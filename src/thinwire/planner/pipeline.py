@@ -10,7 +10,7 @@ before it exists, with the very formula the tests hold equal to the ledger:
    h: every boundary carries one [b, T, h] activation forward and its gradient backward per
    micro-batch (a transformer's blocks keep their width);
 2. :func:`traffic`: the method's formula on that plan, so each message costs the boundary codec's
-   own ``payload_bytes`` of the [b, T, h] shape (:mod:`thinwire.strategies.pipeline.codecs`):
+   own ``tensor_bytes`` of the [b, T, h] shape (:mod:`thinwire.strategies.pipeline.codecs`):
    no byte count is derived twice;
 3. :func:`step_time`: the schedule's step time. GPipe (Huang et al., NeurIPS 2019) and 1F1B
    (Narayanan et al., SC 2021, Sec. 2.2) both run M micro-batches through the slowest stage and

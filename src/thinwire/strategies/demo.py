@@ -9,7 +9,8 @@ for every parameter with gradient g:
   3. q = TopK(DCT(m)): the parameter is viewed as a matrix (rows = its first dimension, a
      vector as one row) and cut into blocks of s_r x s_c, each the largest divisor of its
      dimension <= ``chunk`` (the reference code's rule); an orthonormal 2-D DCT-II of each
-     block; the ``topk`` coefficients of largest magnitude of each block are kept;
+     block; the ``topk`` coefficients of largest magnitude of each block are kept (the
+     registry's codec ``dcttopk``, :class:`~thinwire.compression.dct.DCTTopK`);
   4. m <- m - IDCT(q): what was extracted leaves the momentum (the rest is error feedback);
   5. every rank's q (int16 offsets within the block, fp32 values) of every parameter goes in
      one all-gather through the ledger (tag ``grad``);
@@ -29,7 +30,6 @@ for matrices whose sides are multiples of 64.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from thinwire.compression.base import Part, from_bytes, to_bytes
+from thinwire.compression.base import Part, Site, from_bytes, to_bytes
+from thinwire.compression.dct import DCTTopK, kept
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
@@ -45,39 +46,8 @@ from thinwire.strategies.base import Context, ReplicatedStrategy
 from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.traffic import Layout, Traffic
 
-
-def largest_divisor(n: int, at_most: int) -> int:
-    """The largest divisor of ``n`` that is <= ``at_most``."""
-    for d in range(min(n, at_most), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
-
-
-def blocks_of(shape: tuple[int, ...], chunk: int) -> tuple[int, int, int, int]:
-    """Step 3's view of a parameter: (rows, cols, s_r, s_c)."""
-    if len(shape) == 0:
-        rows, cols = 1, 1
-    elif len(shape) == 1:
-        rows, cols = 1, shape[0]
-    else:
-        rows, cols = shape[0], math.prod(shape[1:])
-    return rows, cols, largest_divisor(rows, chunk), largest_divisor(cols, chunk)
-
-
-def kept(shape: tuple[int, ...], chunk: int, topk: int) -> int:
-    """Coefficients a rank sends for a parameter of ``shape``."""
-    rows, cols, sr, sc = blocks_of(shape, chunk)
-    return (rows // sr) * (cols // sc) * min(topk, sr * sc)
-
-
-def dct_matrix(n: int, device: torch.device) -> torch.Tensor:
-    """The orthonormal DCT-II matrix D (n x n): coefficients y = D x, inverse x = D^T y."""
-    k = torch.arange(n, dtype=torch.float64, device=device)[:, None]
-    i = torch.arange(n, dtype=torch.float64, device=device)[None, :]
-    d = torch.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
-    d[0] /= math.sqrt(2.0)
-    return d.to(torch.float32)
+_SITE = Site(0)
+"""Where DeMo encodes: the DCT codec draws no randomness and keeps no state, so one site."""
 
 
 class DeMo(torch.optim.Optimizer):
@@ -95,7 +65,9 @@ class DeMo(torch.optim.Optimizer):
         self.beta, self.topk, self.chunk = beta, topk, chunk
         self.comm = comm if comm is not None else Comm()
         self.tag = tag
-        self._dct: dict[tuple[int, str], torch.Tensor] = {}
+        # the registry's dcttopk without error feedback: step 4 is DeMo's own
+        self.codec = DCTTopK(chunk, topk)
+        self._dct = self.codec.bases  # the cached DCT bases
 
     def close(self) -> None:
         """Free the cached DCT bases (rebuilt on the next step if training goes on); as for
@@ -107,33 +79,6 @@ class DeMo(torch.optim.Optimizer):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _d(self, n: int, device: torch.device) -> torch.Tensor:
-        key = (n, str(device))
-        if key not in self._dct:
-            self._dct[key] = dct_matrix(n, device)
-        return self._dct[key]
-
-    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """x as (blocks, s_r, s_c)."""
-        rows, cols, sr, sc = blocks_of(tuple(x.shape), self.chunk)
-        b = x.reshape(rows // sr, sr, cols // sc, sc).permute(0, 2, 1, 3)
-        return b.reshape(-1, sr, sc)
-
-    def _unblocks(self, b: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        rows, cols, sr, sc = blocks_of(tuple(shape), self.chunk)
-        x = b.reshape(rows // sr, cols // sc, sr, sc).permute(0, 2, 1, 3)
-        return x.reshape(shape)
-
-    def _dct2(self, x: torch.Tensor) -> torch.Tensor:
-        b = self._blocks(x)
-        dr, dc = self._d(b.shape[1], x.device), self._d(b.shape[2], x.device)
-        return (dr @ b @ dc.T).reshape(b.shape[0], -1)
-
-    def _idct2(self, coef: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        _, _, sr, sc = blocks_of(tuple(shape), self.chunk)
-        dr, dc = self._d(sr, coef.device), self._d(sc, coef.device)
-        return self._unblocks(dr.T @ coef.reshape(-1, sr, sc) @ dc, shape)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # noqa: ANN401 - the Optimizer signature
@@ -158,16 +103,13 @@ class DeMo(torch.optim.Optimizer):
                 # 2. m <- beta m + lr g
                 m.mul_(self.beta).add_(p.grad.float(), alpha=lr)
                 # 3. top-k of each block's DCT
-                coef = self._dct2(m)
-                k = min(self.topk, coef.shape[1])
-                _, idx = torch.topk(coef.abs(), k, dim=1)
-                val = coef.gather(1, idx)
+                site = _SITE
+                payload = self.codec.encode_tensor(m, site)
                 # 4. the extracted part leaves the momentum
-                sparse = torch.zeros_like(coef).scatter_(1, idx, val)
-                m.sub_(self._idct2(sparse, m.shape))
-                idx_parts.append(idx.reshape(-1).to(torch.int16))
-                val_parts.append(val.reshape(-1))
-                items.append((p, lr, coef.shape[0] * k))
+                m.sub_(self.codec.decode_tensor(payload, m.shape, site))
+                idx_parts.append(payload[0])
+                val_parts.append(payload[1])
+                items.append((p, lr, payload[0].numel()))
         if not items:
             return loss
         # 5. one all-gather of every parameter's coefficients
@@ -178,15 +120,12 @@ class DeMo(torch.optim.Optimizer):
         decoded = [from_bytes(r, spec) for r in rows]
         at = 0
         for p, lr, n in items:
-            _, _, sr, sc = blocks_of(tuple(p.shape), self.chunk)
-            nblocks, k = n // min(self.topk, sr * sc), min(self.topk, sr * sc)
             # 6. the coefficients summed in rank order, over R; u = IDCT
-            acc = torch.zeros(nblocks, sr * sc, dtype=torch.float32, device=p.device)
+            acc = self.codec.coefficients(p.shape, p.device)
             for idx, val in decoded:
-                acc.scatter_add_(1, idx[at:at + n].long().view(nblocks, k),
-                                 val[at:at + n].view(nblocks, k))
+                self.codec.add_coefficients((idx[at:at + n], val[at:at + n]), acc)
             acc.div_(len(decoded))
-            u = self._idct2(acc, p.shape)
+            u = self.codec.inverse(acc, p.shape)
             # 7. signSGD on u
             p.add_(torch.sign(u).to(p.dtype), alpha=-lr)
             at += n

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from thinwire.compression.registry import check_codec
+from thinwire.compression.registry import check_codec, codec_names
 from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
@@ -284,7 +284,8 @@ class Options:
     period: int = opt(10, "inner steps between outer steps (H)")
     outer_lr: float = opt(0.7, "outer Nesterov learning rate")
     outer_momentum: float = opt(0.9, "outer Nesterov momentum (0: plain SGD)")
-    compressor: str = opt("none", "codec spec for the pseudo-gradient (none: plain all-reduce; "
+    compressor: str = opt("none", "codec spec for the pseudo-gradient: one of "
+                          f"{codec_names('delta')} with its options (none: plain all-reduce; "
                           "fp4 or int8: Streaming DiLoCo's low-bit outer gradients)")
     fragments: int = opt(1, "Streaming DiLoCo: fragments strided over the layers, synced in turn")
     delay: int = opt(0, "Streaming DiLoCo: inner steps (tau) a fragment's exchange overlaps")
@@ -301,7 +302,7 @@ class Options:
         check(self.outer_lr > 0, "method.outer_lr", "must be > 0")
         check(0 <= self.outer_momentum < 1, "method.outer_momentum", "must be in [0, 1)")
         if self.compressor != "none":
-            check_codec(self.compressor, "method.compressor")
+            check_codec(self.compressor, "method.compressor", slot="delta")
 
 
 class DiLoCoStrategy(WrappedStrategy):
@@ -318,7 +319,8 @@ class DiLoCoStrategy(WrappedStrategy):
         if o.compressor != "none":
             from thinwire.compression import build
 
-            codec = build(o.compressor, seed=self.cfg.train.seed, rank=self.comm.rank)
+            codec = build(o.compressor, seed=self.cfg.train.seed, rank=self.comm.rank,
+                          slot="delta")
         self.wrapper = DiLoCo(self.model, self.opt, self.outer_opt, o.period, comm=self.comm,
                               codec=codec, fragments=o.fragments, delay=o.delay, alpha=o.alpha)
 
@@ -343,7 +345,7 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
     if options.compressor != "none":
         from thinwire.compression import build
 
-        codec = build(options.compressor)
+        codec = build(options.compressor, slot="delta")
     total = Traffic.none(workers)
     for p, idx in enumerate(frags):
         start = (merge_step(p, len(frags), options.period) or options.period) - options.delay
@@ -364,7 +366,7 @@ def _label(o: Options) -> str:
     if o.compressor != "none":
         from thinwire.compression import build
 
-        extra = f"+{build(o.compressor).describe()}"
+        extra = f"+{build(o.compressor, slot='delta').describe()}"
     stream = ""
     if o.fragments > 1 or o.delay or o.alpha:
         stream = f",P={o.fragments},tau={o.delay}" + (f",alpha={o.alpha:g}" if o.alpha else "")

@@ -9,18 +9,17 @@ all ranks), its replica theta_r and its accumulator e_r (zero at first). Each ou
   3. e_r <- beta e_r + delta_r (the decayed accumulator plays the outer momentum's part);
   4. delta_hat_r = Q(TopK(e_r)): the flat e_r is cut into chunks of ``chunk`` elements and the
      ``topk`` entries of largest magnitude of each chunk are kept (the paper: 1-3 % density),
-     their values quantised to 2 bits (:class:`ChunkTopK2Bit`);
+     their values quantised to 2 bits (the registry's codec ``topk2bit``,
+     :class:`~thinwire.compression.chunked.ChunkTopK2Bit`);
   5. e_r <- e_r - delta_hat_r (what the wire did not carry stays for later rounds);
   6. delta = mean_r delta_hat_r: every rank's payload all-gathered through the ledger (tag
      ``average``), decoded and summed in rank order in fp32, divided by R;
   7. theta <- theta - ``outer_lr`` delta; theta_r <- theta.
 
 The 2-bit quantiser (ours; the paper's is a 2-bit quantiser of the kept values, its exact form
-not fixed here): per chunk, the kept magnitudes a are split at their mean t; each value is sent
-as its sign and one bit (a > t), and decoded as sign x the mean of its half (two fp32 per
-chunk). Indices go as int16 offsets within their chunk (``chunk`` <= 32768). Per round a rank
-hands K (2 + 1/4) + 8 C bytes to one all-gather (K kept values, C chunks): at 64 of 4096,
-1/227 of the dense fp32 pseudo-gradient.
+not fixed there) is :mod:`thinwire.compression.chunked`'s. Per round a rank hands
+K (2 + 1/4) + 8 C bytes to one all-gather (K kept values, C chunks): at 64 of 4096, 1/227 of
+the dense fp32 pseudo-gradient.
 
 :class:`SparseLoCo` runs this around a user's model and inner optimizer::
 
@@ -31,15 +30,14 @@ hands K (2 + 1/4) + 8 C bytes to one all-gather (K kept values, C chunks): at 64
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from thinwire.compression.base import Compressor, Part, Payload, from_bytes, to_bytes, write_out
-from thinwire.errors import UsageError
+from thinwire.compression.base import from_bytes, to_bytes
+from thinwire.compression.registry import build
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.averaging import PeriodicSync
@@ -54,94 +52,6 @@ from thinwire.strategies.entry import MethodEntry
 from thinwire.strategies.traffic import Layout, Traffic
 
 
-class ChunkTopK2Bit(Compressor):
-    """Step 4's payload: per chunk the ``topk`` largest-magnitude entries, int16 offsets, signs
-    and one magnitude bit packed four values to a byte, and the two half-means as fp32."""
-
-    name = "topk2bit"
-
-    def __init__(self, chunk: int, topk: int) -> None:
-        super().__init__()
-        if not 1 <= topk <= chunk <= 32768:
-            raise UsageError(f"SparseLoCo needs 1 <= topk <= chunk <= 32768, got topk={topk}, "
-                             f"chunk={chunk}")
-        self.chunk, self.topk = chunk, topk
-
-    def params(self) -> dict[str, Any]:
-        return {"chunk": self.chunk, "topk": self.topk}
-
-    def kept(self, numel: int) -> int:
-        full, rest = divmod(numel, self.chunk)
-        return full * self.topk + min(self.topk, rest)
-
-    def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
-        k = self.kept(numel)
-        return (Part(k, torch.int16), Part(math.ceil(k / 4), torch.uint8),
-                Part(2 * math.ceil(numel / self.chunk), torch.float32))
-
-    def _valid(self, numel: int, device: torch.device) -> torch.Tensor:
-        """(chunks, k) booleans: which selected slots hold a value (the last chunk may be
-        shorter than topk)."""
-        rows = math.ceil(numel / self.chunk)
-        valid = torch.ones(rows, self.topk, dtype=torch.bool, device=device)
-        rest = numel - (rows - 1) * self.chunk
-        valid[-1, min(self.topk, rest):] = False
-        return valid
-
-    def encode(self, x: torch.Tensor, step: int = 0, *, key: int = 0) -> Payload:
-        flat = x.detach().reshape(-1).float()
-        d = flat.numel()
-        rows = math.ceil(d / self.chunk)
-        pad = rows * self.chunk - d
-        mag = torch.cat([flat.abs(), flat.new_full((pad,), -1.0)]).view(rows, self.chunk)
-        # 4a. the top-k magnitudes of each chunk (padding, at -1, is never chosen before a value)
-        _, idx = torch.topk(mag, self.topk, dim=1)
-        valid = self._valid(d, flat.device)
-        vals = torch.cat([flat, flat.new_zeros(pad)]).view(rows, self.chunk).gather(1, idx)
-        a = vals.abs()
-        # 4b. split each chunk's kept magnitudes at their mean; the mean of each half
-        n = valid.sum(1).clamp(min=1)
-        t = (a * valid).sum(1) / n
-        hi = (a > t[:, None]) & valid
-        lo = ~hi & valid
-        mean_hi = (a * hi).sum(1) / hi.sum(1).clamp(min=1)
-        mean_lo = (a * lo).sum(1) / lo.sum(1).clamp(min=1)
-        # 4c. two bits a value: sign, half; packed four to a byte
-        code = (torch.signbit(vals).to(torch.uint8) << 1) | hi.to(torch.uint8)
-        code = code[valid]
-        if code.numel() % 4:
-            code = torch.cat([code, code.new_zeros(4 - code.numel() % 4)])
-        q = code.view(-1, 4)
-        packed = (q[:, 0] << 6) | (q[:, 1] << 4) | (q[:, 2] << 2) | q[:, 3]
-        scales = torch.stack([mean_lo, mean_hi], dim=1).reshape(-1)
-        return (idx[valid].to(torch.int16), packed, scales)
-
-    def _sparse(self, payload: Payload, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(flat positions, decoded values) of a payload."""
-        idx, packed, scales = payload
-        k = idx.numel()
-        codes = torch.stack([packed >> 6, (packed >> 4) & 3, (packed >> 2) & 3, packed & 3],
-                            dim=1).reshape(-1)[:k]
-        valid = self._valid(numel, idx.device)
-        row = torch.arange(valid.shape[0], device=idx.device)[:, None].expand_as(valid)[valid]
-        s = scales.view(-1, 2)
-        mag = torch.where((codes & 1) > 0, s[row, 1], s[row, 0])
-        val = torch.where((codes & 2) > 0, -mag, mag)
-        return row * self.chunk + idx.long(), val
-
-    def decode(self, payload: Payload, numel: int, step: int = 0, *, key: int = 0,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-        pos, val = self._sparse(payload, numel)
-        dense = torch.zeros(numel, dtype=torch.float32, device=val.device)
-        dense[pos] = val
-        return write_out(dense, out)
-
-    def decode_add(self, payload: Payload, out: torch.Tensor, step: int = 0, *,
-                   key: int = 0) -> None:
-        pos, val = self._sparse(payload, out.numel())
-        out.view(-1).index_add_(0, pos, val.to(out.dtype))
-
-
 class SparseLoCo(PeriodicSync):
     """SparseLoCo's outer loop around ``model`` (module docstring): after every
     ``sync_every``-th step of ``inner_optimizer``, steps 2-7."""
@@ -152,7 +62,8 @@ class SparseLoCo(PeriodicSync):
                  tag: str = "average") -> None:
         super().__init__(model, sync_every, comm=comm, tag=tag)
         self.outer_lr, self.beta = outer_lr, beta
-        self.codec = ChunkTopK2Bit(chunk, topk)
+        # the accumulator is its error feedback (steps 3, 5): none of the codec's own
+        self.codec = build("topk2bit", chunk=chunk, topk=topk, ef=False)
         self.global_flat = flat_params(model).clone()
         self.error = torch.zeros_like(self.global_flat)
         self._hook_on(inner_optimizer)
@@ -164,16 +75,17 @@ class SparseLoCo(PeriodicSync):
             # 2. pseudo-gradient; 3. into the accumulator
             delta = self.global_flat - flat_params(self.model)
             self.error.mul_(self.beta).add_(delta)
-            # 4. top-k of each chunk, 2 bits a value; 5. what is sent leaves the accumulator
-            payload = self.codec.encode(self.error)
-            self.error.sub_(self.codec.decode(payload, d))
+            # 4. top-k of each chunk, 2 bits a value (deterministic: step and key 0);
+            # 5. what is sent leaves the accumulator
+            payload = self.codec.encode(self.error, 0)
+            self.error.sub_(self.codec.decode(payload, d, 0))
             # 6. every rank's payload, decoded and summed in rank order, over R
             wire = to_bytes(payload)
             rows = self.comm.all_gather(wire, tag=self.tag)
             spec = self.codec.spec(d)
             mean = torch.zeros_like(self.global_flat)
             for row in rows:
-                self.codec.decode_add(from_bytes(row, spec), mean)
+                self.codec.decode_add(from_bytes(row, spec), mean, 0)
             mean.div_(len(rows))
             # 7. the outer step; the replica restarts from theta
             self.global_flat.sub_(mean, alpha=self.outer_lr)
@@ -226,9 +138,10 @@ class SparseLoCoStrategy(WrappedStrategy):
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
             optimizer_states: int = 0) -> Traffic:
-    """One all-gather of :class:`ChunkTopK2Bit`'s payload of the whole model per round."""
+    """One all-gather of ``topk2bit``'s payload of the whole model per round."""
     del seed, optimizer_states
-    payload = ChunkTopK2Bit(options.chunk, options.topk).payload_bytes(layout.numel)
+    payload = build("topk2bit", chunk=options.chunk, topk=options.topk,
+                    ef=False).payload_bytes(layout.numel)
     return Traffic.uniform(workers, "all_gather", [payload] * (steps // options.period))
 
 

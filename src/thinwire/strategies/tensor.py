@@ -94,14 +94,14 @@ class Options:
     sequence_parallel: bool = opt(False, "run LayerNorms and residuals on 1/tp of the sequence "
                                   "(all-gather / reduce-scatter instead of all-reduce)")
     codec: str = opt("none", "codec on the tensor-parallel activations and their gradients: "
-                     f"one of {codec_names()} with its options, e.g. topk:ratio=0.1 (none: "
+                     f"one of {codec_names('tp')} with its options, e.g. topk:ratio=0.1 (none: "
                      "exact)")
 
     def __post_init__(self) -> None:
         if self.codec != "none":
             from thinwire.compression import check_codec
 
-            check_codec(self.codec, "method.codec", averaged=False)
+            check_codec(self.codec, "method.codec", slot="tp")
 
 
 # --- the strategy -----------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ class TensorParallelStrategy(SteppedStrategy):
         if o.codec != "none":
             from thinwire.compression import build
 
-            codec = build(o.codec, seed=self.cfg.train.seed, rank=self.comm.rank)
+            codec = build(o.codec, seed=self.cfg.train.seed, rank=self.comm.rank, slot="tp")
         self.exchange = Exchange(self.tp_comm, codec)
         self.plan = tensor_plan(self.cfg, model)
         self.full = model if self.comm.rank == 0 else None
@@ -228,7 +228,7 @@ def traffic_of(shape: TPShape, tp: int, dp: int, steps: int, *, sequence_paralle
     if codec != "none":
         from thinwire.compression import build
 
-        comp = build(codec)
+        comp = build(codec, slot="tp")
     act = shape.tokens * shape.width
     per_step: list[tuple[str, int, int]] = []  # (op, payload, group size)
     if tp > 1:
@@ -311,7 +311,7 @@ def _label(o: Options) -> str:
     if o.codec != "none":
         from thinwire.compression import build
 
-        parts.append(build(o.codec).describe())
+        parts.append(build(o.codec, slot="tp").describe())
     return f"tensor({','.join(parts)})" if parts else "tensor"
 
 

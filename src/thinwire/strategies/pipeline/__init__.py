@@ -2,8 +2,9 @@
 
 - :mod:`.schedule`: :class:`Pipeline` (a model's chain cut into stages; GPipe and 1F1B over the
   ledgered communicator), :class:`Boundaries` (what each boundary sends);
-- :mod:`.codecs`: boundary codecs (int4, low-rank with lazy error propagation, AQ-SGD, the
-  compression package's codecs) and bottlenecks (learned autoencoder, fixed subspace);
+- :mod:`.codecs`: a boundary's codecs (the registry's of the ``act`` and ``actgrad`` slots:
+  int4, low rank with lazy error propagation, AQ-SGD and every flat codec), sample ids and
+  bottlenecks (learned autoencoder, fixed subspace);
 - :mod:`.method`: the method's options, checks, traffic formula and Strategy.
 """
 

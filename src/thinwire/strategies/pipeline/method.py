@@ -96,7 +96,7 @@ class Options:
     epilogue_only: bool = opt(False, "compress gradients only in the 1F1B cool-down (Optimus-CC)")
     overrides: str = opt("", "per-boundary codecs 'b@fwd|bwd;...', e.g. '2@int4|lowrank:rank=4'")
     tp_codec: str = opt("none", "with --parallel.tp > 1: codec on the tensor-parallel sums inside "
-                        f"stages: one of {codec_names()} with its options (none: exact)")
+                        f"stages: one of {codec_names('tp')} with its options (none: exact)")
 
     def __post_init__(self) -> None:
         check(self.micro_batches >= 1, "method.micro_batches",
@@ -109,7 +109,7 @@ class Options:
               "needs --method.schedule 1f1b (GPipe has no cool-down)")
         parse_overrides(self.overrides)
         if self.tp_codec != "none":
-            check_codec(self.tp_codec, "method.tp_codec", averaged=False)
+            check_codec(self.tp_codec, "method.tp_codec", slot="tp")
 
     def boundaries(self) -> Boundaries:
         return Boundaries(self.codec_fwd, self.codec_bwd, self.uncompressed_first,
@@ -210,7 +210,8 @@ class PipelineStrategy(SteppedStrategy):
         if self.o.tp_codec != "none":
             from thinwire.compression import build
 
-            codec = build(self.o.tp_codec, seed=self.cfg.train.seed, rank=self.comm.rank)
+            codec = build(self.o.tp_codec, seed=self.cfg.train.seed, rank=self.comm.rank,
+                          slot="tp")
         self.exchange = Exchange(self.tp_comm, codec)
         self.pipe: Pipeline | None = None
         self.opt: torch.optim.Optimizer | None = None

@@ -52,11 +52,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from thinwire.compression.base import from_bytes, to_bytes
+from thinwire.compression.base import Compressor, Site, from_bytes, to_bytes
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.pipeline.codecs import (
-    BoundaryCodec,
-    Key,
     bottleneck,
     build_boundary,
     is_bottleneck,
@@ -177,13 +175,13 @@ class Pipeline:
         for mod in (self.encoder, self.decoder):
             if mod is not None:
                 mod.to(next(iter(self.stage.parameters()), torch.empty(0)).device)
-        self.codecs: dict[tuple[int, str], BoundaryCodec] = {}
-        self.plain: dict[tuple[int, str], BoundaryCodec] = {}
+        self.codecs: dict[tuple[int, str], Compressor] = {}
+        self.plain: dict[tuple[int, str], Compressor] = {}
         for bd in (self.stage_rank - 1, self.stage_rank):
             if 0 <= bd < self.n_stages - 1:
                 f, g = boundaries.specs(bd)
                 self.codecs[(bd, "F")] = build_boundary("none" if is_bottleneck(f) else f,
-                                                        seed=seed, rank=self.stage_rank)
+                                                        forward=True, seed=seed, rank=self.stage_rank)
                 self.codecs[(bd, "B")] = build_boundary(g, seed=seed, rank=self.stage_rank)
                 self.plain[(bd, "B")] = build_boundary("none")
         self._pending: list[tuple[Any, torch.Tensor]] = []
@@ -226,25 +224,25 @@ class Pipeline:
         return [p for m in self.modules() for p in m.parameters()]
 
     # --- the wire ------------------------------------------------------------------------------
-    def _codec(self, b: int, d: str, m: int) -> BoundaryCodec:
+    def _codec(self, b: int, d: str, m: int) -> Compressor:
         if d == "B" and not self.boundaries.compressed_backward(b, m, self.n_stages, self.n_micro):
             return self.plain[(b, d)]
         return self.codecs[(b, d)]
 
-    def _send(self, b: int, d: str, x: torch.Tensor, key: Key) -> None:
-        buf = to_bytes(self._codec(b, d, key.micro).encode(x.detach(), key))
+    def _send(self, b: int, d: str, x: torch.Tensor, site: Site) -> None:
+        buf = to_bytes(self._codec(b, d, site.key).encode_tensor(x.detach(), site))
         peer = b + 1 if d == "F" else b
         self._pending.append((self.comm.isend(buf, peer, tag="act" if d == "F" else "actgrad"),
                               buf))
 
-    def _recv(self, b: int, d: str, shape: tuple[int, ...], key: Key,
+    def _recv(self, b: int, d: str, shape: tuple[int, ...], site: Site,
               device: torch.device) -> torch.Tensor:
-        codec = self._codec(b, d, key.micro)
-        spec = codec.spec(shape)
+        codec = self._codec(b, d, site.key)
+        spec = codec.tensor_spec(shape)
         buf = torch.empty(sum(p.nbytes for p in spec), dtype=torch.uint8, device=device)
         peer = b if d == "F" else b + 1
         self.comm.recv(buf, peer, tag="act" if d == "F" else "actgrad")
-        return codec.decode(from_bytes(buf, spec), shape, key).float()
+        return codec.decode_tensor(from_bytes(buf, spec), shape, site).float()
 
     # --- one mini-batch ----------------------------------------------------------------------
     def run(self, x: torch.Tensor, y: torch.Tensor, step: int) -> float | None:
@@ -254,7 +252,7 @@ class Pipeline:
         if x.shape[0] % M:
             raise ValueError(f"a batch of {x.shape[0]} does not split into {M} micro-batches")
         xs, ys = x.chunk(M), y.chunk(M)  # 1.
-        needs_ids = any(getattr(c, "name", "") == "aqsgd" for c in self.codecs.values())
+        needs_ids = any(c.needs_samples for c in self.codecs.values())
         ids = [sample_ids(xm) for xm in xs] if needs_ids else [None] * M
         device = x.device
         inputs: dict[int, torch.Tensor] = {}
@@ -263,13 +261,13 @@ class Pipeline:
         self.passes = []
         clock = time.perf_counter()
         for kind, m in order(self.schedule, s, S, M):  # 2.
-            key = Key(step, m, ids[m])
+            site = Site(step, m, ids[m])
             rows = xs[m].shape[0]
             if kind == "F":  # 3.
                 if s == 0:
                     h = xs[m]
                 else:
-                    inp = self._recv(s - 1, "F", self.wire_shape(s - 1, rows), key, device)
+                    inp = self._recv(s - 1, "F", self.wire_shape(s - 1, rows), site, device)
                     inp.requires_grad_(True)
                     inputs[m] = inp
                     h = self.decoder(inp) if self.decoder is not None else inp
@@ -280,19 +278,19 @@ class Pipeline:
                     outputs[m] = loss
                 else:
                     z = self.encoder(out) if self.encoder is not None else out
-                    self._send(s, "F", z, key)
+                    self._send(s, "F", z, site)
                     outputs[m] = z
             else:  # 4.
                 z = outputs.pop(m)
                 if s == S - 1:
                     z.backward()
                 else:
-                    g = self._recv(s, "B", tuple(z.shape), key, device)
+                    g = self._recv(s, "B", tuple(z.shape), site, device)
                     z.backward(g)
                 if s > 0:
                     inp = inputs.pop(m)
                     grad = inp.grad if inp.grad is not None else torch.zeros_like(inp)
-                    self._send(s - 1, "B", grad, key)
+                    self._send(s - 1, "B", grad, site)
             now = time.perf_counter()
             self.passes.append((kind, m, now - clock))
             clock = now

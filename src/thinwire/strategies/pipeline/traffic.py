@@ -2,7 +2,7 @@
 :class:`~thinwire.strategies.pipeline.plan.PipelinePlan` and the method's options.
 
 Per step, stage s sends M forward payloads over boundary s and M backward payloads over boundary
-s - 1 (each the boundary codec's ``payload_bytes`` of the micro-batch's boundary shape, the
+s - 1 (each the boundary codec's ``tensor_bytes`` of the micro-batch's boundary shape, the
 uncompressed size where ``uncompressed_first`` or ``epilogue_only`` leave a message plain) and
 receives the mirror image; with dp > 1 one all-reduce of 4 P_s bytes (P_s: the stage's
 parameters, the rank's slices with T > 1, plus what a bottleneck adds), ring estimate
@@ -38,7 +38,7 @@ def _bottleneck_params(spec: str, width: int) -> tuple[int, int]:
 def message_bytes(plan: PipelinePlan, options: Any
                   ) -> tuple[list[list[int]], list[list[int]], list[int]]:
     """Per boundary b, the encoded bytes of micro-batch m's activation (``fwd[b][m]``) and of
-    its gradient (``bwd[b][m]``), each the boundary codec's ``payload_bytes`` of the message's
+    its gradient (``bwd[b][m]``), each the boundary codec's ``tensor_bytes`` of the message's
     shape; and the parameters each stage's bottleneck halves add (for the all-reduce)."""
     S, M = plan.stages, options.micro_batches
     bounds = options.boundaries()
@@ -55,10 +55,10 @@ def message_bytes(plan: PipelinePlan, options: Any
             extra[b + 1] += dec
             shape = (*shape[:-1], min(bottleneck_options(f)[1].dim, shape[-1]))
             f = "none"
-        fwd_bytes.append([build_boundary(f).payload_bytes(shape)] * M)
+        fwd_bytes.append([build_boundary(f, forward=True).tensor_bytes(shape)] * M)
         codec = build_boundary(g)
-        bwd_bytes.append([codec.payload_bytes(shape)
-                          if bounds.compressed_backward(b, m, S, M) else plain.payload_bytes(shape)
+        bwd_bytes.append([codec.tensor_bytes(shape)
+                          if bounds.compressed_backward(b, m, S, M) else plain.tensor_bytes(shape)
                           for m in range(M)])
     return fwd_bytes, bwd_bytes, extra
 
@@ -79,7 +79,7 @@ def traffic(layout: Layout, options: Any, workers: int, steps: int, seed: int,
     if options.tp_codec != "none":
         from thinwire.compression import build
 
-        comp = build(options.tp_codec)
+        comp = build(options.tp_codec, slot="tp")
     rows = plan.batch // M
     fwd_bytes, bwd_bytes, extra = message_bytes(plan, options)
     sent, recv, pay = [], [], []
