@@ -268,8 +268,8 @@ class _Inputs:
     """The validated inputs of :func:`simulate`: per stage its passes, their CPU seconds and
     the bytes of each message it sends."""
 
-    S: int
-    M: int
+    stages: int
+    micro_batches: int
     passes: list[list[tuple[str, int]]]
     """Stage s's passes in the runtime's order, then its optimizer step ``("O", -1)``."""
     forward: Sequence[float]
@@ -283,7 +283,7 @@ class _Inputs:
     def cpu(self, s: int, kind: str, m: int) -> float:
         """Stage s's seconds (one core) of pass ``kind`` on micro-batch m: its compute plus the
         codec work of the messages it reads and writes."""
-        S, M, codec = self.S, self.M, self.codec
+        S, M, codec = self.stages, self.micro_batches, self.codec
         if kind == "O":
             return self.opt[s]
         if kind == "F":
@@ -341,7 +341,7 @@ class _Simulation:
 
     def __init__(self, inp: _Inputs, *, bandwidth: float, latency: float, cores: int | None,
                  burst: float, rendezvous: bool, acks_queue: bool) -> None:
-        S = inp.S
+        S = inp.stages
         self.inp, self.latency, self.cores = inp, latency, cores
         self.rendezvous, self.acks_queue = rendezvous, acks_queue
         self.pos, self.left = [0] * S, [-1.0] * S  # left < 0: no pass in hand
@@ -365,7 +365,7 @@ class _Simulation:
         key = None
         if kind == "F" and s > 0:
             key, frm = ("F", s - 1, m), s - 1
-        elif kind == "B" and s < self.inp.S - 1:
+        elif kind == "B" and s < self.inp.stages - 1:
             key, frm = ("B", s, m), s + 1
         if key is not None:
             if key not in self.asked:
@@ -398,7 +398,7 @@ class _Simulation:
         """Every idle stage whose next pass can start takes it; returns the times the others
         can (the next events)."""
         wakes = []
-        for s in range(self.inp.S):
+        for s in range(self.inp.stages):
             if self.done[s] is None and self.left[s] < 0:
                 t = self.needs(s)
                 if t is not None and t <= self.now:
@@ -415,7 +415,7 @@ class _Simulation:
         self.timeline.append((s, kind, m, self.began[s], self.now))
         self.left[s] = -1.0
         self.pos[s] += 1
-        if kind == "F" and s < self.inp.S - 1:
+        if kind == "F" and s < self.inp.stages - 1:
             self.post(s, s + 1, ("F", s, m), self.inp.fwd[s][m])
         elif kind == "B" and s > 0:
             self.post(s, s - 1, ("B", s - 1, m), self.inp.bwd[s - 1][m])
@@ -426,7 +426,7 @@ class _Simulation:
         """Until every stage has stepped: start what can start, advance the clock to the next
         pass end or arrival (the running passes share the cores equally), finish what ended.
         Returns each stage's end."""
-        S, cores = self.inp.S, self.cores
+        S, cores = self.inp.stages, self.cores
         while any(d is None for d in self.done):
             wakes = self._start_passes()
             running = [s for s in range(S) if self.left[s] >= 0]
