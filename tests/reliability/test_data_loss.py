@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import one_line
 from inproc import tiny_config, train_inproc
 from report_cases import write_report_run
 from tmpfs import fill, tiny_tmpfs
@@ -51,11 +52,6 @@ def copy_of(finished: Path, tmp_path: Path) -> Path:
     out = tmp_path / "out"
     shutil.copytree(finished, out, symlinks=True)
     return out
-
-
-def one_line(exc: BaseException) -> str:
-    assert "\n" not in str(exc) and str(exc)
-    return str(exc)
 
 
 # --- 2. a finished run is never rewritten by --resume ---------------------------------------------

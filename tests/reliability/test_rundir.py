@@ -13,16 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from harness import one_line
 from tmpfs import fill, tiny_tmpfs
 
 from thinwire import rundir
 from thinwire.errors import UsageError
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text and text, text
-    return text
 
 
 def tree(root: Path) -> dict[str, bytes]:
