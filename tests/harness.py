@@ -6,7 +6,7 @@ ranks (a file store's rendezvous, one torch thread each, hard timeout) through
 
 The helpers every test file shares live here too, written once: ``wait_until`` /
 ``poll_until`` (wait on a condition with a timeout, never a fixed sleep), ``one_line`` (a
-refusal's message is one non-empty line) and ``pipeline_config`` (the pipeline tests' run
+refusal's message is one non-empty line), ``stderr_lines`` (a command's non-blank output lines) and ``pipeline_config`` (the pipeline tests' run
 configuration).
 """
 
@@ -22,7 +22,7 @@ from thinwire.data.text import BUNDLED_DIR
 from thinwire.runtime.spawn import RankFailed, rendezvous_dir, run_group
 
 __all__ = ["DATA", "one_line", "pipeline_config", "poll_until", "rendezvous_dir", "run_workers",
-           "wait_until"]
+           "stderr_lines", "wait_until"]
 
 
 DATA: Path = BUNDLED_DIR
@@ -69,6 +69,11 @@ def one_line(exc: BaseException | pytest.ExceptionInfo[BaseException]) -> str:
     text = str(exc.value if isinstance(exc, pytest.ExceptionInfo) else exc)
     assert text and "\n" not in text, text
     return text
+
+
+def stderr_lines(text: str) -> list[str]:
+    """The non-blank lines of a command's output (a refusal is exactly one of them)."""
+    return [ln for ln in text.splitlines() if ln.strip()]
 
 
 def flat_state(state: object, prefix: str = "") -> dict[str, object]:

@@ -157,7 +157,3 @@ def training(run_dir: Path, timeout: float = 180) -> None:
     metrics = run_dir / "metrics.jsonl"
     assert poll_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout), \
         "training did not start"
-
-
-def stderr_lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.strip()]

@@ -241,6 +241,7 @@ def test_the_worker_entry_takes_the_lock_of_a_live_job(finished: Path, tmp_path:
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time\nfrom thinwire import rundir\n"
                                f"rd = rundir.open_run({str(out)!r}, 'dp', resume=True)\n"
+                               # the lock holder under test: it holds until killed
                                "print('locked', flush=True)\ntime.sleep(300)\n"],
                               stdout=subprocess.PIPE, text=True)
     try:

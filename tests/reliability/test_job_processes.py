@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import poll_until
+from harness import poll_until, stderr_lines
 from reliability_procs import (
     alive,
     is_loopback,
     job_workers,
     listening,
     started,
-    stderr_lines,
     train_job,
     training,
 )

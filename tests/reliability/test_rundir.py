@@ -205,7 +205,7 @@ def test_the_lock_dies_with_its_holder(tmp_path: Path) -> None:
         from thinwire import rundir
         rd = rundir.open_run({str(tmp_path)!r}, "dp", resume=True)
         print("locked", flush=True)
-        time.sleep(600)
+        time.sleep(600)  # the lock holder under test: it holds until the test kills it
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_procs import alive, started, stderr_lines, train_job, training
+from harness import stderr_lines
+from reliability_procs import alive, started, train_job, training
 
 from thinwire import checkpoint, rundir
 
