@@ -6,8 +6,8 @@ ranks (a file store's rendezvous, one torch thread each, hard timeout) through
 
 The helpers every test file shares live here too, written once: ``wait_until`` /
 ``poll_until`` (wait on a condition with a timeout, never a fixed sleep), ``one_line`` (a
-refusal's message is one non-empty line), ``stderr_lines`` (a command's non-blank output lines) and ``pipeline_config`` (the pipeline tests' run
-configuration).
+refusal's message is one non-empty line), ``stderr_lines`` (a command's non-blank output
+lines) and ``pipeline_config`` (the pipeline tests' run configuration).
 """
 
 from __future__ import annotations
