@@ -8,7 +8,7 @@
 #      CLUSTER says otherwise).
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default runs/gpu_check; PY=... for another python)
 # Each part's output goes to OUT_DIR/*.txt and the terminal; the exit status is non-zero when
-# any part failed. docs/BENCHMARKS.md ("Checks on a CUDA device") records what it printed.
+# any part failed. docs/benchmarks/gpu.md ("Checks on a CUDA device") records what it printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -38,7 +38,6 @@ import copy
 import json
 import math
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -310,7 +309,9 @@ def run_job(job: Job, rank: int, n: int) -> dict[str, Any] | None:
 
 
 def _worker(rank: int, n: int, port: int, jobs: list[dict[str, Any]], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # every rank a client of the parent's store (TORCHELASTIC_USE_AGENT_STORE): none binds a port
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      TORCHELASTIC_USE_AGENT_STORE="True")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=n)
     rows = []
@@ -327,12 +328,17 @@ def _worker(rank: int, n: int, port: int, jobs: list[dict[str, Any]], out: str) 
 
 
 def run_group(jobs: list[Job], n: int, out: Path) -> list[dict[str, Any]]:
-    """Every job with ``n`` workers (one process group), rank 0's rows."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    """Every job with ``n`` workers (one process group), rank 0's rows. The rendezvous store
+    listens here, bound to a port of the kernel's choice before any worker starts (no port is
+    picked, released and bound again later)."""
+    from thinwire.launch import loopback_store
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(n, port, [j.__dict__ for j in jobs], str(out)), nprocs=n)
+    store, port = loopback_store()
+    try:
+        mp.spawn(_worker, args=(n, port, [j.__dict__ for j in jobs], str(out)), nprocs=n)
+    finally:
+        del store
     return json.loads(out.read_text())
 
 

@@ -40,7 +40,6 @@ import argparse
 import copy
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -323,12 +322,18 @@ def _run(a: argparse.Namespace, task: str, method: str, run_dir: Path) -> dict[s
             "--local-steps", str(a.local_steps), "--period", str(a.period)]
     deadline = time.monotonic() + a.timeout
     if a.link == "loopback":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        specs = [(argv, worker_env(r, a.workers, "127.0.0.1", port, "lo", 1))
-                 for r in range(a.workers)]
-        wall = run_processes(specs, run_dir, deadline)
+        # the store listens here on a port of the kernel's choice and every rank is its client
+        # (TORCHELASTIC_USE_AGENT_STORE): no port is picked, released and bound again later
+        from thinwire.launch import loopback_store
+
+        store, port = loopback_store()
+        try:
+            specs = [(argv, {**worker_env(r, a.workers, "127.0.0.1", port, "lo", 1),
+                             "TORCHELASTIC_USE_AGENT_STORE": "True"})
+                     for r in range(a.workers)]
+            wall = run_processes(specs, run_dir, deadline)
+        finally:
+            del store
     else:
         link = parse_links(a.link)[0]
         with Testbed(a.workers, link) as tb:

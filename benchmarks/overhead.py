@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,19 +31,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _plain_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     from thinwire.builders import build_model, load_data, make_stream
     from thinwire.config import load
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=120))
+    # a client of the parent's store (bound before the workers start): no rank binds a port
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
     cfg = load(None, _overrides(args))
     ds = load_data(cfg)
     stream = make_stream(cfg, ds, rank, world)
@@ -75,9 +70,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def plain(args: argparse.Namespace) -> float:
+    from thinwire.launch import loopback_store
+
     out = tempfile.mktemp(suffix=".json")
-    mp.start_processes(_plain_worker, args=(args.workers, _port(), args, out),
-                       nprocs=args.workers, start_method="spawn")
+    store, port = loopback_store()  # listening on a port of the kernel's choice until the end
+    try:
+        mp.start_processes(_plain_worker, args=(args.workers, port, args, out),
+                           nprocs=args.workers, start_method="spawn")
+    finally:
+        del store
     return float(json.loads(Path(out).read_text())["wall_s"])
 
 

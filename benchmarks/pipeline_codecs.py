@@ -1,7 +1,7 @@
 """Every boundary codec of the pipeline method on one GPT, against the uncompressed pipeline and
 data parallelism of the same model and global batch.
 
-    python benchmarks/pipeline_codecs.py                  # the table of docs/BENCHMARKS.md
+    python benchmarks/pipeline_codecs.py                  # the table of docs/benchmarks/pipeline.md
     python benchmarks/pipeline_codecs.py --steps 40       # a quick look
 
 A character-level GPT (4 blocks, d_model 64, 4 heads, context 64) on tiny-shakespeare, 4

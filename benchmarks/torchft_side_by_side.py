@@ -34,7 +34,6 @@ import multiprocessing as mp
 import os
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -43,10 +42,28 @@ from pathlib import Path
 from typing import Any
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def start_lighthouse(binary: str, args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+    """The lighthouse binary bound to 127.0.0.1 on a port of the kernel's choice (``:0``, so no
+    port is picked, released and bound again later), and its address, read from the line it
+    logs once it listens; its further log lines are drained (and dropped) by a thread."""
+    import re
+    import threading
+
+    env = dict(os.environ, RUST_LOG="info")  # the "listening on" line is logged at info
+    proc = subprocess.Popen(
+        [binary, "--min_replicas", str(args.workers), "--bind", "127.0.0.1:0",
+         "--join_timeout_ms", "200", "--quorum_tick_ms", "10"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        found = re.search(r"listening on: http://[^:\s]+:(\d+)", line)
+        if found:
+            threading.Thread(target=lambda: [None for _ in proc.stderr or ()],
+                             daemon=True).start()
+            return proc, f"http://127.0.0.1:{found.group(1)}"
+    proc.wait()
+    raise SystemExit(f"torchft_side_by_side: torchft_lighthouse exited ({proc.returncode}) "
+                     "before listening; run it by hand to see why")
 
 
 def written() -> int:
@@ -119,24 +136,25 @@ def _outer(params: Any, args: argparse.Namespace) -> Any:
                            nesterov=args.outer_momentum > 0)
 
 
-def _manager(args: argparse.Namespace, rank: int, lighthouse: str, store_port: int,
-             manager_port: int, holder: dict[str, Any]) -> tuple[Any, Any]:
-    """This rank's torchft Manager (one replica group of one rank) and its TCPStore; the
-    model it checkpoints for recovery is ``holder["model"]``, the repeat's model."""
+def _manager(args: argparse.Namespace, rank: int, lighthouse: str,
+             holder: dict[str, Any]) -> tuple[Any, Any]:
+    """This rank's torchft Manager (one replica group of one rank) and its TCPStore, each bound
+    to a port of the kernel's choice (0); the model it checkpoints for recovery is
+    ``holder["model"]``, the repeat's model."""
     from torch.distributed import TCPStore
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
     model = holder
-    store = TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=120)),
         load_state_dict=lambda sd: model["model"].load_state_dict(sd["model"]),
         state_dict=lambda: {"model": model["model"].state_dict()},
         min_replica_size=args.workers,
         use_async_quorum=False, replica_id=f"replica{rank}", store_addr="127.0.0.1",
-        store_port=store_port, rank=0, world_size=1, lighthouse_addr=lighthouse,
-        port=manager_port, hostname="127.0.0.1", init_sync=False,
+        store_port=store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
+        port=0, hostname="127.0.0.1", init_sync=False,
         timeout=timedelta(seconds=120), quorum_timeout=timedelta(seconds=120),
         connect_timeout=timedelta(seconds=60))
     return manager, store
@@ -203,7 +221,7 @@ def _thinwire(args: argparse.Namespace, rank: int) -> dict[str, Any]:
     return out
 
 
-def _worker(rank: int, args: argparse.Namespace, lighthouse: str, ports: dict[str, Any],
+def _worker(rank: int, args: argparse.Namespace, lighthouse: str, port: int,
             queue: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -211,10 +229,10 @@ def _worker(rank: int, args: argparse.Namespace, lighthouse: str, ports: dict[st
     torch.set_num_threads(1)
     try:
         holder: dict[str, Any] = {}
-        manager, store = _manager(args, rank, lighthouse, ports["store"][rank],
-                                  ports["manager"][rank], holder)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports['thinwire']}",
-                                rank=rank, world_size=args.workers,
+        manager, store = _manager(args, rank, lighthouse, holder)
+        # thinwire's group: a client of the parent's store, which listens already
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+        dist.init_process_group("gloo", store=client, rank=rank, world_size=args.workers,
                                 timeout=timedelta(seconds=120))
         # repeats interleaved, the order alternating (torchft first in even repeats), so a
         # change of the machine's load falls on both alike
@@ -246,17 +264,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "extra (pip install -c constraints.txt -e '.[dev]')")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's manager logs every quorum at info
-    lh_port = free_port()
-    lighthouse = subprocess.Popen(
-        [binary, "--min_replicas", str(args.workers), "--bind", f"127.0.0.1:{lh_port}",
-         "--join_timeout_ms", "200", "--quorum_tick_ms", "10"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ports = {"store": [free_port() for _ in range(args.workers)],
-             "manager": [free_port() for _ in range(args.workers)], "thinwire": free_port()}
+    from thinwire.launch import loopback_store
+
+    lighthouse, address = start_lighthouse(binary, args)
+    store, port = loopback_store()  # thinwire's rendezvous, bound before any worker starts
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, args, f"http://127.0.0.1:{lh_port}", ports,
-                                                queue)) for r in range(args.workers)]
+    procs = [ctx.Process(target=_worker, args=(r, args, address, port, queue))
+             for r in range(args.workers)]
     try:
         for p in procs:
             p.start()
@@ -282,6 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 p.kill()
         lighthouse.kill()
         lighthouse.wait()
+        del store
     return summarise(args, [results[r] for r in range(args.workers)])
 
 

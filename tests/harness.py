@@ -3,6 +3,11 @@
 ``run_workers(fn, world_size, *args)`` runs ``fn(comm, *args)`` on ``world_size`` forked gloo
 ranks (a file store's rendezvous, one torch thread each, hard timeout) through
 :func:`thinwire.runtime.spawn.run_group`; a failing or hanging rank fails the test, named.
+
+The helpers every test file shares live here too, written once: ``wait_until`` /
+``poll_until`` (wait on a condition with a timeout, never a fixed sleep), ``one_line`` (a
+refusal's message is one non-empty line), ``stderr_lines`` (a command's non-blank output
+lines) and ``pipeline_config`` (the pipeline tests' run configuration).
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from thinwire.data.text import BUNDLED_DIR
 from thinwire.runtime.spawn import RankFailed, rendezvous_dir, run_group
 
-__all__ = ["DATA", "rendezvous_dir", "run_workers", "wait_until"]
+__all__ = ["DATA", "one_line", "pipeline_config", "poll_until", "rendezvous_dir", "run_workers",
+           "stderr_lines", "wait_until"]
 
 
 DATA: Path = BUNDLED_DIR
@@ -30,21 +38,42 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, timeout: fl
         raise AssertionError(str(exc)) from None
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str,
-               poll: float = 0.05) -> Any:
-    """Poll ``condition()`` until it returns a true value (returned) or ``timeout`` seconds pass
-    (an AssertionError naming ``what``): a test waits on the event it needs, never a fixed
-    time."""
+def poll_until(condition: Callable[[], Any], timeout: float, poll: float = 0.05) -> Any:
+    """Poll ``condition()`` until it returns a true value or ``timeout`` seconds pass; the last
+    value either way (the caller asserts on it): a test waits on the event it needs, never a
+    fixed time."""
     import time
 
     end = time.monotonic() + timeout
     while True:
         value = condition()
-        if value:
+        if value or time.monotonic() > end:
             return value
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: not within {timeout:g} s")
         time.sleep(poll)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str,
+               poll: float = 0.05) -> Any:
+    """Poll ``condition()`` until it returns a true value (returned) or ``timeout`` seconds pass
+    (an AssertionError naming ``what``): a test waits on the event it needs, never a fixed
+    time. A condition that raises (a process it waits on died) fails the wait at once."""
+    value = poll_until(condition, timeout, poll)
+    if not value:
+        raise AssertionError(f"{what}: not within {timeout:g} s")
+    return value
+
+
+def one_line(exc: BaseException | pytest.ExceptionInfo[BaseException]) -> str:
+    """The message of a refusal (the exception, or what ``pytest.raises`` caught), asserted to
+    be one non-empty line: bad input is one line naming what is wrong, never a traceback."""
+    text = str(exc.value if isinstance(exc, pytest.ExceptionInfo) else exc)
+    assert text and "\n" not in text, text
+    return text
+
+
+def stderr_lines(text: str) -> list[str]:
+    """The non-blank lines of a command's output (a refusal is exactly one of them)."""
+    return [ln for ln in text.splitlines() if ln.strip()]
 
 
 def flat_state(state: object, prefix: str = "") -> dict[str, object]:
@@ -79,3 +108,18 @@ def assert_same_state(a: dict[str, object], b: dict[str, object], rank: int
         else:
             assert v == b[k], (rank, k)
     return tensors, filled
+
+
+def pipeline_config(*, pp: int, workers: int, micro_batches: int, batch_size: int,
+                    model: str = "gpt", schedule: str = "1f1b", **over: Any) -> Any:
+    """The ``pipeline`` method's configuration every pipeline test starts from: ``model`` (the
+    GPT on tiny-shakespeare, or another on digits) in ``pp`` stages of ``workers`` ranks,
+    ``micro_batches`` micro-batches of a ``batch_size`` step, lr 0.1; ``over`` (dotted keys)
+    on top."""
+    from thinwire.config import load
+
+    data = "tinyshakespeare" if model == "gpt" else "digits"
+    return load(None, {"model.name": model, "data.name": data, "method.name": "pipeline",
+                       "method.schedule": schedule, "method.micro_batches": micro_batches,
+                       "parallel.pp": pp, "runtime.workers": workers,
+                       "train.batch_size": batch_size, "train.lr": 0.1, **over})

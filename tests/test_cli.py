@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import wait_until
+from harness import stderr_lines, wait_until
 
 from thinwire.cli import main
 from thinwire.config import iter_options, load
@@ -61,7 +61,7 @@ def test_help_lists_every_option(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
     r = thinwire("train", "--out", str(tmp_path), "--data.name", "digits", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    lines = stderr_lines(r.stderr)
     assert len(lines) == 1 and needle in lines[0], r.stderr
 
 
@@ -168,5 +168,5 @@ def test_worker_entry_usage_errors(tmp_path: Path) -> None:
     for argv in ([], ["a", "b"], [str(tmp_path / "missing.toml")]):
         r = subprocess.run([sys.executable, "-m", "thinwire.worker", *argv], capture_output=True,
                            text=True, timeout=60)
-        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        lines = stderr_lines(r.stderr)
         assert r.returncode == 2 and len(lines) == 1, (argv, r.stderr)

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from harness import stderr_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -58,7 +59,7 @@ def test_any_config_input_launches_or_fails_in_one_line(
         except SystemExit as exc:  # argparse's own one-line errors
             code = int(exc.code or 0)
         err = capsys.readouterr().err
-        lines = [ln for ln in err.splitlines() if ln.strip()]
+        lines = stderr_lines(err)
         assert code == 2, (argv, err)
         assert len(lines) == 1, (argv, err)
         assert "Traceback" not in err

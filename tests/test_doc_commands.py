@@ -1,10 +1,10 @@
-"""Every ``thinwire ...`` command line quoted in README.md and docs/*.md (code blocks, inline
-code, and the ``printed by:`` comments above recorded outputs) still parses and validates: the
-sub-command's arguments, then what the command checks before it trains or writes anything
-(train, compare, bench: the configs and the target; theory: the experiments and their
-parameters); plan commands that name what they price and only print are run. Placeholders (``FILE``, ``METHOD``, ``...``,
-``[--option]``) and commands that name their sub-command only are left out. Nothing is trained
-and nothing is written."""
+"""Every ``thinwire ...`` command line quoted in README.md, docs/*.md and docs/benchmarks/*.md
+(code blocks, inline code, and the ``printed by:`` comments above recorded outputs) still parses
+and validates: the sub-command's arguments, then what the command checks before it trains or
+writes anything (train, compare, bench: the configs and the target; theory: the experiments and
+their parameters); plan commands that name what they price and only print are run. Placeholders
+(``FILE``, ``METHOD``, ``...``, ``[--option]``) and commands that name their sub-command only are
+left out. Nothing is trained and nothing is written."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import pytest
 from thinwire.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
 PLACEHOLDER = re.compile(r"\.\.\.|\[|\{|\*|\bFILE\b|FILE\.|\bSRC\b|\bMETHOD\b|\bNAME\b|\bDIR\b|"
                          r"RUN_DIR|SHAPE|XMLP\.toml|\bM --cluster C\b|\bC\b$")
 WRITES = ("--out", "--calibrate", "--plots")  # plan/theory options that write files

@@ -262,7 +262,8 @@ def test_the_defaults_train_conv_and_attention_models(kind: str, floor: float) -
     TransformerEncoder layer), the old defaults (the residual stream cut) 0.534 and 0.521. The
     floors sit 12 and 10 points under the first (the runs are seeded, so the margin only covers
     other torch builds) and 17 and 10 points over the second, so the test fails if the stream
-    is cut again: docs/BENCHMARKS.md, "IST's quality", measures the same gap at full size."""
+    is cut again: docs/benchmarks/ist-quality.md, "IST's quality", measures the same gap at full
+    size."""
     new = run_workers(_train_default, 2, kind, "whole")[0]
     old = run_workers(_train_default, 2, kind, "channels")[0]
     assert new >= floor, (kind, new)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from harness import one_line
 
 from thinwire.data import DATASETS, DataSource
 from thinwire.data.graph import (
@@ -24,12 +25,6 @@ SBM = DATASETS.get("sbm")
 SMALL_SBM: dict[str, Any] = {"nodes": 3000, "communities": 5, "avg_degree": 8.0,
                              "feature_dim": 16, "train_per_class": 10, "val_nodes": 100,
                              "test_nodes": 500}
-
-
-def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
-    message = str(exc.value)
-    assert "\n" not in message, message
-    return message
 
 
 def load_cora(directory: Path, **source: Any) -> Any:

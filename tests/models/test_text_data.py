@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from harness import one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,12 +32,6 @@ CORPUS = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 40
 
 def load(source: DataSource, **options: Any) -> Any:
     return ENTRY.load(source, build_options(ENTRY.options, options, "data"), 0)
-
-
-def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
-    message = str(exc.value)
-    assert "\n" not in message, message
-    return message
 
 
 # ------------------------------------------------------------------------------ the corpus

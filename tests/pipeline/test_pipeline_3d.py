@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch._dynamo  # noqa: F401  # before the ranks fork: each would import it at its first optimizer
 import torch.nn.functional as F
-from harness import run_workers
+from harness import pipeline_config, run_workers
 
 from thinwire.config import load
 from thinwire.errors import UsageError
@@ -51,12 +51,9 @@ def batch(d: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def config(schedule: str, **extra: Any) -> Any:
-    return load(None, {"model.name": "gpt", "data.name": "tinyshakespeare",
-                       "method.name": "pipeline", "method.schedule": schedule,
-                       "method.micro_batches": M, "parallel.pp": PP, "parallel.tp": TP,
-                       "runtime.workers": DP * PP * TP, "train.batch_size": B,
-                       "train.lr": 0.1, "train.steps": STEPS, "train.eval_every": STEPS,
-                       **extra})
+    return pipeline_config(schedule=schedule, pp=PP, workers=DP * PP * TP, micro_batches=M,
+                           batch_size=B, **{"parallel.tp": TP, "train.steps": STEPS,
+                                            "train.eval_every": STEPS, **extra})
 
 
 def _train(comm: Any, runs: list[tuple[str, float]]) -> list[dict[str, Any]]:

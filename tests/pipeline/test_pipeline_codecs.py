@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from harness import run_workers
+from harness import pipeline_config, run_workers
 from test_pipeline_exact import B, M, batch, lm_loss, make
 
 from thinwire.compression.base import Site, from_bytes, to_bytes
@@ -185,14 +185,9 @@ RUNS = [
 
 
 def _cfg(over: dict):
-    from thinwire.config import load
-
-    values = {"model.name": "gpt", "data.name": "tinyshakespeare", "method.name": "pipeline",
-              "method.schedule": "1f1b", "method.micro_batches": M, "parallel.pp": 4,
-              "runtime.workers": 4, "train.batch_size": B,
-              "train.lr": 0.0 if over.get("method.train_lr0") else 0.1}
+    values = {"train.lr": 0.0 if over.get("method.train_lr0") else 0.1}
     values.update({k: v for k, v in over.items() if k != "method.train_lr0"})
-    return load(None, values)
+    return pipeline_config(pp=4, workers=4, micro_batches=M, batch_size=B, **values)
 
 
 def _compressed(comm) -> list:

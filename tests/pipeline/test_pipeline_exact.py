@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from harness import run_workers
+from harness import pipeline_config, run_workers
 
-from thinwire.config import load
 from thinwire.models.gpt import GPT
 from thinwire.models.mlp import build_mlp
 from thinwire.runtime.mesh import Mesh
@@ -49,11 +48,8 @@ def batch(model_name: str, d: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def config(model_name: str, schedule: str, S: int, dp: int, clip: float = 0.0):
-    data = "tinyshakespeare" if model_name == "gpt" else "digits"
-    return load(None, {"model.name": model_name, "data.name": data, "method.name": "pipeline",
-                       "method.schedule": schedule, "method.micro_batches": M,
-                       "parallel.pp": S, "runtime.workers": S * dp, "train.batch_size": B,
-                       "train.lr": 0.1, "train.clip_norm": clip})
+    return pipeline_config(model=model_name, schedule=schedule, pp=S, workers=S * dp,
+                           micro_batches=M, batch_size=B, **{"train.clip_norm": clip})
 
 
 def _stage_grads(comm, S: int, dp: int, runs) -> list:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import run_workers
+from harness import pipeline_config, run_workers
 from test_pipeline_exact import B, L, M, batch, lm_loss, make
 
 from thinwire.errors import UsageError
@@ -32,13 +32,8 @@ D_MODEL = 8  # make("gpt")'s width; its blocks keep it, so every boundary carrie
 
 
 def _cfg(S: int, fwd: str, bwd: str):
-    from thinwire.config import load
-
-    return load(None, {"model.name": "gpt", "data.name": "tinyshakespeare",
-                       "method.name": "pipeline", "method.schedule": "1f1b",
-                       "method.micro_batches": M, "method.codec_fwd": fwd,
-                       "method.codec_bwd": bwd, "parallel.pp": S, "runtime.workers": S,
-                       "train.batch_size": B, "train.lr": 0.1})
+    return pipeline_config(pp=S, workers=S, micro_batches=M, batch_size=B,
+                           **{"method.codec_fwd": fwd, "method.codec_bwd": bwd})
 
 
 def _ledgers(comm, S: int) -> list[tuple[int, int]]:

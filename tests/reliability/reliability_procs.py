@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+
+from harness import poll_until
 
 LONG = ["--data.name", "digits", "--train.steps", "100000", "--train.batch_size", "8",
         "--model.hidden", "16", "--train.eval_every", "0", "--no-progress"]
@@ -76,16 +76,6 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(pid, sig)
     except OSError:
         pass
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(step)
-    return cond()
 
 
 def listening(pids: list[int]) -> list[tuple[str, int]]:
@@ -156,7 +146,7 @@ def train_job(out: Path, *extra: str, workers: int = 2) -> Iterator[subprocess.P
 
 def started(proc: subprocess.Popen[str], workers: int, timeout: float = 180) -> dict[int, int]:
     """Wait until ``workers`` workers of the job are alive; {pid: rank}."""
-    found = wait_for(lambda: len(job_workers(proc.pid)) >= workers or proc.poll() is not None,
+    found = poll_until(lambda: len(job_workers(proc.pid)) >= workers or proc.poll() is not None,
                      timeout)
     assert found and proc.poll() is None, f"workers did not start: {proc.poll()}"
     return job_workers(proc.pid)
@@ -165,9 +155,5 @@ def started(proc: subprocess.Popen[str], workers: int, timeout: float = 180) -> 
 def training(run_dir: Path, timeout: float = 180) -> None:
     """Wait until rank 0 wrote its first metrics record (every worker passed the first barrier)."""
     metrics = run_dir / "metrics.jsonl"
-    assert wait_for(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout), \
+    assert poll_until(lambda: metrics.is_file() and metrics.stat().st_size > 0, timeout), \
         "training did not start"
-
-
-def stderr_lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.strip()]

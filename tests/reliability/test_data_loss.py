@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import one_line
 from inproc import tiny_config, train_inproc
 from report_cases import write_report_run
 from tmpfs import fill, tiny_tmpfs
@@ -51,11 +52,6 @@ def copy_of(finished: Path, tmp_path: Path) -> Path:
     out = tmp_path / "out"
     shutil.copytree(finished, out, symlinks=True)
     return out
-
-
-def one_line(exc: BaseException) -> str:
-    assert "\n" not in str(exc) and str(exc)
-    return str(exc)
 
 
 # --- 2. a finished run is never rewritten by --resume ---------------------------------------------
@@ -245,6 +241,7 @@ def test_the_worker_entry_takes_the_lock_of_a_live_job(finished: Path, tmp_path:
     holder = subprocess.Popen([sys.executable, "-c",
                                "import sys, time\nfrom thinwire import rundir\n"
                                f"rd = rundir.open_run({str(out)!r}, 'dp', resume=True)\n"
+                               # the lock holder under test: it holds until killed
                                "print('locked', flush=True)\ntime.sleep(300)\n"],
                               stdout=subprocess.PIPE, text=True)
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import wait_until
 
 pytest.importorskip("torchft")
 os.environ.setdefault("RUST_LOG", "error")
@@ -123,8 +124,6 @@ def test_too_few_workers_left_ends_with_one_line(tmp_path: Path) -> None:
 def test_lighthouse_lost_ends_with_one_line(tmp_path: Path) -> None:
     """The lighthouse stops while 2 replicas hold at step 4: each replica's next quorum fails
     and it exits with one line, no traceback, no hang (the quorum timeout bounds it)."""
-    import time
-
     args = ["--hold", "0:0,1", "--hold", "4:go", "--quorum-timeout", "4"]
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", RUST_LOG="error")
     lh = Lighthouse(min_workers=2, join_timeout_ms=2000)
@@ -132,10 +131,11 @@ def test_lighthouse_lost_ends_with_one_line(tmp_path: Path) -> None:
                                str(tmp_path), "10", *args], env=env, stdout=subprocess.DEVNULL,
                               stderr=open(tmp_path / f"err{i}", "w")) for i in (0, 1)]
     try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"holding4.{i}").exists() for i in (0, 1)):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-            time.sleep(0.05)
+        def holding() -> bool:  # both replicas wait at step 4 (a replica that died fails)
+            assert all(p.poll() is None for p in procs), [p.poll() for p in procs]
+            return all((tmp_path / f"holding4.{i}").exists() for i in (0, 1))
+
+        wait_until(holding, 60, "both replicas holding at step 4")
         lh.shutdown()
         (tmp_path / "readygo").touch()
         codes = [p.wait(timeout=60) for p in procs]

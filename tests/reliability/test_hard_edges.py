@@ -21,7 +21,7 @@ def test_a_worker_that_cannot_be_spawned_is_one_line_and_kills_the_others(
     noexec = tmp_path / "worker.sh"
     noexec.write_text("#!/bin/sh\nexit 0\n")
     noexec.chmod(0o644)  # not executable: exec fails with EACCES, even as root
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]  # a rank that runs until killed
     t0 = time.monotonic()
     with pytest.raises(BenchFailed) as exc:
         run_processes([(sleeper, {}), ([str(noexec)], {})], tmp_path, time.monotonic() + 30)

@@ -14,16 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import poll_until, stderr_lines
 from reliability_procs import (
     alive,
     is_loopback,
     job_workers,
     listening,
     started,
-    stderr_lines,
     train_job,
     training,
-    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(420)
@@ -34,7 +33,7 @@ def test_killing_the_launcher_leaves_no_worker(tmp_path: Path) -> None:
         workers = started(proc, 2)
         training(tmp_path / "dp")
         os.kill(proc.pid, signal.SIGKILL)  # as the OOM killer would
-        gone = wait_for(lambda: not any(alive(p) for p in workers), timeout=10)
+        gone = poll_until(lambda: not any(alive(p) for p in workers), 10)
         assert gone, f"workers outlived their launcher: {[p for p in workers if alive(p)]}"
     # a launcher killed outright cannot remove its folder of worker error files
     for d in Path(tempfile.gettempdir()).glob(f"thinwire-launch-{proc.pid}-*"):
@@ -92,7 +91,7 @@ def test_a_stopped_worker_ends_the_job_after_the_timeout(tmp_path: Path) -> None
         victim = next(p for p, r in workers.items() if r == 1)
         os.kill(victim, signal.SIGSTOP)
         t0 = time.monotonic()
-        assert wait_for(lambda: not alive(victim), timeout=90, step=0.1)
+        assert poll_until(lambda: not alive(victim), 90, poll=0.1)
         dead_after = time.monotonic() - t0
         out, err = proc.communicate(timeout=120)
     # torch's agent alone kills the stopped worker 30 s after the timeout (38 s here); the

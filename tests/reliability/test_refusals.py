@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import one_line
 from report_cases import write_report_run
 
 from thinwire import builders
@@ -21,12 +22,6 @@ from thinwire.strategies.pipeline.codecs import bottleneck, build_boundary
 
 TINY = {"data.name": "digits", "model.hidden": "16", "train.batch_size": "8",
         "train.steps": "4", "runtime.workers": "2"}
-
-
-def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
-    text = str(exc.value)
-    assert text and "\n" not in text, text
-    return text
 
 
 # --- 7. tracebacks -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from harness import stderr_lines
 from report_cases import write_report_run
 
 from thinwire.cli import main
@@ -43,7 +44,7 @@ def test_damaged_inputs_are_one_line_exit_2(tmp_path: Path, capsys: pytest.Captu
     before = sorted(tmp_path.rglob("*"))
     assert main(["report", str(run), "--plots", str(tmp_path / "plots")]) == 2
     out, err = capsys.readouterr()
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    lines = stderr_lines(err)
     assert len(lines) == 1 and needle in lines[0], err
     assert lines[0].startswith("thinwire report: error: ") and "Traceback" not in out + err
     assert sorted(tmp_path.rglob("*")) == before  # no plots folder, nothing written

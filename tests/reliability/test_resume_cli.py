@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from reliability_procs import stderr_lines
+from harness import stderr_lines
 from tmpfs import tiny_tmpfs
 
 from thinwire import checkpoint

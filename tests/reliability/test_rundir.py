@@ -13,16 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from harness import one_line
 from tmpfs import fill, tiny_tmpfs
 
 from thinwire import rundir
 from thinwire.errors import UsageError
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc)
-    assert "\n" not in text and text, text
-    return text
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -210,7 +205,7 @@ def test_the_lock_dies_with_its_holder(tmp_path: Path) -> None:
         from thinwire import rundir
         rd = rundir.open_run({str(tmp_path)!r}, "dp", resume=True)
         print("locked", flush=True)
-        time.sleep(600)
+        time.sleep(600)  # the lock holder under test: it holds until the test kills it
         """)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"

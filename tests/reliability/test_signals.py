@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_procs import alive, started, stderr_lines, train_job, training
+from harness import stderr_lines
+from reliability_procs import alive, started, train_job, training
 
 from thinwire import checkpoint, rundir
 
@@ -31,7 +32,7 @@ def test_ctrl_c_twice_during_an_overwrite_ends_cleanly_and_leaves_nothing(tmp_pa
         os.kill(proc.pid, signal.SIGINT)
         t0 = time.monotonic()
         for _ in range(3):  # more Ctrl-C while the job is being torn down
-            time.sleep(0.15)
+            time.sleep(0.15)  # the spacing of the repeated signals is the behaviour under test
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)

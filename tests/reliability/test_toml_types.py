@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import stderr_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -97,7 +98,7 @@ def test_a_wrong_type_anywhere_in_a_toml_file_is_one_line(
     path.write_text(text)
     capsys.readouterr()
     code = main(["train", "--config", str(path)])
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    err = stderr_lines(capsys.readouterr().err)
     assert code == 2, text
     assert len(err) == 1 and "Traceback" not in err[0], (text, err)
 

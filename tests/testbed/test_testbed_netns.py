@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import wait_until
 
 from thinwire import config as config_mod
 from thinwire.run import run_directory
@@ -165,11 +166,14 @@ def test_ctrl_c_tears_down(tmp_path: Path) -> None:
          "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     prefix = f"tw-{proc.pid}-"
     try:
-        end = time.monotonic() + 90
-        while not any(ns.startswith(prefix) and ns.endswith("-w1") for ns in list_namespaces()):
-            assert proc.poll() is None and time.monotonic() < end, "bench never built a testbed"
-            time.sleep(0.05)
-        time.sleep(0.5)  # workers starting inside the namespaces
+        def workers_running() -> bool:  # both worker namespaces built and a process in each
+            assert proc.poll() is None, "bench ended before its workers ran"
+            spaces = [ns for ns in list_namespaces()
+                      if ns.startswith(prefix) and ns.endswith(("-w0", "-w1"))]
+            return len(spaces) == 2 and all(
+                sh(["ip", "netns", "pids", ns], check=False).split() for ns in spaces)
+
+        wait_until(workers_running, 90, "bench's workers running in their namespaces")
         proc.send_signal(signal.SIGINT)
         out = proc.communicate(timeout=20)[0]
     finally:

@@ -175,7 +175,7 @@ class ISTAdapter:
     family's K (module docstring); ``default_optimizer_state`` its optimizer state across rounds
     (``reindex``: the state is dealt with its units, the measured choice for fully connected
     and attention models; ``reset`` for convolutional ones, where dealing the state does not
-    help and costs the state's bytes: docs/BENCHMARKS.md, "IST's quality")."""
+    help and costs the state's bytes: docs/benchmarks/ist-quality.md, "IST's quality")."""
 
     scales: tuple[str, ...] = ("dropout", "none")
     default_local_steps: ClassVar[int] = 10

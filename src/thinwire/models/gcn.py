@@ -173,7 +173,7 @@ class GISTAdapter(ISTAdapter):
        (and the logits) keep the full model's scale; the GCN applies its layers functionally,
        so the factor is applied to the output of the hidden activation (``model.act``, called
        once per hidden layer in order), which is the next layer's input. ``dropout`` against
-       ``none`` on Cora, 4 workers, is one row of docs/BENCHMARKS.md ("IST beyond fully
+       ``none`` on Cora, 4 workers, is one row of docs/benchmarks/ist-models.md ("IST beyond fully
        connected nets", ``benchmarks/ist_models.py gcn``). A one-layer GCN has no hidden
        features: it is refused.
     """

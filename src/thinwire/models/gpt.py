@@ -291,8 +291,8 @@ class GPTAdapter(ISTAdapter):
        subnet was trained to add, and evaluation needs no correction. ``none`` trains the
        subnets unscaled: each learns to make the whole update with 1/n of the units, and the
        full model's branches add n of them. ``dropout`` against ``none`` is measured in one
-       row of docs/BENCHMARKS.md ("IST beyond fully connected nets", the GPT table; its command
-       is ``benchmarks/ist_models.py gpt``).
+       row of docs/benchmarks/ist-models.md ("IST beyond fully connected nets", the GPT table;
+       its command is ``benchmarks/ist_models.py gpt``).
     """
 
     scales = ("dropout", "none")

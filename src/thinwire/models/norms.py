@@ -14,8 +14,8 @@ fixes the exported model:
 With ``running=True`` the norms that do keep running statistics are recomputed the same way
 (zeroed, a cumulative average over the batches; their ``momentum`` is restored afterwards): the
 statistics of a model assembled from parts trained apart, as IST's full model, are not the
-full model's (docs/BENCHMARKS.md, "BatchNorm statistics at evaluation": 2.4-2.9 points on a
-residual CNN).
+full model's (docs/benchmarks/ist-quality.md, "BatchNorm statistics at evaluation": 2.4-2.9
+points on a residual CNN).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ than P values, it compares the best of the last P with the best before them; 3. 
 more than ``method.switch_tol`` (IST's curve has flattened), 4. it broadcasts the decision
 (one control-tagged number through the Comm, every evaluation, so every rank takes the same
 branch) and 5. every rank switches at the next step, a synchronisation point (evaluations
-fall on multiples of lcm(K, H)). Measured (docs/BENCHMARKS.md, "IST's time to DP's converged
+fall on multiples of lcm(K, H)). Measured (docs/benchmarks/ist.md, "IST's time to DP's converged
 accuracy"): the earlier the switch, the better the hybrid ends, and none reaches DP's converged
 accuracy as soon as local SGD alone; the default tolerance (0.5 points) switches early.
 
@@ -466,6 +466,6 @@ METHOD = ISTEntry(
     regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
            "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST is 15.7x faster than DP "
            "and 2.6x faster than local SGD (python benchmarks/thin_wire.py, as root; "
-           "docs/BENCHMARKS.md, 'Thin-wire testbed'); at equal samples the defaults of "
+           "docs/benchmarks/testbed.md, 'Thin-wire testbed'); at equal samples the defaults of "
            "thinwire.IST come within 2.5 points of DP's accuracy on converged tasks "
            "(python benchmarks/ist_quality.py)")

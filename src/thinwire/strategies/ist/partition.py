@@ -124,9 +124,9 @@ def deal(size: int, n: int, seed: int, round_: int, index: int) -> tuple[np.ndar
 def resolve_overlap(overlap: int, n: int) -> int:
     """The overlap of a run of ``n`` workers: ``overlap``, or for 0 (auto) max(1, n // 2), so
     every subnet holds about half of every cut group (2 workers: disjoint halves, IST as
-    published; 4: each unit on 2 workers). Chosen from docs/BENCHMARKS.md ("IST's quality",
-    the ablation): at 4 workers it lifts the residual CNN from 5.0 to 1.9 points under plain
-    training and the TransformerEncoder model from 9.1 to 1.5 under, for twice the bytes."""
+    published; 4: each unit on 2 workers). Chosen from docs/benchmarks/ist-quality.md ("IST's
+    quality", the ablation): at 4 workers it lifts the residual CNN from 5.0 to 1.9 points under
+    plain training and the TransformerEncoder model from 9.1 to 1.5 under, for twice the bytes."""
     if overlap < 0:
         raise ValueError(f"overlap must be >= 0 (0: auto), got {overlap}")
     return overlap if overlap else max(1, n // 2)
