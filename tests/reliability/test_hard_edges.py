@@ -22,13 +22,13 @@ def test_a_worker_that_cannot_be_spawned_is_one_line_and_kills_the_others(
     noexec.write_text("#!/bin/sh\nexit 0\n")
     noexec.chmod(0o644)  # not executable: exec fails with EACCES, even as root
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]  # a rank that runs until killed
-    t0 = time.monotonic()
+    # the sleeper outlives the 30 s deadline: BenchFailed (not BenchTimeout) says the failed
+    # start ended the job before it
     with pytest.raises(BenchFailed) as exc:
         run_processes([(sleeper, {}), ([str(noexec)], {})], tmp_path, time.monotonic() + 30)
     text = str(exc.value)
     assert "\n" not in text and "worker rank 1 could not be started" in text, text
     assert "Permission denied" in text and str(noexec) in text, text
-    assert time.monotonic() - t0 < 10
     out = subprocess.run(["pgrep", "-f", "import time; time.sleep(60)"], capture_output=True,
                          text=True).stdout.split()
     assert out == [], out  # the rank that did start was killed

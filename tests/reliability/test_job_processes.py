@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -90,13 +89,11 @@ def test_a_stopped_worker_ends_the_job_after_the_timeout(tmp_path: Path) -> None
         training(tmp_path / "dp")
         victim = next(p for p, r in workers.items() if r == 1)
         os.kill(victim, signal.SIGSTOP)
-        t0 = time.monotonic()
-        assert poll_until(lambda: not alive(victim), 90, poll=0.1)
-        dead_after = time.monotonic() - t0
+        # torch's agent alone kills the stopped worker 30 s after the timeout (38 s here); the
+        # watcher does it as soon as the agent asks. The margin absorbs a heavily loaded machine.
+        assert poll_until(lambda: not alive(victim), timeout_s + 22, poll=0.1), \
+            f"the stopped worker outlived the timeout ({timeout_s} s) by more than 22 s"
         out, err = proc.communicate(timeout=120)
-    # torch's agent alone kills the stopped worker 30 s after the timeout (38 s here); the
-    # watcher does it as soon as the agent asks. The margin absorbs a heavily loaded machine.
-    assert dead_after < timeout_s + 22, dead_after
     lines = stderr_lines(err)
     assert len(lines) == 1 and "worker rank 1 was stopped" in lines[0], err
     assert not job_workers(proc.pid)

@@ -30,18 +30,15 @@ def test_ctrl_c_twice_during_an_overwrite_ends_cleanly_and_leaves_nothing(tmp_pa
         workers = started(proc, 2)
         training(rundir.staging_path(tmp_path, "dp"))
         os.kill(proc.pid, signal.SIGINT)
-        t0 = time.monotonic()
         for _ in range(3):  # more Ctrl-C while the job is being torn down
             time.sleep(0.15)  # the spacing of the repeated signals is the behaviour under test
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        elapsed = time.monotonic() - t0
+        out, err = proc.communicate(timeout=30)  # "within seconds": a hang fails here
     assert proc.returncode == 130, (proc.returncode, err)
     assert stderr_lines(err) == ["thinwire train: interrupted"], err
     for word in ("Traceback", "KeyboardInterrupt", "SignalException"):
         assert word not in out + err, err
-    assert elapsed < 30, elapsed
     assert not any(alive(p) for p in workers)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dp"]  # no staging, no lock
     assert (old / "summary.json").read_text() == "{}"
