@@ -58,10 +58,12 @@ def make_stream(cfg: Config, dataset: Dataset, shard: int, shards: int) -> Batch
 
 
 def build_strategy(cfg: Config, comm: Comm, device: torch.device, task: Task,
-                   model: nn.Module, mesh: Any = None) -> Strategy:
-    """The configured method's Strategy around ``model``."""
+                   model: nn.Module, mesh: Any = None, replica: Any = None) -> Strategy:
+    """The configured method's Strategy around ``model`` (over a torchft quorum with a
+    ``replica``, whose communicator ``comm`` is)."""
     strategy_cls: type[Strategy] = METHODS.get(cfg.method.name).strategy_class()
-    ctx = Context(cfg=cfg, comm=comm, device=device, loss=task.loss, mesh=mesh)
+    ctx = Context(cfg=cfg, comm=comm, device=device, loss=task.loss, mesh=mesh,
+                  replica=replica)
     return strategy_cls(ctx, model)
 
 

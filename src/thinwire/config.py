@@ -160,6 +160,11 @@ class RuntimeConfig:
     threads: int = opt(0, "torch threads per worker (0: cores / workers, at least 1)")
     max_restarts: int = opt(0, "restart the workers this many times after a failure, resuming "
                             "from the newest complete checkpoint")
+    fault_tolerance: str = opt("none", "torchft: keep training without a restart when a worker "
+                               "dies (a quorum of the live workers at every outer step; "
+                               "docs/FAULT_TOLERANCE.md)", choices=("none", "torchft"))
+    min_workers: int = opt(1, "with fault_tolerance torchft: the fewest live workers the job "
+                           "goes on with")
 
     def __post_init__(self) -> None:
         check(1 <= self.workers <= 1024, "runtime.workers", "must be in [1, 1024]")
@@ -167,6 +172,12 @@ class RuntimeConfig:
               "must be in (0, 604800] seconds")
         check(0 <= self.threads <= 1024, "runtime.threads", "must be in [0, 1024]")
         check(0 <= self.max_restarts <= 100, "runtime.max_restarts", "must be in [0, 100]")
+        check(1 <= self.min_workers <= self.workers, "runtime.min_workers",
+              f"must be in [1, runtime.workers = {self.workers}]")
+        if self.fault_tolerance != "none":
+            check(self.max_restarts == 0, "runtime.max_restarts",
+                  "restarts every worker; with --runtime.fault_tolerance the survivors go on "
+                  "instead: drop one of the two")
 
 
 @dataclass(frozen=True)
@@ -226,6 +237,19 @@ class Config:
             entry.check(self)
         self._check_parallel(entry)
         self._check_memory(entry, model)
+        self._check_fault_tolerance(entry)
+
+    def _check_fault_tolerance(self, entry: Any) -> None:
+        """``runtime.fault_tolerance`` only for methods that run over a quorum."""
+        if self.runtime.fault_tolerance == "none":
+            return
+        able = [n for n, e in methods().entries() if e.fault_tolerant]
+        check(entry.fault_tolerant, "runtime.fault_tolerance",
+              f"method {self.method.name} cannot run over a torchft quorum yet (methods that "
+              f"can: {', '.join(able)}); drop --runtime.fault_tolerance or choose one of them")
+        check(not self.run.resume, "run.resume",
+              "a fault-tolerant run's checkpoints are one worker's (every live worker holds the "
+              "same model): resume one without --runtime.fault_tolerance")
 
     def _check_parallel(self, entry: Any) -> None:
         """Model-parallel degrees only for methods that declare them (MethodEntry.parallel)."""

@@ -37,6 +37,10 @@ Guarantees (tests in ``tests/reliability/``):
 - **Elastic restarts** (``test_elastic_restart.py``). With ``max_restarts`` > 0 the agent restarts the
   whole worker group after a failure, and the restarted workers resume from the newest complete
   checkpoint.
+- **No restart** (``test_ft_trainer.py``). With ``runtime.fault_tolerance torchft``,
+  :func:`launch_replicas` starts torchft's lighthouse on 127.0.0.1 (a port it binds itself) and
+  each worker as a replica group of its own, not under torch's agent: a lost worker ends
+  nobody else; the job succeeds when a worker finishes, and the lost ones are returned.
 
 One concept, one file (over 400 lines): starting, watching and stopping a job's local workers
 (the elastic agent, its signals, and the first failure named).
@@ -133,6 +137,102 @@ def launch(run_dir: Path, workers: int, *, env: Mapping[str, str] | None = None,
             watcher.stop()
             del store
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a replica group's process ended: ``code`` (negative: killed by that signal), and the
+    one line it recorded (``kind``: usage, io, quorum, peer, error; empty if none)."""
+
+    worker: int
+    code: int
+    message: str = ""
+    kind: str = ""
+
+    def describe(self) -> str:
+        if self.code < 0:
+            return f"killed by {_signame(-self.code)}"
+        return self.message or f"exit code {self.code}"
+
+
+def launch_replicas(run_dir: Path, workers: int, *, min_workers: int,
+                    env: Mapping[str, str] | None = None, module: str = "thinwire.worker",
+                    heartbeat_ms: int = 2000, join_timeout_ms: int = 10_000) -> list[Exit]:
+    """A fault-tolerant job on this machine (torchft; docs/FAULT_TOLERANCE.md):
+
+    1. torchft's lighthouse on 127.0.0.1, on a port it binds itself (``min_workers``: the
+       smallest quorum; ``heartbeat_ms``: silence after which a worker counts as lost;
+       ``join_timeout_ms``: how long a quorum waits for workers that have not asked yet);
+    2. ``workers`` processes ``python -m MODULE RUN_DIR/config.toml``, worker ``I`` told the
+       lighthouse's address and its index (``THINWIRE_FT_LIGHTHOUSE``, ``THINWIRE_FT_WORKER``),
+       its output in ``RUN_DIR/workerI/output.log``; each dies with this process;
+    3. every one is waited for (a stalled quorum ends each worker within its timeout), then the
+       lighthouse stops;
+    4. returns every worker's :class:`Exit` when at least one finished (code 0); else raises
+       :class:`WorkerFailed` with the first recorded line (bad input first, then the quorum's).
+    Ctrl-C or SIGTERM stops every worker and raises :class:`Interrupted`."""
+    import subprocess
+
+    from thinwire.runtime.ft import Lighthouse
+    from thinwire.worker import FT_LIGHTHOUSE_ENV, FT_WORKER_ENV
+
+    config_path = Path(run_dir) / "config.toml"
+    errors = Path(tempfile.mkdtemp(prefix=f"thinwire-replicas-{os.getpid()}-"))
+    procs: list[Any] = []
+    logs: list[Any] = []
+    stop = {"signum": 0}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["signum"] = stop["signum"] or signum
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    try:
+        with _saved_signal_handlers(), Lighthouse(min_workers, heartbeat_timeout_ms=heartbeat_ms,
+                                                  join_timeout_ms=join_timeout_ms) as lh:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, on_signal)
+            base = {**os.environ, **(env or {}), LAUNCHER_PID_ENV: str(os.getpid()),
+                    **_default_env(), FT_LIGHTHOUSE_ENV: lh.address}
+            for i in range(workers):
+                out = Path(run_dir) / f"worker{i}"
+                out.mkdir(exist_ok=True)
+                logs.append(open(out / "output.log", "wb"))  # noqa: SIM115 - closed below
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", module, str(config_path)], stdin=subprocess.DEVNULL,
+                    stdout=logs[-1], stderr=subprocess.STDOUT,
+                    env={**base, FT_WORKER_ENV: str(i), "RANK": str(i),
+                         "TORCHELASTIC_ERROR_FILE": str(errors / f"{i}.json")}))
+            codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+        exits = [_exit_of(i, p.returncode, errors / f"{i}.json") for i, p in enumerate(procs)]
+        shutil.rmtree(errors, ignore_errors=True)
+    if stop["signum"]:
+        raise Interrupted(stop["signum"])
+    if any(c == 0 for c in codes):
+        return exits
+    order = {"usage": 0, "io": 1, "quorum": 2}
+    first = min(exits, key=lambda e: (order.get(e.kind, 3), e.worker))
+    raise WorkerFailed(f"worker {first.worker} failed: {first.describe()}", rank=first.worker,
+                       exitcode=first.code, cause=first.message, kind=first.kind or "exit")
+
+
+def _exit_of(worker: int, code: int, error_file: Path) -> Exit:
+    import json
+
+    try:
+        data = json.loads(error_file.read_text())
+        return Exit(worker, code, str(data.get("message", "")),
+                    str(data.get("thinwire", {}).get("kind", "")))
+    except (OSError, ValueError):
+        return Exit(worker, code)
 
 
 @contextmanager

@@ -114,6 +114,8 @@ def run_config(cfg: Config) -> dict[str, Any]:
 
     preflight(cfg)
     with run_directory(cfg) as rd:
+        if cfg.runtime.fault_tolerance == "torchft":
+            return run_replicas(rd.path, cfg, env={RESUME_CHECKED_ENV: "1"})
         try:
             launch(rd.path, cfg.runtime.workers, max_restarts=cfg.runtime.max_restarts,
                    env={RESUME_CHECKED_ENV: "1"})
@@ -122,6 +124,26 @@ def run_config(cfg: Config) -> dict[str, Any]:
                 raise UsageError(f"{cfg.run_name}: {exc.cause or exc}") from None
             raise RunFailed(f"{cfg.run_name}: {exc}") from None
     return json.loads((rd.final / "summary.json").read_text())  # type: ignore[no-any-return]
+
+
+def run_replicas(run_dir: Path, cfg: Config, *, env: dict[str, str] | None = None,
+                 module: str = "thinwire.worker") -> dict[str, Any]:
+    """Step 3 with ``runtime.fault_tolerance torchft``: the workers as replica groups of a
+    torchft quorum (:func:`thinwire.launch.launch_replicas`); the job goes on while at least
+    ``runtime.min_workers`` live, and the summary names the workers lost
+    (:func:`thinwire.ft_trainer.compose_summary`). ``module``: the worker entry (tests wrap
+    it to inject faults)."""
+    from thinwire.ft_trainer import compose_summary
+    from thinwire.launch import WorkerFailed, launch_replicas
+
+    try:
+        exits = launch_replicas(run_dir, cfg.runtime.workers,
+                                min_workers=cfg.runtime.min_workers, env=env, module=module)
+    except WorkerFailed as exc:
+        if exc.kind == "usage":
+            raise UsageError(f"{cfg.run_name}: {exc.cause or exc}") from None
+        raise RunFailed(f"{cfg.run_name}: {exc}") from None
+    return compose_summary(run_dir, exits)
 
 
 # --- several methods: the spec syntax of compare and bench ---------------------------------------

@@ -67,19 +67,36 @@ class Trainer:
         self.ds = load_data(cfg)
         self.task = task_for(self.ds)
         model = build_model(cfg, self.ds)
-        self.strategy = build_strategy(cfg, comm, device, self.task, model,
-                                       build_mesh(cfg, comm, device))
-        self.shard, self.shards = self.strategy.data_shard()
+        self.strategy = self._build_strategy(model)
+        self.shard, self.shards = self._data_shard()
         self.stream = make_stream(cfg, self.ds, self.shard, self.shards)
         self.start = 0
         self.carry = {"wall_s": 0.0, "sent_bytes": 0.0, "payload_bytes": 0.0, "recv_bytes": 0.0}
         if cfg.run.resume:
             self._resume()
-        logs = comm.rank == self.strategy.loss_rank
-        self.writer = (Loggers(parse_loggers(cfg.run.loggers), run_dir,
+        logs = self._logs()
+        self.writer = (Loggers(parse_loggers(cfg.run.loggers), self._log_dir(),
                                resume_step=self.start if cfg.run.resume else None)
                        if logs else None)
         self.final_model: Any = None
+
+    # --- what a fault-tolerant trainer (thinwire.ft_trainer) replaces -------------------------
+    def _build_strategy(self, model: torch.nn.Module) -> Any:
+        return build_strategy(self.cfg, self.comm, self.device, self.task, model,
+                              build_mesh(self.cfg, self.comm, self.device))
+
+    def _data_shard(self) -> tuple[int, int]:
+        return self.strategy.data_shard()  # type: ignore[no-any-return]
+
+    def _logs(self) -> bool:
+        return self.comm.rank == self.strategy.loss_rank  # type: ignore[no-any-return]
+
+    def _log_dir(self) -> Path:
+        return self.run_dir
+
+    def _next_step(self, step: int) -> int:
+        """The step the loop runs next (a fault-tolerant trainer's joiner jumps to its peers')."""
+        return step
 
     # --- resume ------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -107,11 +124,12 @@ class Trainer:
         steps = cfg.train.steps
         eval_every = cfg.train.eval_every or steps
         bar = self._progress()
-        comm.barrier()  # every rank ready: the clocks start together
+        self._ready()  # every rank ready: the clocks start together
         wall = self.carry["wall_s"]
         acc_compute = acc_comm = 0.0
         last_eval: dict[str, float] = {}
-        for step in range(self.start, steps):
+        step = self.start
+        while (step := self._next_step(step)) < steps:
             comm.ledger.step = step
             x, y = self.stream.batch(step)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -139,6 +157,7 @@ class Trainer:
                 self._save(done, wall)
             if bar is not None:
                 bar.update(1)
+            step = done
         if self.start == steps:  # resumed after the final checkpoint: the final write failed
             last_eval = self._evaluate(steps, wall, final=True, record=False)
         if bar is not None:
@@ -147,6 +166,18 @@ class Trainer:
         if self.writer:
             self.writer.close()
         self.strategy.close()
+        return summary
+
+    def _ready(self) -> None:
+        self.comm.barrier()
+
+    def _gather(self, values: list[float]) -> list[list[float]]:
+        return self.comm.gather_floats(values)
+
+    def _rank_name(self) -> int:
+        return self.comm.rank
+
+    def _complete(self, summary: dict[str, Any]) -> dict[str, Any]:
         return summary
 
     def _nonfinite(self, loss: float, step: int) -> str:
@@ -210,7 +241,7 @@ class Trainer:
             recalibrate_batchnorm(model, batches)
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
-        write_bytes(self.run_dir / "model.pt", buf.getvalue())
+        write_bytes(self._log_dir() / "model.pt", buf.getvalue())
 
     def _summary(self, wall: float, compute: float, comm_s: float,
                  last_eval: dict[str, float]) -> dict[str, Any]:
@@ -223,14 +254,14 @@ class Trainer:
             param_count=mem.param_count, stored_count=mem.stored_count,
             activations=mem.activations, gathered=mem.gathered, host=mem.host, peak=mem.peak,
             rss_peak=rss, device_peak=device_peak, holds_model=float(self.final_model is not None))
-        ranks = [RankTotals.of(row) for row in self.comm.gather_floats(mine.floats())]
+        ranks = [RankTotals.of(row) for row in self._gather(mine.floats())]
         self._export()
         cfg = self.cfg
         estimated = bool(self.comm.ledger.totals()["sent_estimated"])
         summary = RunSummary(
             method=cfg.method.name, model=cfg.model.name, data=cfg.data.name, label=label(cfg),
             run=cfg.run_name, metric=self.task.metric,
-            higher_is_better=self.task.higher_is_better, workers=self.comm.world_size,
+            higher_is_better=self.task.higher_is_better, workers=len(ranks),
             steps=cfg.train.steps, final=last_eval, wall_s=wall, compute_s=compute,
             comm_s=comm_s, bytes=ByteTotals.of(ranks, estimated),
             memory=MemoryTotals.of(ranks, self.strategy.full_param_count(),
@@ -238,13 +269,14 @@ class Trainer:
                                     "offload": cfg.memory.offload}),
             config=to_dict(cfg), final_files=RunSummary.files_of(ranks)).to_json()
         ledger = self.comm.ledger
-        write_text(self.run_dir / f"ledger.rank{self.comm.rank}.json", json.dumps(
+        write_text(self.run_dir / f"ledger.rank{self._rank_name()}.json", json.dumps(
             {"by_op": ledger.by_op(), "totals": ledger.totals(),
              "totals_with_control": ledger.totals(include_control=True),
              "devices": sorted({e.device for e in ledger.entries if e.device})}, indent=1))
         # every rank's model and ledger are written (a rank whose write failed never gets
         # here): a run is complete once its summary exists, so it is written last
-        self.comm.barrier()
+        self._ready()
+        summary = self._complete(summary)
         if self.writer is not None:
-            write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+            write_text(self._log_dir() / "summary.json", json.dumps(summary, indent=2))
         return summary

@@ -52,6 +52,20 @@ from typing import Any
 LAUNCHER_PID_ENV = "THINWIRE_LAUNCHER_PID"
 """Set by :func:`thinwire.launch.launch`: the pid the workers must die with."""
 
+FT_LIGHTHOUSE_ENV = "THINWIRE_FT_LIGHTHOUSE"
+"""With ``runtime.fault_tolerance torchft``: the lighthouse's address (``http://HOST:PORT``)."""
+
+FT_WORKER_ENV = "THINWIRE_FT_WORKER"
+"""With ``runtime.fault_tolerance torchft``: this worker's index among ``runtime.workers`` (its
+replica group and its data shard)."""
+
+FT_HOST_ENV = "THINWIRE_FT_HOST"
+"""With ``runtime.fault_tolerance torchft``: the address this worker's peers reach it on
+(127.0.0.1 on one machine)."""
+
+EXIT_QUORUM = 3
+"""A fault-tolerant worker whose quorum cannot go on (lighthouse lost, too few workers)."""
+
 RESUME_CHECKED_ENV = "THINWIRE_RESUME_CHECKED"
 """Set by :func:`thinwire.run.run_config`, whose run directory checked a resume (every rank's
 checkpoint, :func:`thinwire.checkpoint.require_resumable`) before starting the workers; a
@@ -213,8 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     from thinwire.errors import UsageError
 
+    from thinwire.runtime.ft import FaultToleranceError
+
     try:
         return _run(Path(argv[0]))
+    except FaultToleranceError as exc:
+        return _fail(_one_line(str(exc)), "quorum", EXIT_QUORUM)
     except UsageError as exc:
         return _fail(_one_line(str(exc)), "usage", EXIT_USAGE)
     except OSError as exc:
@@ -277,6 +295,8 @@ def _train(cfg: Any, run_dir: Path, lock: Any) -> int:
     from thinwire.trainer import Trainer
 
     del lock
+    if cfg.runtime.fault_tolerance == "torchft":
+        return _train_replica(cfg, run_dir)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     if resume_wanted(cfg.run.resume) and not cfg.run.resume:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
@@ -295,6 +315,37 @@ def _train(cfg: Any, run_dir: Path, lock: Any) -> int:
     trainer.run()
     del trainer
     rt.teardown(comm)
+    return 0
+
+
+def _train_replica(cfg: Any, run_dir: Path) -> int:
+    """One replica group of a fault-tolerant run (:mod:`thinwire.ft_trainer`): no process
+    group of its own; the quorum's, through torchft."""
+    import torch
+
+    from thinwire.errors import UsageError
+    from thinwire.ft_trainer import FaultTolerantTrainer
+    from thinwire.runtime import dist as rt
+    from thinwire.runtime.ft import Replica
+    from thinwire.runtime.ledger import Ledger
+
+    lighthouse, index = os.environ.get(FT_LIGHTHOUSE_ENV, ""), os.environ.get(FT_WORKER_ENV, "")
+    if not lighthouse or not index.isdigit() or int(index) >= cfg.runtime.workers:
+        raise UsageError(f"runtime.fault_tolerance torchft: start each worker with "
+                         f"{FT_LIGHTHOUSE_ENV}=http://HOST:PORT and {FT_WORKER_ENV}=I (0 <= I < "
+                         f"runtime.workers = {cfg.runtime.workers}), as thinwire train does")
+    torch.set_num_threads(cfg.runtime.threads or max(1, (os.cpu_count() or 1)
+                                                     // cfg.runtime.workers))
+    device = rt.pick_device(cfg.runtime, int(index))
+    t = cfg.runtime.timeout_s
+    replica = Replica(f"worker{index}", lighthouse, min_workers=cfg.runtime.min_workers,
+                      host=os.environ.get(FT_HOST_ENV, "127.0.0.1"), timeout=t,
+                      quorum_timeout=t, device=device, ledger=Ledger(int(index)))
+    try:
+        trainer = _build_trainer(FaultTolerantTrainer, cfg, replica, device, run_dir)
+        trainer.run()
+    finally:
+        replica.close()
     return 0
 
 

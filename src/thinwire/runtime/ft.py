@@ -32,6 +32,7 @@ torchft's behaviour).
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,7 +47,8 @@ from thinwire.runtime.ledger import CONTROL, Ledger, nbytes
 RECOVERY = "recovery"
 """The ledger tag of recovery transfers: a joining worker's state sent by a live peer."""
 
-__all__ = ["RECOVERY", "FaultToleranceError", "Lighthouse", "ManagedComm", "Replica"]
+__all__ = ["RECOVERY", "FaultToleranceError", "Lighthouse", "ManagedComm", "Replica",
+           "replica_index"]
 
 
 class FaultToleranceError(RuntimeError):
@@ -177,8 +179,8 @@ class Replica:
     """
 
     def __init__(self, replica_id: str, lighthouse: str, *, min_workers: int,
-                 state_dict: Callable[[], dict[str, Any]],
-                 load_state_dict: Callable[[dict[str, Any]], None],
+                 state_dict: Callable[[], dict[str, Any]] | None = None,
+                 load_state_dict: Callable[[dict[str, Any]], None] | None = None,
                  host: str = "127.0.0.1", timeout: float = 30.0, quorum_timeout: float = 60.0,
                  device: torch.device | str = "cpu", init_sync: bool = False,
                  ledger: Ledger | None = None) -> None:
@@ -213,6 +215,15 @@ class Replica:
                 checkpoint_transport=transport, init_sync=init_sync)
         self.comm = ManagedComm(self.manager, ledger=self.ledger, device=self.device)
         self.recoveries = 0
+        self.index = replica_index(replica_id)
+        self.members: list[int] = []
+        """The replica indices of the current quorum (read at :meth:`begin`)."""
+
+    def attach(self, key: str, state_dict: Callable[[], Any],
+               load_state_dict: Callable[[Any], None]) -> None:
+        """Add a part of the state a joining replica receives (``key`` names it; a wrapper
+        built on this replica attaches its own: model, optimizers, outer state)."""
+        self.manager.register_state_dict_fn(key, load_state_dict, state_dict)
 
     @property
     def step(self) -> int:
@@ -230,6 +241,11 @@ class Replica:
         if self.step != before:
             self.recoveries += 1
         self.ledger.step = self.step
+        # the quorum's members by index (one small control all-gather; a failure here fails
+        # the step's vote like any other)
+        ids = self.comm.all_gather(torch.tensor([self.index], dtype=torch.int64,
+                                                device=self.device), tag=CONTROL)
+        self.members = sorted(int(i) for i in ids)
 
     def commit(self) -> bool:
         """Step 3: the quorum's vote on this step (apply it only when True)."""
@@ -245,6 +261,13 @@ class Replica:
             self.manager.shutdown(wait=False)
         with contextlib.suppress(Exception):
             self.pg.shutdown()
+
+
+def replica_index(replica_id: str) -> int:
+    """The number a replica id ends with (``"replica3"`` -> 3; torchft ranks by it), 0 if
+    none."""
+    m = re.search(r"(\d+)$", replica_id)
+    return int(m.group(1)) if m else 0
 
 
 def _quorum_problem(exc: BaseException, min_workers: int, waited: float) -> str:
@@ -373,10 +396,41 @@ class ManagedComm(Comm):
         t = torch.zeros(1, device=self._device_for_new())
         self.all_reduce(t, tag=tag)
 
+    def all_to_all(self, sends: Sequence[torch.Tensor], recvs: Sequence[torch.Tensor], *,
+                   tag: str = "") -> None:
+        """Personalised exchange over the live quorum (``exchange=scatter``'s two rounds): one
+        ``alltoall_base`` of the concatenated messages (gloo's all-to-all-v), exact bytes in
+        the ledger; a failure is reported, the receive buffers are left as they were."""
+        from torch.distributed.distributed_c10d import AllToAllOptions
+
+        n, me = self.world_size, self.rank
+        if len(sends) != n or len(recvs) != n:
+            raise ValueError(f"all_to_all: need {n} send and receive tensors")
+        dev = self._check("all_to_all", tag, [*sends, *recvs])
+        if len({t.dtype for t in [*sends, *recvs]}) != 1:
+            self._unsupported("all_to_all of mixed dtypes")
+        recvs[me].copy_(sends[me])
+        if n == 1 or self.manager.errored():
+            return
+        t0 = time.perf_counter()
+        inp = torch.cat([t.reshape(-1) for t in sends])
+        out = torch.empty(sum(t.numel() for t in recvs), dtype=inp.dtype, device=inp.device)
+        ok = self._wait(self.pg.alltoall_base(out, inp, [t.numel() for t in recvs],
+                                              [t.numel() for t in sends], AllToAllOptions()))
+        if ok:
+            at = 0
+            for t in recvs:
+                t.reshape(-1).copy_(out[at:at + t.numel()])
+                at += t.numel()
+        sent = sum(nbytes(sends[j]) for j in range(n) if j != me)
+        recv = sum(nbytes(recvs[j]) for j in range(n) if j != me)
+        self._log("all_to_all", sent, "all", time.perf_counter() - t0, tag, exact=(sent, recv),
+                  device=dev)
+
     def _unsupported(self, name: str) -> Any:
         raise FaultToleranceError(
-            f"ManagedComm.{name}: point-to-point and scattered exchanges are not carried over a "
-            "torchft quorum yet; use a codec with an all-reduce or all-gather exchange")
+            f"ManagedComm.{name}: point-to-point exchanges are not carried over a torchft "
+            "quorum yet; use a codec with an all-reduce, all-gather or all-to-all exchange")
 
     def send(self, tensor: torch.Tensor, dst: int, *, tag: str = "") -> None:
         self._unsupported("send")
@@ -386,6 +440,3 @@ class ManagedComm(Comm):
 
     def exchange(self, sends: Any, recvs: Any, *, tag: str = "") -> None:
         self._unsupported("exchange")
-
-    def all_to_all(self, sends: Any, recvs: Any, *, tag: str = "") -> None:
-        self._unsupported("all_to_all")

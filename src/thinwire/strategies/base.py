@@ -42,6 +42,9 @@ class Context:
     device: torch.device
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     mesh: Mesh | None = None
+    replica: Any = None
+    """A :class:`~thinwire.runtime.ft.Replica` when the run keeps training over a torchft quorum
+    (``runtime.fault_tolerance``); ``comm`` is then its :class:`~thinwire.runtime.ft.ManagedComm`."""
 
     @property
     def options(self) -> Any:

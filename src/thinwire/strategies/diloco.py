@@ -117,13 +117,22 @@ class DiLoCo(PeriodicSync):
     layers (:func:`strided_fragments`) or the fragments themselves (modules or lists of
     parameters, torchft's ``model_fragments``; together they must hold every parameter once);
     ``delay`` the overlap tau in inner steps (< sync_every / fragments), ``alpha`` the merge
-    weight of the local parameters."""
+    weight of the local parameters.
+
+    ``replica`` (a :class:`~thinwire.runtime.ft.Replica`): over a torchft quorum
+    (:mod:`thinwire.strategies.averaging`, steps a-c), each fragment's outer step is one
+    torchft step: its round opens after the previous fragment's merge, its exchange (started
+    ``delay`` steps early or not) is averaged over the live members, and the merge is applied
+    only if the quorum commits. A joiner copies theta_g, the outer optimizer, the rounds, the
+    codec's shared state and a peer's model and inner optimizer; the codec's residuals (per
+    rank) start at zero."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer,
                  outer_optimizer: torch.optim.Optimizer, sync_every: int, *,
                  comm: Comm | None = None, codec: Any = None, tag: str = "average",
-                 fragments: int | Sequence[Any] = 1, delay: int = 0, alpha: float = 0.0) -> None:
-        super().__init__(model, sync_every, comm=comm, tag=tag)
+                 fragments: int | Sequence[Any] = 1, delay: int = 0, alpha: float = 0.0,
+                 replica: Any = None) -> None:
+        super().__init__(model, sync_every, comm=comm, tag=tag, replica=replica)
         self.inner = inner_optimizer
         self.outer = outer_optimizer
         self.codec = codec
@@ -175,10 +184,33 @@ class DiLoCo(PeriodicSync):
                 self._finish(p)
 
     def sync(self) -> None:
-        """Steps 2-4 of every fragment in turn, now (blocking)."""
+        """Steps 2-4 of every fragment in turn, now (blocking; over a quorum each fragment's
+        outer step is a round of its own)."""
         for p in range(len(self.fragments)):
+            self.begin_round()
             self._start(p)
             self._finish(p)
+
+    def on_quorum(self) -> None:
+        """The codec's private randomness follows the live rank."""
+        codec = self.codec
+        while codec is not None:
+            codec.rank = self.comm.rank
+            codec = getattr(codec, "inner", None)
+
+    def shared_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` less the codec's per-rank residuals."""
+        from thinwire.strategies.fault import shared_codec_state
+
+        out = self.state_dict()
+        if "codec" in out:
+            out["codec"] = shared_codec_state(out["codec"])
+        return out
+
+    def load_shared_state(self, state: dict[str, Any]) -> None:
+        if self.codec is not None:
+            self.codec.reset()
+        self.load_state_dict(state)
 
     def _start(self, p: int) -> None:
         """Steps 2-3 of fragment p: its pseudo-gradient, and its mean's exchange started."""
@@ -213,6 +245,8 @@ class DiLoCo(PeriodicSync):
         assert self._pending is not None and self._pending[0] == p
         delta = self._wait()
         self._pending = None
+        if not self.commit():  # over a quorum: refused, the round-start state is back
+            return
         self.rounds[p] += 1
         idx = self.fragments[p]
         mine = set(idx)
@@ -319,10 +353,12 @@ class DiLoCoStrategy(WrappedStrategy):
         if o.compressor != "none":
             from thinwire.compression import build
 
-            codec = build(o.compressor, seed=self.cfg.train.seed, rank=self.comm.rank,
-                          slot="delta")
+            # over a quorum the live rank is set at each quorum (DiLoCo.on_quorum)
+            codec = build(o.compressor, seed=self.cfg.train.seed,
+                          rank=0 if ctx.replica is not None else self.comm.rank, slot="delta")
         self.wrapper = DiLoCo(self.model, self.opt, self.outer_opt, o.period, comm=self.comm,
-                              codec=codec, fragments=o.fragments, delay=o.delay, alpha=o.alpha)
+                              codec=codec, fragments=o.fragments, delay=o.delay, alpha=o.alpha,
+                              replica=ctx.replica)
 
     def memory(self) -> MemoryReport:
         """Inner state as local SGD's; theta_g and the outer momentum count as optimizer state."""
@@ -390,4 +426,4 @@ class DiLoCoEntry(MethodEntry, Rescalable, Compressed):
 METHOD = DiLoCoEntry(
     name="diloco", summary="DiLoCo: H inner steps, outer Nesterov step on the mean pseudo-gradient",
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
-    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",))
+    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",), fault_tolerant=True)

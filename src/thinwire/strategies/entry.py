@@ -236,7 +236,10 @@ class MethodEntry:
       names no model gets the first registered model that takes one of them;
     - ``regime``: where the method is measured to win, with the command that shows it (one
       sentence; ``thinwire compare`` prints it beside a comparison the method did not win, so
-      a table it loses still names where it wins).
+      a table it loses still names where it wins);
+    - ``fault_tolerant``: the method keeps training over a torchft quorum when a worker dies
+      (``runtime.fault_tolerance torchft``: its strategy takes ``Context.replica``); others
+      are refused in one line.
     """
 
     name: str
@@ -253,6 +256,7 @@ class MethodEntry:
     parallel: tuple[str, ...] = ()
     defaults: Mapping[str, str] = field(default_factory=dict)
     model_kinds: tuple[str, ...] = ()
+    fault_tolerant: bool = False
     regime: str = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

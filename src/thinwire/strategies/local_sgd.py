@@ -42,7 +42,8 @@ class LocalSGDStrategy(WrappedStrategy):
 
     def __init__(self, ctx: Context, model: nn.Module) -> None:
         super().__init__(ctx, model)
-        self.wrapper = LocalSGD(self.model, self.opt, ctx.options.period, comm=self.comm)
+        self.wrapper = LocalSGD(self.model, self.opt, ctx.options.period, comm=self.comm,
+                                replica=ctx.replica)
 
 
 
@@ -63,4 +64,4 @@ METHOD = LocalSGDEntry(
     name="localsgd", summary="local SGD: H local steps, then average the models",
     strategy="thinwire.strategies.local_sgd:LocalSGDStrategy", options=Options,
     label=lambda o: f"localsgd(H={o.period})", sync_every=lambda o: o.period, traffic=traffic,
-    memory=("recompute",))
+    memory=("recompute",), fault_tolerant=True)

@@ -54,13 +54,15 @@ from thinwire.strategies.traffic import Layout, Traffic
 
 class SparseLoCo(PeriodicSync):
     """SparseLoCo's outer loop around ``model`` (module docstring): after every
-    ``sync_every``-th step of ``inner_optimizer``, steps 2-7."""
+    ``sync_every``-th step of ``inner_optimizer``, steps 2-7. ``replica``: over a torchft
+    quorum (:mod:`thinwire.strategies.averaging`, steps a-c: step 7 applied only if the quorum
+    commits); a joiner copies theta, its accumulator e_r (per rank) starts at zero."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer,
                  sync_every: int, *, comm: Comm | None = None, outer_lr: float = 1.0,
                  beta: float = 0.95, chunk: int = 4096, topk: int = 64,
-                 tag: str = "average") -> None:
-        super().__init__(model, sync_every, comm=comm, tag=tag)
+                 tag: str = "average", replica: Any = None) -> None:
+        super().__init__(model, sync_every, comm=comm, tag=tag, replica=replica)
         self.outer_lr, self.beta = outer_lr, beta
         # the accumulator is its error feedback (steps 3, 5): none of the codec's own
         self.codec = build("topk2bit", chunk=chunk, topk=topk, ef=False)
@@ -87,6 +89,8 @@ class SparseLoCo(PeriodicSync):
             for row in rows:
                 self.codec.decode_add(from_bytes(row, spec), mean, 0)
             mean.div_(len(rows))
+            if not self.commit():  # over a quorum: refused, the round-start state is back
+                return
             # 7. the outer step; the replica restarts from theta
             self.global_flat.sub_(mean, alpha=self.outer_lr)
             load_flat(self.model, self.global_flat)
@@ -99,6 +103,17 @@ class SparseLoCo(PeriodicSync):
         super().load_state_dict(state)
         self.global_flat.copy_(state["global"])
         self.error.copy_(state["error"])
+
+    def shared_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` less the accumulator, which is this rank's own."""
+        out = self.state_dict()
+        del out["error"]
+        return out
+
+    def load_shared_state(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.global_flat.copy_(state["global"])
+        self.error.zero_()
 
 
 @dataclass(frozen=True)
@@ -126,7 +141,8 @@ class SparseLoCoStrategy(WrappedStrategy):
         super().__init__(ctx, model)
         o: Options = ctx.options
         self.wrapper = SparseLoCo(self.model, self.opt, o.period, comm=self.comm,
-                                  outer_lr=o.outer_lr, beta=o.beta, chunk=o.chunk, topk=o.topk)
+                                  outer_lr=o.outer_lr, beta=o.beta, chunk=o.chunk, topk=o.topk,
+                                  replica=ctx.replica)
 
     def memory(self) -> MemoryReport:
         """Inner state as local SGD's; theta and the accumulator count as optimizer state."""
@@ -151,4 +167,4 @@ METHOD = MethodEntry(
             "feedback for outer momentum",
     strategy="thinwire.strategies.sparseloco:SparseLoCoStrategy", options=Options,
     label=lambda o: f"sparseloco(H={o.period},k={o.topk}/{o.chunk})",
-    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",))
+    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",), fault_tolerant=True)
