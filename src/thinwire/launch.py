@@ -188,12 +188,14 @@ def launch_replicas(run_dir: Path, workers: int, *, min_workers: int,
             if p.poll() is None:
                 p.kill()
 
+    quiet = {"RUST_LOG": os.environ.get("RUST_LOG", "error")}  # torchft's own log lines
     try:
-        with _saved_signal_handlers(), Lighthouse(min_workers, heartbeat_timeout_ms=heartbeat_ms,
-                                                  join_timeout_ms=join_timeout_ms) as lh:
+        with _saved_signal_handlers(), _environ(quiet), \
+                Lighthouse(min_workers, heartbeat_timeout_ms=heartbeat_ms,
+                           join_timeout_ms=join_timeout_ms) as lh:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, on_signal)
-            base = {**os.environ, **(env or {}), LAUNCHER_PID_ENV: str(os.getpid()),
+            base = {**os.environ, **quiet, **(env or {}), LAUNCHER_PID_ENV: str(os.getpid()),
                     **_default_env(), FT_LIGHTHOUSE_ENV: lh.address}
             for i in range(workers):
                 out = Path(run_dir) / f"worker{i}"
