@@ -226,7 +226,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m thinwire.worker RUN_DIR/config.toml", file=sys.stderr)
         return EXIT_USAGE
     from thinwire.errors import UsageError
-
     from thinwire.runtime.ft import FaultToleranceError
 
     try:
