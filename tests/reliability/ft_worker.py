@@ -11,6 +11,9 @@ Run as ``python -m ft_worker RUN/config.toml`` with this folder on PYTHONPATH, b
   (``RUN/worker0/reached``), and worker 0 holds before step H until worker I is heartbeating,
   so worker I joins the quorum of the round starting at H.
 
+At the end each worker saves its wrapper's state (``RUN/workerI/wrapper.pt``: theta_g, the
+outer optimizer, the codec's state) for the test to compare.
+
 Every wait is on a file's existence, bounded by 90 s (exit 2 when it runs out)."""
 
 from __future__ import annotations
@@ -64,6 +67,13 @@ def install(run: Path, me: int) -> None:
                 return inner(batch, s)
 
             self.strategy.train_step = train_step  # type: ignore[method-assign]
+
+        def run(self) -> Any:
+            out = super().run()
+            import torch
+
+            torch.save(self.strategy.wrapper.state_dict(), run / f"worker{me}" / "wrapper.pt")
+            return out
 
         def _next_step(self, step: int) -> int:
             if join and me == 0 and step == join[2]:

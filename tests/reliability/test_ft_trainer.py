@@ -163,14 +163,41 @@ def test_diloco_loses_a_worker_and_one_joins(tmp_path: Path) -> None:
         max((x - y).abs().max().item() for x, y in zip(a, ref))
 
 
+def test_streaming_diloco_with_fp4_scatter_survives_a_worker_killed(tmp_path: Path) -> None:
+    """Streaming DiLoCo (2 fragments, overlap 2, alpha 0.5, 4-bit outer gradients exchanged by
+    a quantised reduce-scatter and all-gather: all-to-alls over the quorum), 3 workers, worker
+    2 killed inside step 7: fragment 1's outer step at 10 (its exchange started at 8) is
+    refused, the survivors go on; their shared state (theta_g, the outer momentum, the rounds)
+    is equal bit for bit at the end, since each decodes the same payloads (the local models
+    differ by design: alpha keeps half of each worker's own)."""
+    run, cfg = make_run(tmp_path, {"method.name": "diloco", "method.period": "10",
+                                   "method.fragments": "2", "method.delay": "2",
+                                   "method.alpha": "0.5",
+                                   "method.compressor": "fp4:exchange=scatter"}, 3, 2)
+    summary = run_job(run, cfg, start="0,1,2", kill="2:7")
+    ft = summary["fault_tolerance"]
+    assert ft["survivors"] == [0, 1] and ft["lost"][0]["worker"] == 2, ft
+    assert [(r["step"], r["live"], r["kept"]) for r in ft["outer_steps"]] == [
+        (5, [0, 1, 2], True), (10, [0, 1, 2], False), (15, [0, 1], True), (20, [0, 1], True)]
+    a, b = (torch.load(run / f"worker{i}" / "wrapper.pt") for i in (0, 1))
+    assert a["rounds"] == b["rounds"] == [2, 1]  # fragment 1's refused step is not counted
+    assert all(torch.equal(x, y) for x, y in zip(a["global"], b["global"]))
+    for k, v in a["outer"]["state"].items():
+        assert torch.equal(v["momentum_buffer"], b["outer"]["state"][k]["momentum_buffer"])
+    led = json.loads((run / "ledger.rank0.json").read_text())["by_op"]
+    assert led["all_to_all:average"]["calls"] > 0
+
+
 def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
         tmp_path: Path) -> None:
-    """2 workers, min_workers 2, a checkpoint every 5 steps: worker 1 is killed inside step 7;
+    """SparseLoCo, 2 workers, min_workers 2, a checkpoint every 5 steps: worker 1 is killed
+    inside step 7;
     worker 0 refuses the outer step of 10 (its round's steps are lost: the checkpoint of step 10
     holds the model of step 5), its next quorum cannot form within runtime.timeout_s, and the
     job ends with one line naming min_workers; both checkpoints are complete and load; no worker
     is left."""
-    run, cfg = make_run(tmp_path, {"method.name": "localsgd", "method.period": str(H)}, 2, 2,
+    run, cfg = make_run(tmp_path, {"method.name": "sparseloco", "method.period": str(H),
+                                   "method.chunk": "64", "method.topk": "8"}, 2, 2,
                         **{"run.checkpoint_every": str(H)})
     with pytest.raises(RunFailed) as info:
         run_job(run, cfg, start="0,1", kill="1:7")
@@ -178,6 +205,8 @@ def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
     assert "\n" not in msg and "fault tolerance:" in msg and "min_workers=2" in msg, msg
     assert checkpoint.complete_steps(run) == [5, 10]
     five, ten = (checkpoint.load_rank(run, s, 0, 1) for s in (5, 10))
-    assert five["strategy"]["local"]["steps"] == ten["strategy"]["local"]["steps"] == 5
-    for k, v in five["strategy"]["model"].items():
-        assert torch.equal(v, ten["strategy"]["model"][k]), k
+    s5, s10 = five["strategy"], ten["strategy"]
+    assert s5["sparseloco"]["steps"] == s10["sparseloco"]["steps"] == 5
+    assert torch.equal(s5["sparseloco"]["error"], s10["sparseloco"]["error"])
+    for k, v in s5["model"].items():
+        assert torch.equal(v, s10["model"][k]), k
