@@ -113,8 +113,9 @@ def quiet_signals() -> None:
 
 # --- failure records ----------------------------------------------------------------------------
 def _rank() -> int:
+    """This worker's rank (a fault-tolerant worker's: its index, ``THINWIRE_FT_WORKER``)."""
     try:
-        return int(os.environ.get("RANK", "0"))
+        return int(os.environ.get(FT_WORKER_ENV) or os.environ.get("RANK", "0"))
     except ValueError:
         return 0
 
