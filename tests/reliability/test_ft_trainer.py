@@ -210,3 +210,22 @@ def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
     assert torch.equal(s5["sparseloco"]["error"], s10["sparseloco"]["error"])
     for k, v in s5["model"].items():
         assert torch.equal(v, s10["model"][k]), k
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"method.name": "ist"}, "method ist cannot run over a torchft quorum yet"),
+    ({"method.name": "pipeline", "runtime.workers": "2"}, "method pipeline cannot run"),
+    ({"method.name": "dp"}, "methods that can: "),
+    ({"method.name": "localsgd", "runtime.max_restarts": "1"}, "runtime.max_restarts"),
+    ({"method.name": "localsgd", "runtime.min_workers": "5"}, "runtime.min_workers"),
+    ({"method.name": "localsgd", "run.resume": "true"}, "without --runtime.fault_tolerance"),
+])
+def test_what_cannot_run_on_the_quorum_is_refused_in_one_line(over: dict[str, str],
+                                                              needle: str) -> None:
+    from thinwire.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        config_mod.load(None, {**MLP, "runtime.workers": "3",
+                               "runtime.fault_tolerance": "torchft", **over})
+    msg = str(info.value)
+    assert "\n" not in msg and needle in msg, msg
