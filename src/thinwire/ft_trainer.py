@@ -1,9 +1,11 @@
 """The training loop over a torchft quorum (``--runtime.fault_tolerance torchft``).
 
 A run that keeps training when a worker dies, for the methods whose entry says
-``fault_tolerant`` (localsgd, diloco with its Streaming options and codecs, sparseloco): the
-outer loop of torchft's ``LocalSGD``/``DiLoCo`` (Douillard et al., "DiLoCo", 2023; torchft's
-``Manager``), on thinwire's wrappers (:mod:`thinwire.strategies.averaging`, steps a-c). Each
+``fault_tolerant`` (localsgd, diloco with its Streaming options and codecs, sparseloco, demo):
+the outer loop of torchft's ``LocalSGD``/``DiLoCo`` (Douillard et al., "DiLoCo", 2023; torchft's
+``Manager``), on thinwire's wrappers (:mod:`thinwire.strategies.averaging`, steps a-c; DeMo's
+optimizer, every step an outer step). The strategy's ``quorum`` is the object that opens each
+round's quorum and records it. Each
 worker process is one replica group (:class:`~thinwire.runtime.ft.Replica`, index ``I`` of
 ``runtime.workers``, started by :func:`thinwire.launch.launch_replicas` or by hand on another
 machine). What differs from :class:`~thinwire.trainer.Trainer`:
@@ -86,7 +88,7 @@ class FaultTolerantTrainer(Trainer):
     def _next_step(self, step: int) -> int:
         if step >= self.cfg.train.steps:
             return step
-        wrapper = self.strategy.wrapper
+        wrapper = self.strategy.quorum
         wrapper.begin_round()
         if self.joined_at < 0:
             self.joined_at = wrapper.clock
@@ -127,7 +129,7 @@ class FaultTolerantTrainer(Trainer):
 
     # --- 5.: the record of the quorum --------------------------------------------------------
     def _complete(self, summary: dict[str, Any]) -> dict[str, Any]:
-        wrapper = self.strategy.wrapper
+        wrapper = self.strategy.quorum
         summary["fault_tolerance"] = {
             "worker": self.index, "joined_at": self.joined_at,
             "recoveries": self.replica.recoveries,

@@ -72,7 +72,7 @@ def install(run: Path, me: int) -> None:
             out = super().run()
             import torch
 
-            torch.save(self.strategy.wrapper.state_dict(), run / f"worker{me}" / "wrapper.pt")
+            torch.save(self.strategy.quorum.state_dict(), run / f"worker{me}" / "wrapper.pt")
             return out
 
         def _next_step(self, step: int) -> int:

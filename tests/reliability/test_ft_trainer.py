@@ -188,6 +188,23 @@ def test_streaming_diloco_with_fp4_scatter_survives_a_worker_killed(tmp_path: Pa
     assert led["all_to_all:average"]["calls"] > 0
 
 
+def test_demo_survives_a_worker_killed_mid_step(tmp_path: Path) -> None:
+    """DeMo (every step an outer step), 3 workers, 10 steps, worker 2 killed inside step 4:
+    that step is applied by no survivor (their momenta put back), the survivors go on as two,
+    and their models are equal bit for bit (each applies the sign of the same decoded mean)."""
+    run, cfg = make_run(tmp_path, {"method.name": "demo", "method.topk": "4",
+                                   "method.chunk": "8"}, 3, 2,
+                        **{"train.steps": "10", "train.eval_every": "10"})
+    summary = run_job(run, cfg, start="0,1,2", kill="2:4")
+    ft = summary["fault_tolerance"]
+    assert ft["lost"] == [{"worker": 2, "step": 5, "ended": "killed by SIGKILL"}], ft
+    steps = [(r["step"], r["live"], r["kept"]) for r in ft["outer_steps"]]
+    assert steps == ([(s, [0, 1, 2], True) for s in range(1, 5)] + [(5, [0, 1, 2], False)]
+                     + [(s, [0, 1], True) for s in range(6, 11)]), steps
+    a, b = final_params(run, 0, cfg), final_params(run, 1, cfg)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
         tmp_path: Path) -> None:
     """SparseLoCo, 2 workers, min_workers 2, a checkpoint every 5 steps: worker 1 is killed

@@ -266,6 +266,12 @@ class WrappedStrategy(ReplicatedStrategy):
     state_key: ClassVar[str]
     wrapper: Any
 
+    @property
+    def quorum(self) -> Any:
+        """Over a torchft quorum, what opens each round's quorum (``begin_round``) and records
+        it (``clock``, ``history``): the wrapper (``thinwire.ft_trainer``)."""
+        return self.wrapper
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), self.state_key: self.wrapper.state_dict()}
 

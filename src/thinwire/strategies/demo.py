@@ -18,6 +18,13 @@ for every parameter with gradient g:
   7. theta <- theta - lr sign(u) (signSGD on the shared fast components).
 Replicas stay identical (every rank applies the same u); only the momenta differ.
 
+Over a torchft quorum (``replica``; torchft's ``OptimizerWrapper`` shape, docs/
+FAULT_TOLERANCE.md) every step is an outer step: ``zero_grad`` forms the step's quorum (a
+joiner copies a live peer's parameters and step count; its momentum, this rank's own, starts
+at zero), the all-gather of step 5 runs over the live members (R = the live count), and steps
+1 and 7 are applied only if the quorum commits; refused, the momenta are put back as they
+were before the step.
+
 Per step a rank hands sum over parameters of (blocks x min(topk, block size)) x 6 bytes to the
 all-gather: at the paper's chunk 64 and topk 32, about 6 / (4 x 128) of the dense fp32 gradient
 for matrices whose sides are multiples of 64.
@@ -56,18 +63,64 @@ class DeMo(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, *, beta: float = 0.999,
                  topk: int = 32, chunk: int = 64, weight_decay: float = 0.0,
-                 comm: Comm | None = None, tag: str = "grad") -> None:
+                 comm: Comm | None = None, tag: str = "grad", replica: Any = None) -> None:
         if lr <= 0 or not 0 <= beta < 1 or topk < 1 or not 1 <= chunk <= 181:
             raise UsageError(f"DeMo needs lr > 0, beta in [0, 1), topk >= 1 and chunk in "
                              f"[1, 181] (int16 offsets), got lr={lr}, beta={beta}, "
                              f"topk={topk}, chunk={chunk}")
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
         self.beta, self.topk, self.chunk = beta, topk, chunk
-        self.comm = comm if comm is not None else Comm()
+        self.replica = replica
+        self.comm = (replica.comm if replica is not None
+                     else comm if comm is not None else Comm())
         self.tag = tag
         # the registry's dcttopk without error feedback: step 4 is DeMo's own
         self.codec = DCTTopK(chunk, topk)
         self._dct = self.codec.bases  # the cached DCT bases
+        self.clock = 0
+        self.history: list[tuple[int, list[int], bool]] = []
+        self._open = False
+        if replica is not None:
+            replica.attach("demo", self._ft_state, self._ft_load)
+
+    # --- over a torchft quorum ----------------------------------------------------------------
+    def begin_round(self) -> None:
+        """The step's quorum (a joiner recovers here); nothing if open or without a replica."""
+        if self.replica is None or self._open:
+            return
+        self.replica.begin()
+        self._open = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.begin_round()
+        super().zero_grad(set_to_none=set_to_none)
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _ft_state(self) -> dict[str, Any]:
+        return {"params": [p.detach() for p in self._params()], "clock": self.clock}
+
+    def _ft_load(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for p, saved in zip(self._params(), state["params"]):
+                p.copy_(saved)
+        self.state.clear()  # this rank's momenta start at zero
+        self.clock = int(state["clock"])
+
+    def _commit(self, momenta: dict[Any, torch.Tensor]) -> bool:
+        """The quorum's vote; refused: the momenta as they were before the step."""
+        self.clock += 1
+        if self.replica is None:
+            return True
+        self.begin_round()  # a step() without zero_grad() first
+        kept = bool(self.replica.commit())
+        self._open = False
+        self.history.append((self.clock, list(self.replica.members), kept))
+        if not kept:
+            for p, m in momenta.items():
+                self.state[p]["momentum"].copy_(m)
+        return kept
 
     def close(self) -> None:
         """Free the cached DCT bases (rebuilt on the next step if training goes on); as for
@@ -86,20 +139,20 @@ class DeMo(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        items: list[tuple[torch.Tensor, float, int]] = []
+        items: list[tuple[torch.Tensor, float, float, int]] = []
         idx_parts, val_parts = [], []
+        before: dict[Any, torch.Tensor] = {}
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                # 1. decoupled weight decay
-                if wd:
-                    p.mul_(1 - lr * wd)
                 state = self.state[p]
                 if "momentum" not in state:
                     state["momentum"] = torch.zeros_like(p, dtype=torch.float32)
                 m = state["momentum"]
+                if self.replica is not None:
+                    before[p] = m.clone()
                 # 2. m <- beta m + lr g
                 m.mul_(self.beta).add_(p.grad.float(), alpha=lr)
                 # 3. top-k of each block's DCT
@@ -109,17 +162,23 @@ class DeMo(torch.optim.Optimizer):
                 m.sub_(self.codec.decode_tensor(payload, m.shape, site))
                 idx_parts.append(payload[0])
                 val_parts.append(payload[1])
-                items.append((p, lr, payload[0].numel()))
+                items.append((p, lr, wd, payload[0].numel()))
         if not items:
+            self._commit(before)
             return loss
         # 5. one all-gather of every parameter's coefficients
         wire = to_bytes((torch.cat(idx_parts), torch.cat(val_parts)))
-        total = sum(n for _, _, n in items)
+        total = sum(n for *_, n in items)
         spec = (Part(total, torch.int16), Part(total, torch.float32))
         rows = self.comm.all_gather(wire, tag=self.tag)
+        if not self._commit(before):
+            return loss
         decoded = [from_bytes(r, spec) for r in rows]
         at = 0
-        for p, lr, n in items:
+        for p, lr, wd, n in items:
+            # 1. decoupled weight decay (applied with the step: only a kept step moves p)
+            if wd:
+                p.mul_(1 - lr * wd)
             # 6. the coefficients summed in rank order, over R; u = IDCT
             acc = self.codec.coefficients(p.shape, p.device)
             for idx, val in decoded:
@@ -152,7 +211,15 @@ class DeMoStrategy(ReplicatedStrategy):
         o: Options = ctx.options
         t = self.cfg.train
         self.opt = DeMo(self.model.parameters(), lr=t.lr, beta=o.beta, topk=o.topk,
-                        chunk=o.chunk, weight_decay=t.weight_decay, comm=self.comm)
+                        chunk=o.chunk, weight_decay=t.weight_decay, comm=self.comm,
+                        replica=ctx.replica)
+        if ctx.replica is not None:  # a joiner also takes the model's buffers
+            ctx.replica.attach("model", self.model.state_dict, self.model.load_state_dict)
+
+    @property
+    def quorum(self) -> DeMo:
+        """What opens each step's quorum and records it (``thinwire.ft_trainer``)."""
+        return self.opt
 
 
 def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: int,
@@ -174,4 +241,4 @@ METHOD = MethodEntry(
     summary="DeMo: local momenta, all-gather of the top-k of their chunked DCT, sign step",
     strategy="thinwire.strategies.demo:DeMoStrategy", options=Options,
     label=lambda o: f"demo(k={o.topk}/{o.chunk}x{o.chunk})", traffic=traffic,
-    check=_check, memory=("recompute",))
+    check=_check, memory=("recompute",), fault_tolerant=True)
