@@ -143,8 +143,9 @@ class FaultTolerantTrainer(Trainer):
 
 
 def compose_summary(run_dir: Path, exits: list[Any]) -> dict[str, Any]:
-    """The run's ``summary.json`` and ``model.pt`` from the lowest surviving worker's (every
-    survivor holds the same model after the last outer step), with ``fault_tolerance.lost``:
+    """The run's ``summary.json``, ``model.pt`` and ``metrics.jsonl`` from the lowest surviving
+    worker's (every survivor holds the same model after the last outer step), with
+    ``fault_tolerance.lost``:
     each lost worker, how it ended, and ``step``: the clock of the last outer step it was in
     the quorum of (a worker lost in a round: that round's outer step, refused; lost between
     rounds: the last it took part in). ``exits``: the launcher's
@@ -168,7 +169,7 @@ def compose_summary(run_dir: Path, exits: list[Any]) -> dict[str, Any]:
     ft["lost"] = lost
     summary["workers"] = len(exits)
     write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
-    model = first / "model.pt"
-    if model.exists():
-        write_bytes(run_dir / "model.pt", model.read_bytes())
+    for name in ("model.pt", "metrics.jsonl"):  # what thinwire report reads beside the summary
+        if (first / name).exists():
+            write_bytes(run_dir / name, (first / name).read_bytes())
     return summary

@@ -29,5 +29,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, overrides(args))
     summary = run_config(cfg)
     print(summary_table([summary]))
+    for lost in summary.get("fault_tolerance", {}).get("lost", []):
+        print(f"worker {lost['worker']} lost at step {lost['step']} ({lost['ended']}); "
+              "its survivors finished")
     print(f"run directory: {cfg.run_dir}")
     return 0
