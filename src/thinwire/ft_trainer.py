@@ -27,6 +27,13 @@ machine). What differs from :class:`~thinwire.trainer.Trainer`:
 5. each worker's summary adds ``fault_tolerance``: every outer step's (step, live workers,
    kept), the steps at which it joined and recovered; the launcher writes the run's
    ``summary.json`` from the lowest surviving worker's, naming the workers lost and the step.
+
+A method joins by setting ``fault_tolerant=True`` in its registry entry and giving its
+strategy a ``quorum`` (built from ``Context.replica``): an object with ``begin_round()``
+(form the round's quorum, a joiner recovering there; nothing if one is open), ``clock`` (the
+job's step count, a joiner's taken from its peer) and ``history`` (each outer step's
+``(clock, live workers, kept)``). :class:`~thinwire.strategies.averaging.PeriodicSync` and
+:class:`~thinwire.strategies.demo.DeMo` are the two so far.
 """
 
 from __future__ import annotations
