@@ -144,10 +144,6 @@ class FaultTolerantTrainer(Trainer):
                             for s, live, kept in wrapper.history]}
         return summary
 
-    def close(self) -> None:
-        """Leave the quorum (torchft's servers and threads stop)."""
-        self.replica.close()
-
 
 def compose_summary(run_dir: Path, exits: list[Any]) -> dict[str, Any]:
     """The run's ``summary.json``, ``model.pt`` and ``metrics.jsonl`` from the lowest surviving
