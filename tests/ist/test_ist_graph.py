@@ -27,6 +27,7 @@ from ist_cases import (
     GRAPH_CASES,
     EncoderClassifier,
     ResidualCNN,
+    ResNeXtNet,
     ResNet18,
     state,
     subnet_of,
@@ -120,6 +121,45 @@ def test_derived_channels_of_a_residual_cnn() -> None:
     assert {g.name: g.size for g in plan.groups} == {"stem.0": 8, "conv1": 8, "wide": 4}
 
 
+def test_grouped_convolutions_are_cut_by_whole_groups() -> None:
+    """ResNeXt's cardinality: a unit is one path of a grouped convolution, its input channels
+    (the 1x1 before it: 4 rows of block1.conv1, 2 of block2.conv1) and its filters (8 rows of
+    block1.conv2, which widens each path 2x; 2 of block2.conv2), the BatchNorms between and the
+    1x1 after (columns); a filter's own input channels (dim 1) are never cut, the stream stays
+    whole; a subnet's convolution runs ``groups`` = the paths it holds."""
+    model = ResNeXtNet()
+    adapter = derive_adapter(model, torch.randn(2, 1, 8, 8), min_units=2)
+    plan = adapter.plan
+    cuts = {t.name: [(c.group, c.dim, c.per_unit) for c in t.cuts] for t in plan.tensors}
+    assert [(g.name, g.size) for g in plan.groups] == [("block1.conv1", 4), ("block2.conv1", 8)]
+    assert sum(1 for c in cuts.values() if c) == 24
+    g1, g2 = "block1.conv1", "block2.conv1"
+    assert cuts["block1.conv1.weight"] == [(g1, 0, 4)]
+    assert cuts["block1.conv2.weight"] == cuts["block1.conv2.bias"] == [(g1, 0, 8)]
+    assert cuts["block1.bn2.running_var"] == [(g1, 0, 8)]
+    assert cuts["block1.conv3.weight"] == [(g1, 1, 8)]
+    assert cuts["block2.conv2.weight"] == [(g2, 0, 2)] and cuts["block2.conv3.weight"] == [
+        (g2, 1, 2)]
+    assert cuts["stem.0.weight"] == cuts["block1.bn3.weight"] == cuts["head.weight"] == []
+    assert plan.scaled_inputs == (("block1.conv3", g1), ("block2.conv3", g2))
+    sub = subnet_of(model, adapter, {g1: np.array([0, 2, 3]), g2: np.array([1, 6])})
+    assert (sub.block1.conv2.groups, sub.block1.conv2.in_channels,
+            sub.block1.conv2.out_channels, sub.block1.bn2.num_features) == (3, 12, 24, 24)
+    assert (sub.block2.conv2.groups, sub.block2.conv2.in_channels) == (2, 4)
+    assert sub(torch.randn(2, 1, 8, 8)).shape == (2, 3)
+
+
+def test_a_grouped_convolution_on_a_whole_input_stays_whole() -> None:
+    """A grouped convolution whose input channels are not cut (here the model's input) cannot
+    hold a subset of its paths: it is shared, and the layers it feeds are cut as usual."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, groups=4), nn.ReLU(), nn.Conv2d(8, 6, 1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(6 * 16, 2))
+    plan = derive_adapter(model, torch.randn(2, 4, 6, 6)).plan
+    cuts = {t.name: [(c.group, c.dim, c.per_unit) for c in t.cuts] for t in plan.tensors}
+    assert cuts["0.weight"] == [] and cuts["2.weight"] == [("2", 0, 1)]
+    assert cuts["5.weight"] == [("2", 1, 16)]
+
+
 # --- a subnet's forward is the full model's restricted to the units held ------------------------
 def _restricted(model: nn.Module, plan: ISTPlan, held: dict[str, np.ndarray],
                 factors: dict[str, float]) -> nn.Module:
@@ -137,7 +177,8 @@ def _restricted(model: nn.Module, plan: ISTPlan, held: dict[str, np.ndarray],
     return out
 
 
-@pytest.mark.parametrize("name", ["g_mlp", "g_gpt", "g_cnn", "g_encoder", "g_transformer"])
+@pytest.mark.parametrize("name", ["g_mlp", "g_gpt", "g_cnn", "g_resnext", "g_encoder",
+                                  "g_transformer"])
 def test_subnet_forward_equals_the_restricted_full_model(name: str) -> None:
     """Tolerance: the subnet sums fewer terms in another order (float32 reassociation, ~1e-6
     here); a wrong cut, a missing factor or a head of the wrong width is off by O(1)."""
