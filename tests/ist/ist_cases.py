@@ -225,14 +225,17 @@ class ResidualCNN(nn.Module):
 
 class ResNeXtBlock(nn.Module):
     """A ResNeXt bottleneck (Xie et al., CVPR 2017): 1x1 in, a grouped 3x3 (``groups`` paths of
-    ``c_mid / groups`` channels, each widened ``expand`` times), 1x1 out, plus the identity."""
+    ``c_mid / groups`` channels, each widened ``expand`` times), 1x1 out, plus the identity.
+    ``norm=False``: the grouped convolution has a bias and no BatchNorm after it (a bias before
+    a BatchNorm gets no gradient)."""
 
-    def __init__(self, c: int, c_mid: int, groups: int, expand: int = 1) -> None:
+    def __init__(self, c: int, c_mid: int, groups: int, expand: int = 1,
+                 norm: bool = True) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(c, c_mid, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(c_mid)
-        self.conv2 = nn.Conv2d(c_mid, c_mid * expand, 3, padding=1, groups=groups)
-        self.bn2 = nn.BatchNorm2d(c_mid * expand)
+        self.conv2 = nn.Conv2d(c_mid, c_mid * expand, 3, padding=1, groups=groups, bias=not norm)
+        self.bn2: nn.Module = nn.BatchNorm2d(c_mid * expand) if norm else nn.Identity()
         self.conv3 = nn.Conv2d(c_mid * expand, c, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(c)
 
@@ -243,14 +246,15 @@ class ResNeXtBlock(nn.Module):
 
 
 class ResNeXtNet(nn.Module):
-    """A stem, two ResNeXt blocks (4 paths of 4 channels widened to 8; 8 paths of 2), a head."""
+    """A stem, two ResNeXt blocks (4 paths of 4 channels widened to 8; 8 paths of 2, with a
+    bias and no norm after them), a head."""
 
     def __init__(self, classes: int = 3) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, bias=False),
                                   nn.BatchNorm2d(16), nn.ReLU())
         self.block1 = ResNeXtBlock(16, 16, groups=4, expand=2)
-        self.block2 = ResNeXtBlock(16, 16, groups=8)
+        self.block2 = ResNeXtBlock(16, 16, groups=8, norm=False)
         self.head = nn.Linear(16, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

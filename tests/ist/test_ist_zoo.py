@@ -1,13 +1,13 @@
 """IST on the models people download, with no adapter: GPT-2, BERT and a Llama-style model
-from Hugging Face ``transformers`` (traced by ``torch.export``), ResNet-18 and MobileNetV3-small
-from torchvision and a ViT from timm (traced by ``torch.fx``), at small configurations, built
+from Hugging Face ``transformers`` (traced by ``torch.export``), ResNet-18, MobileNetV3-small
+and a tiny RegNet from torchvision and a ViT from timm (traced by ``torch.fx``), at small configurations, built
 without weights or network. For each:
 
 - the derived plan cuts what the papers cut, counted (unit groups and cut tensors), so a layer
   silently kept whole fails: heads (GPT-2's fused ``c_attn`` in q|k|v segments, timm's fused
   ``qkv``, Llama's grouped-query heads with a key/value head per unit), FFN neurons (Llama's
   gate and up projections together), convolution channels through depthwise convolutions and
-  squeeze-excitation;
+  squeeze-excitation, whole paths of grouped convolutions (RegNet);
 - a subnet's forward equals the full model's restricted to the units held (every element of an
   unheld unit zeroed, each cut group's inverted-dropout factor on the input of the layers it
   feeds), within float32 reassociation;
@@ -33,7 +33,8 @@ import transformers
 from harness import run_workers
 from ist_cases import subnet_of, zeroed_unheld
 from torch import nn
-from torchvision.models import mobilenet_v3_small, resnet18
+from torchvision.models import RegNet, mobilenet_v3_small, resnet18
+from torchvision.models.regnet import BlockParams
 
 from thinwire.models.graph import derive_adapter
 from thinwire.runtime.comm import Comm, Ledger
@@ -108,6 +109,14 @@ def _llama() -> nn.Module:
         eos_token_id=0, pad_token_id=0))
 
 
+def _regnet() -> nn.Module:
+    """torchvision's RegNet at a tiny width: grouped 3x3 convolutions of group width 8 (16
+    channels in the first stage, 32 in the second) with squeeze-excitation (RegNetY)."""
+    params = BlockParams.from_init_params(depth=4, w_0=16, w_a=8.0, w_m=2.0, group_width=8,
+                                          se_ratio=0.25)
+    return RegNet(params, num_classes=10)
+
+
 def _vit() -> nn.Module:
     return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
                              patch_size=8, num_classes=10, embed_dim=48, depth=2, num_heads=4)
@@ -128,6 +137,9 @@ ZOO = {
     # the head's neurons
     "mobilenetv3": Zoo(_seeded(lambda: mobilenet_v3_small(num_classes=10)), _images,
                        _class_loss, 23, 169),
+    # per block: the bottleneck's paths (group width 8: the 1x1 before, the grouped 3x3, SE's
+    # rescale, the 1x1 after) and SE neurons; the stem's channels (read by block 1's shortcut)
+    "regnet": Zoo(_seeded(_regnet), _images, _class_loss, 9, 66),
     # per block: heads of the fused qkv (3 segments), MLP neurons
     "vit": Zoo(_seeded(_vit), _images, _class_loss, 4, 12),
 }
@@ -172,6 +184,13 @@ def test_each_model_is_cut_where_its_papers_cut_it(name: str) -> None:
         assert cuts["features.4.block.1.0.weight"] == [(group, 0, 1, 1)]
         se = cuts["features.4.block.2.fc2.weight"]  # SE: its rescale of those channels
         assert (group, 0, 1, 1) in se and ("features.4.block.2.fc1", 1, 1, 1) in se
+    if name == "regnet":  # a unit: one path of the grouped 3x3 (8 channels), SE's rescale
+        block = "trunk_output.block2.block2-1.f"
+        group = f"{block}.a.0"
+        assert cuts[f"{block}.a.0.weight"] == [(group, 0, 8, 1)]
+        assert cuts[f"{block}.b.0.weight"] == [(group, 0, 8, 1)]  # [32, 8, 3, 3]: rows only
+        assert (group, 0, 8, 1) in cuts[f"{block}.se.fc2.weight"]
+        assert cuts[f"{block}.c.0.weight"] == [(group, 1, 8, 1)]
 
 
 def _restricted(model: nn.Module, plan: Any, held: dict[str, np.ndarray],
