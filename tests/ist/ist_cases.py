@@ -445,7 +445,9 @@ def subnet_of(model: nn.Module, adapter: Any, held: dict[str, np.ndarray]) -> nn
 def zeroed_unheld(model: nn.Module, plan: Any, held: dict[str, np.ndarray]
                   ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A copy of ``model`` with every element of an unheld unit zeroed (running variances
-    kept: a zero channel then normalises to zero), and the copy's tensors by name."""
+    kept: a zero channel then normalises to zero), and the copy's tensors by name. A residual
+    block's parameters travel whole with it (``t.unit``): an unheld block's are all zeroed,
+    which makes a block whose branch ends in a norm or a projection the identity."""
     import copy
 
     from thinwire.strategies.ist.layout import element_index
@@ -463,4 +465,7 @@ def zeroed_unheld(model: nn.Module, plan: Any, held: dict[str, np.ndarray]
                 view[c.dim] = -1
                 if not t.buffer or "running_mean" in t.name:
                     x.mul_(mask.view(view).to(x.dtype))
+            if t.unit is not None and not t.buffer and t.unit[1] not in set(
+                    held[t.unit[0]].tolist()):
+                x.zero_()
     return out, tensors

@@ -173,9 +173,12 @@ class _Reset:
         setattr(self.cut, self.attr, 1.0)
 
 
-def _identity(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    del args, kwargs
-    return x
+def _identity(*args: Any, **kwargs: Any) -> Any:
+    """A skipped block's forward: its stream, the first argument (a keyword one where it is
+    passed by name, as ``hidden_states=``), unchanged."""
+    if args:
+        return args[0]
+    return next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
 
 
 def _dtype(x: torch.Tensor) -> str:

@@ -98,13 +98,19 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "who
     params = dict(model.named_parameters())
     named = [*params.items(), *((n, b) for n, b in model.named_buffers() if n in persistent)]
     if residual == "blocks":
-        return blocks_adapter(model, wgm, prop.shapes, named, params, shared)
+        adapter = blocks_adapter(model, wgm, prop.shapes, named, params, shared)
+        _check_subnet(work, adapter, args, call_kwargs(work))
+        return adapter
     for i in range(len(graph.groups)):
         g = graph.groups[i]
         if (embeddings == "shared" and g.embedding) or (residual == "whole" and g.stream):
             g.poisoned = True
             graph.groups[graph.find(i)].poisoned = True
-    adapter = channels_adapter(model, graph, named, params, min_units)
+    # a tied tensor under every name (an exported graph may read GPT-2's shared embedding as
+    # lm_head.weight): the plan keeps its first name, the cuts of all its names
+    tied = [*model.named_parameters(remove_duplicate=False),
+            *((n, b) for n, b in model.named_buffers(remove_duplicate=False) if n in persistent)]
+    adapter = channels_adapter(model, graph, tied, params, min_units)
     _check_subnet(work, adapter, args, call_kwargs(work))
     return adapter
 

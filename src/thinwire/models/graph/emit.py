@@ -129,15 +129,17 @@ def blocks_adapter(model: nn.Module, gm: fx.GraphModule,
                     shapes: Mapping[fx.Node, tuple[int, ...]],
                     named: Sequence[tuple[str, torch.Tensor]], params: Mapping[str, torch.Tensor],
                     shared: Sequence[str]) -> GraphAdapter:
-    blocks = [b for b in residual_blocks(gm, shapes) if b not in shared]
+    blocks = [b for b in residual_blocks(gm, shapes, set(dict(model.named_modules())))
+              if b not in shared]
     by_parent: dict[str, list[str]] = {}
     for b in blocks:
         parent = b.rsplit(".", 1)[0] if "." in b else ""
         by_parent.setdefault(parent or "blocks", []).append(b)
     if not by_parent:
         raise UsageError(f"IST found no residual block in {type(model).__name__} (a submodule "
-                         "whose output is its input plus a branch); use residual='channels' "
-                         "or pass an adapter")
+                         "whose output is its input plus a branch; a norm after the addition, "
+                         "as in post-norm transformer layers, makes none); use "
+                         "residual='whole' or 'channels', or pass an adapter")
     owner: dict[str, tuple[str, int]] = {}
     for group, names in by_parent.items():
         for u, b in enumerate(names):
