@@ -345,3 +345,54 @@ def test_a_forward_that_fixes_a_cut_width_is_caught_at_derivation() -> None:
     plan = derive_adapter(_FixedHeads(), torch.randn(2, 5, 8), shared=("q",)).plan
     assert all(not t.cuts for t in plan.tensors if t.name.startswith(("q.", "k.", "v.")))
     assert [g.name for g in plan.groups] == ["proj"]
+
+
+def test_the_module_that_fixes_a_width_is_named() -> None:
+    """The subnet check names the innermost module whose forward failed, and the fixes."""
+    with pytest.raises(UsageError) as e:
+        derive_adapter(nn.Sequential(_FixedHeads()), torch.randn(2, 5, 8))
+    msg = str(e.value)
+    assert "\n" not in msg and "the forward of 0 (_FixedHeads) fails" in msg
+    assert "shared=('0',)" in msg and "register a rule" in msg
+
+
+def test_an_example_that_does_not_run_names_the_module_and_the_op() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(6, 2))
+    with pytest.raises(UsageError) as e:
+        derive_adapter(model, torch.randn(3, 4))
+    msg = str(e.value)
+    assert "\n" not in msg and "2 (Linear) failed (mat1 and mat2" in msg
+    assert "pass the model's own input batch" in msg
+
+
+class _Masked(nn.Module):
+    """A forward with a keyword argument: ``model(x, scale=s)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        h = F.relu(self.fc1(x))
+        return self.fc2(h if scale is None else h * scale)
+
+
+def test_keyword_example_inputs_reach_the_tracer() -> None:
+    """A dict of keyword arguments, or ``example_kwargs`` beside the positional ones, is traced
+    as the loop calls the model: a per-sample scale leaves the hidden neurons cut; a
+    per-channel one, a user's tensor over the cut channels, keeps them whole (so the keyword
+    was traced, not left at its default). A keyword the forward does not take, or one given
+    twice, is one line naming it and the fix."""
+    model, x, s = _Masked(), torch.randn(3, 4), torch.rand(3, 1)
+    plan = derive_adapter(model, x).plan
+    assert [(g.name, g.size) for g in plan.groups] == [("fc1", 8)]
+    assert derive_adapter(model, {"x": x, "scale": s}).plan == plan
+    assert derive_adapter(model, x, example_kwargs={"scale": s}).plan == plan
+    with pytest.raises(UsageError, match="no unit to cut"):
+        derive_adapter(model, x, example_kwargs={"scale": torch.rand(1, 8)})
+    with pytest.raises(UsageError) as e:
+        derive_adapter(model, {"x": x, "scales": s})
+    assert "\n" not in str(e.value) and "keywords ['scales'] are not arguments of " \
+        "_Masked.forward(x, scale)" in str(e.value)
+    with pytest.raises(UsageError, match="given twice"):
+        derive_adapter(model, {"x": x, "scale": s}, example_kwargs={"scale": s})

@@ -343,3 +343,68 @@ def test_an_option_that_cannot_apply_to_an_exported_graph_is_one_line() -> None:
     assert "residual='whole' or 'channels'" in msg
     with pytest.raises(UsageError, match="named_modules"):
         derive_adapter(_seeded(_gpt2)(), x, shared=("transformer.h.0.attention",))
+
+
+# --- a loop that calls the model with keywords --------------------------------------------------
+def _masked() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids, an attention mask with the last positions of two rows padded, labels."""
+    x, y = _tokens()
+    mask = torch.ones_like(x)
+    mask[0, 5:] = 0
+    mask[2, 3:] = 0
+    return x, mask, y
+
+
+def _keyword_rounds(comm: Comm) -> dict:
+    """BERT trained as a Hugging Face loop calls it, ``model(input_ids=x, attention_mask=m)``,
+    under ``thinwire.IST``: with the keywords as ``example_input`` (lr 0: the model comes back
+    bit for bit), and with no example (the plan derived from the first forward's keywords; a
+    few rounds lower the loss)."""
+    import thinwire
+
+    x, mask, y = _masked()
+    out: dict[str, Any] = {}
+    for how in ("example_input", "first_forward"):
+        model = _seeded(_bert)()
+        init = {k: v.clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():
+            before = F.cross_entropy(model(input_ids=x, attention_mask=mask).logits, y).item()
+        lr = 0.0 if how == "example_input" else 3e-3
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        example = {"input_ids": x, "attention_mask": mask} if how == "example_input" else None
+        ist = thinwire.IST(model, opt, comm=Comm(ledger=Ledger(comm.rank)), local_steps=2,
+                           example_input=example)
+        for _ in range(2 if lr == 0 else 8):
+            opt.zero_grad()
+            F.cross_entropy(model(input_ids=x, attention_mask=mask).logits, y).backward()
+            opt.step()
+        full = ist.full_model()
+        res: dict[str, Any] = {"groups": [(g.name, g.size) for g in ist.plan.groups],
+                               "before": before}
+        if full is not None:
+            with torch.no_grad():
+                res["after"] = F.cross_entropy(full(input_ids=x, attention_mask=mask).logits,
+                                               y).item()
+            res["same"] = all(torch.equal(v, init[k]) for k, v in full.state_dict().items())
+        out[how] = res
+    return out
+
+
+def test_bert_called_with_keywords_and_an_attention_mask_trains_under_ist() -> None:
+    """The keywords reach the tracer (the plan equals the positional one's: heads and FFN
+    neurons per layer, the pooler's neurons) and the mask reaches the model (the masked
+    forward differs from the unmasked one)."""
+    x, mask, _ = _masked()
+    model = _seeded(_bert)()
+    plan = derive_adapter(model, x).plan
+    assert derive_adapter(model, {"input_ids": x, "attention_mask": mask}).plan == plan
+    assert derive_adapter(model, x, example_kwargs={"attention_mask": mask}).plan == plan
+    with torch.no_grad():
+        assert not torch.allclose(model(input_ids=x, attention_mask=mask).logits,
+                                  model(input_ids=x).logits)
+    out = run_workers(_keyword_rounds, 2, timeout=180)[0]
+    groups = [(g.name, g.size) for g in plan.groups]
+    assert out["example_input"]["groups"] == out["first_forward"]["groups"] == groups
+    assert out["example_input"]["same"] is True, out
+    first = out["first_forward"]
+    assert first["after"] < first["before"] - 0.02, first
