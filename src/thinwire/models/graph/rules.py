@@ -230,8 +230,8 @@ def grouped_conv(p: Context, m: Any, name: str, a: Ann) -> Ann:
     root = p.groups.find(gid)
     g = p.groups.groups[root]
     g.base = math.lcm(g.base, span.numerator)     # a unit: whole convolution groups
-    out_inner = Fraction(inner) * ratio
-    out_inner = int(out_inner) if out_inner.denominator == 1 else out_inner
+    widened = Fraction(inner) * ratio
+    out_inner = int(widened) if widened.denominator == 1 else widened
     for u in uses:
         p.groups.use(gid, Use(u.tensor, 0, out_inner))
     p.groups.follow(name, "groups", gid, Fraction(1) / span)
