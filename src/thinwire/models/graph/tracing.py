@@ -183,6 +183,8 @@ def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     extra = set(kwargs) - set(values)
     if extra:  # taken by the forward's **kwargs, which fx cannot trace: torch.export's
         raise _FxFailed("", None, f"keyword arguments {sorted(extra)} go to **kwargs")
+    if len(args) > sum(1 for k in values if k not in kwargs):  # likewise *args
+        raise _FxFailed("", None, f"{len(args)} positional arguments go to *args")
     concrete = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
     inputs = tuple(values.values())
     symbolic = _SymbolicTracer(shared)
