@@ -14,6 +14,10 @@ without weights or network. For each:
 - on 2 gloo ranks, a round at learning rate 0 returns the full model bit for bit, and a few IST
   rounds lower the full model's loss on the batch.
 
+GPT-2 is held to the same with the options on its exported graph (``shared=``, the stream and
+embeddings cut, ResIST's blocks), and BERT is trained as a Hugging Face loop calls it, with
+keywords and an attention mask.
+
 torchvision's compiled operators do not load beside torch's CPU build; thinwire.models.torchvision_ops
 (called from tests/conftest.py) declares the two schemas its import needs.
 """
