@@ -396,3 +396,28 @@ def test_keyword_example_inputs_reach_the_tracer() -> None:
         "_Masked.forward(x, scale)" in str(e.value)
     with pytest.raises(UsageError, match="given twice"):
         derive_adapter(model, {"x": x, "scale": s}, example_kwargs={"scale": s})
+
+
+class _HeadMasked(nn.Module):
+    """nn.MultiheadAttention called with a per-head (3-D) mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(4, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        mask = torch.zeros(x.shape[0] * 2, x.shape[1], x.shape[1])
+        return self.head(self.attn(h, h, h, attn_mask=mask)[0].mean(1))
+
+
+def test_a_per_head_mask_on_cut_heads_is_refused_naming_the_attention() -> None:
+    with pytest.raises(UsageError) as e:
+        derive_adapter(_HeadMasked(), torch.randn(3, 5, 4))
+    msg = str(e.value)
+    assert "\n" not in msg and "heads of attn (MultiheadAttention)" in msg
+    assert "shared=('attn',)" in msg
+    plan = derive_adapter(_HeadMasked(), torch.randn(3, 5, 4), shared=("attn",)).plan
+    assert [g.name for g in plan.groups] == ["head.0"]

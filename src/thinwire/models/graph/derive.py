@@ -154,6 +154,8 @@ def _check_subnet(work: nn.Module, adapter: GraphAdapter, args: tuple[Any, ...],
         try:
             work.train()
             work(*args, **kwargs)
+        except UsageError:  # a cut module's own refusal, already one line
+            raise
         except Exception as e:  # noqa: BLE001 - reported in one line
             where = running[-1] if running else ""
             module = dict(work.named_modules()).get(where) if where else None
