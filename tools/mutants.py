@@ -206,6 +206,17 @@ MUTANTS = (
            "segment (its rows cut as if q alone)", "models/graph/groups.py",
            "replace(u, segments=u.segments * chunks)", "replace(u, segments=u.segments)",
            ("tests/ist/test_ist_zoo.py::test_each_model_is_cut_where_its_papers_cut_it",)),
+    Mutant("graph-grouped-paths", "IST", "a grouped convolution's unit is one channel, not a "
+           "whole path (its filters read channels a subnet does not hold)",
+           "models/graph/rules.py", "g.base = math.lcm(g.base, span.numerator)",
+           "g.base = math.lcm(g.base, 1)",
+           ("tests/ist/test_ist_graph.py::test_grouped_convolutions_are_cut_by_whole_groups",)),
+    Mutant("ist-first-forward-keywords", "IST", "the plan is derived from the first forward's "
+           "positional arguments only (its keywords, an attention mask, dropped)",
+           "strategies/ist/core.py", "self._setup(self._derived(tuple(args), kwargs))",
+           "self._setup(self._derived(tuple(args)))",
+           ("tests/ist/test_ist_zoo.py::"
+            "test_bert_called_with_keywords_and_an_attention_mask_trains_under_ist",)),
     Mutant("ist-stream-cut", "IST", "the derived adapter cuts a residual stream it should keep "
            "whole (the old default)", "models/graph/derive.py",
            '(residual == "whole" and g.stream)', '(residual == "none" and g.stream)',

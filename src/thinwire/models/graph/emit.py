@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -22,6 +23,15 @@ def _dtype(x: torch.Tensor) -> str:
     return str(x.dtype).replace("torch.", "")
 
 
+def _per_channel(graph: Graph) -> list[tuple[int, Fraction]]:
+    """(root group, value per channel) of every norm width and width attribute a subnet sets
+    from the channels it holds: each must come to whole numbers per unit."""
+    out = [(graph.find(g), Fraction(inner)) for norms in (graph.layer_norms, graph.batch_norms)
+           for g, inner in norms.values()]
+    out += [(graph.find(g), Fraction(per)) for _, _, g, per in graph.follows]
+    return out
+
+
 def channels_adapter(model: nn.Module, graph: Graph, named: Sequence[tuple[str, torch.Tensor]],
                       params: Mapping[str, torch.Tensor], min_units: int) -> GraphAdapter:
     ident = {id(x): n for n, x in reversed(named)}  # tied tensors: their first name
@@ -35,6 +45,9 @@ def channels_adapter(model: nn.Module, graph: Graph, named: Sequence[tuple[str, 
         uses = [u for u in graph.uses.get(root, []) if u.tensor in alias]
         if not uses or g.poisoned or g.width % g.base or g.width // g.base < min_units:
             continue
+        if any((Fraction(g.base) * per).denominator != 1 for r, per in _per_channel(graph)
+               if r == root):
+            continue  # a norm or a width attribute would hold part of a channel
         name = g.origin
         roots[root] = name
         for u in uses:
@@ -83,24 +96,26 @@ def channels_adapter(model: nn.Module, graph: Graph, named: Sequence[tuple[str, 
         if group is not None and (mod, group) not in seen:
             seen.add((mod, group))
             scaled.append((mod, group))
-    base = {n: graph.groups[r].base for r, n in by_root.items()}
-    layer_norms = {m: (by_root[graph.find(g)], base[by_root[graph.find(g)]])
-                   for m, g in graph.layer_norms.items() if graph.find(g) in by_root}
+    def per_unit(gid: int, per: Fraction | int) -> tuple[str, int]:
+        """(the unit group of ``gid``, ``per`` x its channels per unit)"""
+        root = graph.find(gid)
+        return by_root[root], int(Fraction(graph.groups[root].base) * per)
+
+    def kept(norms: Mapping[str, tuple[int, Any]]) -> dict[str, tuple[int, Any]]:
+        return {m: v for m, v in norms.items() if graph.find(v[0]) in by_root}
+
     modules = dict(model.named_modules())
-    group_norms = {}
-    for m, gid in graph.group_norms.items():
-        if graph.find(gid) in by_root:
-            gn = modules[m]
-            owner = by_root[graph.find(gid)]
-            group_norms[m] = (owner, base[owner] // (gn.num_channels // gn.num_groups))
-    batch_norms = {m: (by_root[graph.find(g)], base[by_root[graph.find(g)]])
-                   for m, g in graph.batch_norms.items() if graph.find(g) in by_root}
+    layer_norms = {m: per_unit(g, inner) for m, (g, inner) in kept(graph.layer_norms).items()}
+    group_norms = {m: per_unit(g, Fraction(inner) * modules[m].num_groups
+                               / modules[m].num_channels)
+                   for m, (g, inner) in kept(graph.group_norms).items()}
+    batch_norms = {m: per_unit(g, inner) for m, (g, inner) in kept(graph.batch_norms).items()}
     attentions = {m: (by_root[graph.find(g)], hd) for m, (g, hd) in graph.attentions.items()
                   if graph.find(g) in by_root}
-    batch_after = {by_root[graph.find(g)] for m, g in graph.batch_norms.items()
-                   if graph.find(g) in by_root and isinstance(modules[m], nn.BatchNorm1d)
+    batch_after = {by_root[graph.find(g)] for m, (g, _) in kept(graph.batch_norms).items()
+                   if isinstance(modules[m], nn.BatchNorm1d)
                    and not modules[m].track_running_stats}
-    widths = {(m, attr): (by_root[graph.find(g)], base[by_root[graph.find(g)]] * per)
+    widths = {(m, attr): per_unit(g, per)
               for m, attr, g, per in graph.follows if graph.find(g) in by_root}
     plan = ISTPlan(groups=tuple(groups), tensors=tuple(tensors), scaled_inputs=tuple(scaled),
                    batch_normalised=bool(groups) and all(g.name in batch_after for g in groups))
@@ -114,15 +129,17 @@ def blocks_adapter(model: nn.Module, gm: fx.GraphModule,
                     shapes: Mapping[fx.Node, tuple[int, ...]],
                     named: Sequence[tuple[str, torch.Tensor]], params: Mapping[str, torch.Tensor],
                     shared: Sequence[str]) -> GraphAdapter:
-    blocks = [b for b in residual_blocks(gm, shapes) if b not in shared]
+    blocks = [b for b in residual_blocks(gm, shapes, set(dict(model.named_modules())))
+              if b not in shared]
     by_parent: dict[str, list[str]] = {}
     for b in blocks:
         parent = b.rsplit(".", 1)[0] if "." in b else ""
         by_parent.setdefault(parent or "blocks", []).append(b)
     if not by_parent:
         raise UsageError(f"IST found no residual block in {type(model).__name__} (a submodule "
-                         "whose output is its input plus a branch); use residual='channels' "
-                         "or pass an adapter")
+                         "whose output is its input plus a branch; a norm after the addition, "
+                         "as in post-norm transformer layers, makes none); use "
+                         "residual='whole' or 'channels', or pass an adapter")
     owner: dict[str, tuple[str, int]] = {}
     for group, names in by_parent.items():
         for u, b in enumerate(names):

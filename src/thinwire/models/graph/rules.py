@@ -36,6 +36,7 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, cast
 
 import torch
@@ -187,8 +188,7 @@ def conv1d_transposed(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> An
 
 def conv(p: Context, n: fx.Node, m: nn.Conv1d, name: str, out: Any) -> Ann:
     """Output channels are a new group (filters, bias), the input's channels index the filters'
-    input channels. A depthwise convolution (``groups`` = in = out channels) keeps its input's
-    group, and a subnet sets its ``groups`` and channel counts to the channels it holds."""
+    input channels. A grouped convolution (``groups`` > 1) is cut by :func:`grouped_conv`."""
     a = _input(p, n)[1]
     for d in a:
         if d != 1:
@@ -198,18 +198,46 @@ def conv(p: Context, n: fx.Node, m: nn.Conv1d, name: str, out: Any) -> Ann:
         if 1 in a:
             p.consume(name, a[1][0], a[1][1], f"{name}.weight", 1)
         return {1: (p.new_group(m.out_channels, name, uses), 1)}
-    if m.groups == m.in_channels == m.out_channels and 1 in a:  # depthwise
-        gid, inner = a[1]
-        for u in uses:
-            p.groups.use(gid, u)
-        for attr in ("groups", "in_channels", "out_channels"):
-            p.groups.follow(name, attr, gid, int(inner))
-        return {1: (gid, inner)}
-    if 1 in a:
-        p.groups.poison(a[1][0])
-    gid = p.new_group(m.out_channels, name, uses)
-    p.groups.poison(gid)
-    return {1: (gid, 1)}
+    return grouped_conv(p, m, name, a)
+
+
+def grouped_conv(p: Context, m: Any, name: str, a: Ann) -> Ann:
+    """A grouped convolution (ResNeXt's cardinality, RegNet's group width; Xie et al., CVPR
+    2017, "Aggregated Residual Transformations"; Howard et al., 2017, MobileNets, the depthwise
+    case ``groups`` = in channels):
+
+    1. A unit is whole convolution groups: a group's ``in / groups`` input channels and its
+       ``out / groups`` filters. The input's channel group is the unit group (its unit spans a
+       multiple of ``in / groups`` channels), and the output carries the same group with
+       ``out / in`` times the elements per channel: the layers before and after follow it.
+    2. The filters' rows (and the bias) of a held group travel; their ``in / groups`` columns
+       are the group's own and are never cut.
+    3. A subnet sets ``groups``, ``in_channels`` and ``out_channels`` to the groups it holds,
+       with the same channels per group. A depthwise convolution (one channel per group) keeps
+       its input's channels: ``groups`` follows the held width.
+
+    An input whose channels are not cut (the model's input, a stream kept whole) leaves the
+    convolution whole: its output group is not cut either."""
+    uses = [Use(f"{name}.weight", 0)] + ([Use(f"{name}.bias", 0)] if m.bias is not None else [])
+    if 1 not in a:
+        gid = p.new_group(m.out_channels, name, uses)
+        p.groups.poison(gid)
+        return {1: (gid, 1)}
+    gid, inner = a[1]
+    per_in = Fraction(m.in_channels // m.groups)   # input elements of one convolution group
+    ratio = Fraction(m.out_channels, m.in_channels)
+    span = per_in / Fraction(inner)               # channels of the group per convolution group
+    root = p.groups.find(gid)
+    g = p.groups.groups[root]
+    g.base = math.lcm(g.base, span.numerator)     # a unit: whole convolution groups
+    widened = Fraction(inner) * ratio
+    out_inner = int(widened) if widened.denominator == 1 else widened
+    for u in uses:
+        p.groups.use(gid, Use(u.tensor, 0, out_inner))
+    p.groups.follow(name, "groups", gid, Fraction(1) / span)
+    p.groups.follow(name, "in_channels", gid, Fraction(inner))
+    p.groups.follow(name, "out_channels", gid, Fraction(out_inner))
+    return {1: (gid, out_inner)}
 
 
 def channel_norm(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> Ann:
@@ -226,12 +254,12 @@ def channel_norm(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> Ann:
             b for b, v in m.named_buffers(recurse=False) if v.dim() == 1]:
         p.groups.use(gid, Use(f"{name}.{t}", 0, inner))
     if isinstance(m, nn.GroupNorm):
-        per = m.num_channels // m.num_groups
+        span = Fraction(m.num_channels // m.num_groups) / Fraction(inner)  # channels a group
         root = p.groups.find(gid)
-        p.groups.groups[root].base = math.lcm(p.groups.groups[root].base, per)
-        p.groups.group_norms[name] = gid
+        p.groups.groups[root].base = math.lcm(p.groups.groups[root].base, span.numerator)
+        p.groups.group_norms[name] = (gid, inner)
     else:
-        p.groups.batch_norms[name] = gid
+        p.groups.batch_norms[name] = (gid, inner)
     return {1: (gid, inner)}
 
 
@@ -247,7 +275,7 @@ def layer_norm(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> Ann:
         gid, inner = a[rank - 1]
         for t, _ in m.named_parameters(recurse=False):
             p.groups.use(gid, Use(f"{name}.{t}", 0, inner))
-        p.groups.layer_norms[name] = gid
+        p.groups.layer_norms[name] = (gid, inner)
         return dict(a)
     for d in inside:
         p.groups.poison(a[d][0])

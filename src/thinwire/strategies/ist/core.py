@@ -65,7 +65,7 @@ optimizer state across repartitions) and :mod:`.assembly` (the full model).
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,8 +110,12 @@ class IST:
             real input (the model is whole until then).
         drop_last_step: the original code's round: the K-th step's update is discarded (the
             pieces go back as they were after K - 1 steps); needs K >= 2.
-        example_input: a batch of the model's input (a tensor, or a tuple of the forward's
-            positional arguments) to derive the adapter from; never needed with ``adapter``.
+        example_input: a batch of the model's input to derive the adapter from: a tensor, a
+            tuple of the forward's positional arguments, or a dict of its keyword arguments
+            (``{"input_ids": x, "attention_mask": m}`` for a loop that calls
+            ``model(input_ids=x, attention_mask=m)``); never needed with ``adapter``.
+        example_kwargs: keyword arguments beside a positional ``example_input``
+            (``model(x, attention_mask=m)``).
         overlap: how many workers hold each unit of a cut group (1, IST: disjoint subnets; r:
             each worker holds r of the round's n groups, a subnet of r/n of every cut layer, and
             an element trained by several workers ends at the mean of their copies; n: every
@@ -131,6 +135,7 @@ class IST:
                  scale: str | None = None, optimizer_state: str = "auto",
                  adapter: ISTAdapter | None = None, tag: str = "subnet",
                  drop_last_step: bool = False, example_input: Any = None,
+                 example_kwargs: Mapping[str, Any] | None = None,
                  residual: str = "whole", embeddings: str = "shared",
                  shared: Sequence[str] = (), overlap: int = 0, outer_lr: float = 1.0,
                  outer_momentum: float = 0.0) -> None:
@@ -177,12 +182,13 @@ class IST:
         self._hooks: list[Any] = []
         self._kept: dict[str, list[torch.Tensor]] | None = None
         self.adapter: ISTAdapter | None = None
-        if isinstance(example_input, (list, tuple)) and not example_input:
+        if isinstance(example_input, (list, tuple, Mapping)) and not example_input \
+                and not example_kwargs:
             raise UsageError(f"IST example_input={example_input!r} is empty: pass a batch of "
-                             "the model's input (a tensor, or a tuple of the forward's "
-                             "arguments)")
-        if adapter is None and example_input is not None:
-            adapter = self._derived(example_input)
+                             "the model's input (a tensor, a tuple of the forward's "
+                             "arguments or a dict of its keyword arguments)")
+        if adapter is None and (example_input is not None or example_kwargs):
+            adapter = self._derived(example_input, example_kwargs)
         if adapter is not None:
             self._setup(adapter)
         self._attach()
@@ -198,11 +204,12 @@ class IST:
         assert self.adapter is not None, "IST: the adapter is set up at the first forward"
         return self.adapter
 
-    def _derived(self, example_input: Any) -> ISTAdapter:
+    def _derived(self, example_input: Any, example_kwargs: Mapping[str, Any] | None = None
+                 ) -> ISTAdapter:
         from thinwire.models.graph_adapter import derive_adapter
 
         return derive_adapter(self.model, example_input, min_units=max(2, self.n),
-                              **self._derive)
+                              example_kwargs=example_kwargs, **self._derive)
 
     def _setup(self, adapter: ISTAdapter) -> None:
         """The plan known: check it against the model, slice this rank's store out of the
@@ -291,12 +298,8 @@ class IST:
 
     # --- hooks ---------------------------------------------------------------------------------
     def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if self.adapter is None and module.training:
-            if kwargs:
-                raise UsageError("IST derives the model's plan from its first forward's "
-                                 "positional arguments; this forward passes keywords "
-                                 f"{sorted(kwargs)}: pass example_input= to IST")
-            self._setup(self._derived(args))
+        if self.adapter is None and module.training:  # the first forward's own arguments
+            self._setup(self._derived(tuple(args), kwargs))
         if self.adapter is None:  # evaluated before training: the model is still whole
             return
         if not module.training:
