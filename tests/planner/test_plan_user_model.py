@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from thinwire.cli import main
-from thinwire.planner.methods import OPTIMIZER_STATES
 from thinwire.models.graph_adapter import derive_adapter
+from thinwire.planner.methods import OPTIMIZER_STATES
 from thinwire.planner.usermodel import example_input, load_module, model_spec_from_example
 from thinwire.strategies.ist.method import Options, ist_traffic
 from thinwire.strategies.traffic import ring_all_reduce

@@ -76,9 +76,9 @@ from torch import nn
 from thinwire.errors import UsageError
 from thinwire.models.adapter import ISTAdapter, ISTPlan
 from thinwire.runtime.comm import Comm
+from thinwire.strategies.ist import defaults
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
-from thinwire.strategies.ist import defaults
 from thinwire.strategies.ist.assembly import gather_full
 from thinwire.strategies.ist.elements import View
 from thinwire.strategies.ist.optstate import OptimizerState, reindexes
