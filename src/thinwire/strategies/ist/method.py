@@ -476,8 +476,9 @@ METHOD = ISTEntry(
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
     regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
-           "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST is 15.7x faster than DP "
-           "and 2.6x faster than local SGD (python benchmarks/thin_wire.py, as root; "
+           "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST in its published form "
+           "(ist:overlap=1,optimizer_state=reset) is 15.7x faster than DP and 2.6x faster "
+           "than local SGD (python benchmarks/thin_wire.py, as root; "
            "docs/benchmarks/testbed.md, 'Thin-wire testbed'); at equal samples the defaults of "
            "thinwire.IST come within 2.5 points of DP's accuracy on converged tasks "
            "(python benchmarks/ist_quality.py)")
