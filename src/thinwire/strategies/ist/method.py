@@ -472,7 +472,8 @@ class ISTEntry(MethodEntry, ModelDefaults, Subnets):
 
 
 METHOD = ISTEntry(
-    name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
+    name="ist", summary="Independent Subnetwork Training: subnets dealt afresh each round (each "
+                        "unit on half the workers by default), K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
     regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
