@@ -18,8 +18,9 @@ The model's units come from its adapter: given (``adapter=``), or derived from t
 (:func:`~thinwire.models.graph_adapter.derive_adapter`) with ``example_input=`` or, with neither,
 from the real input of the first training forward. The defaults (the residual stream kept whole,
 overlap auto, optimizer state auto) are the measured best of ``benchmarks/ist_quality.py``
-(docs/IST.md, "Getting a good model out of IST"); ``overlap=1, optimizer_state="reset",
-residual="channels"`` is the published algorithm as the original code runs it.
+(docs/IST.md, "Getting a good model out of IST"), held in :mod:`.defaults`, which the trainer's
+``ist`` method reads too; ``overlap=1, optimizer_state="reset", residual="channels"`` is the
+published algorithm as the original code runs it.
 
 The model object is the subnet: IST swaps the *data* of the model's own parameters for the
 subnet's slices, so the optimizer (which holds the same parameter objects), schedulers and
@@ -75,6 +76,7 @@ from torch import nn
 from thinwire.errors import UsageError
 from thinwire.models.adapter import ISTAdapter, ISTPlan
 from thinwire.runtime.comm import Comm
+from thinwire.strategies.ist import defaults
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
 from thinwire.strategies.ist.assembly import gather_full
@@ -132,12 +134,13 @@ class IST:
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
                  Sequence[torch.optim.Optimizer], *, comm: Comm | None = None,
                  local_steps: int = 10, seed: int = 0, deployment: str = "central",
-                 scale: str | None = None, optimizer_state: str = "auto",
+                 scale: str | None = None, optimizer_state: str = defaults.OPTIMIZER_STATE,
                  adapter: ISTAdapter | None = None, tag: str = "subnet",
                  drop_last_step: bool = False, example_input: Any = None,
                  example_kwargs: Mapping[str, Any] | None = None,
-                 residual: str = "whole", embeddings: str = "shared",
-                 shared: Sequence[str] = (), overlap: int = 0, outer_lr: float = 1.0,
+                 residual: str = defaults.RESIDUAL, embeddings: str = "shared",
+                 shared: Sequence[str] = (), overlap: int = defaults.OVERLAP,
+                 outer_lr: float = 1.0,
                  outer_momentum: float = 0.0) -> None:
         if local_steps < 1:
             raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
