@@ -70,3 +70,27 @@ def test_every_methods_strategy_is_named_for_what_it_is() -> None:
         module, _, cls = entry.strategy.partition(":")
         assert issubclass(getattr(importlib.import_module(module), cls), Strategy), name
         assert cls.endswith("Strategy"), f"{name}: {cls}"
+
+
+def test_a_file_over_400_lines_says_which_one_concept_it_is() -> None:
+    """"no source file over 400 lines unless it is one concept, named in its docstring"."""
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 400:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "One concept, one file (over 400 lines): " not in doc:
+                long.append(str(path.relative_to(SRC)))
+    assert not long, f"over 400 lines without naming their one concept: {long}"
+
+
+def test_no_function_is_over_60_lines() -> None:
+    """"no function over 60 lines" (a docstring included)."""
+    over = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 60:
+                    over.append(f"{path.relative_to(SRC)}:{node.name} ({length})")
+    assert not over, over

@@ -340,9 +340,9 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
 def _method_spec(cfg: Any, wide: bool = False) -> str:
     """The run's method as the planner's ``--method`` spec: its name and the options that
     differ from their defaults (values with commas in parentheses); "" where the planner's own
-    layout describes the run: a method that is not ``planned`` (its pipeline and tensor degrees
-    are the layout's) unless the model spec carries the wide-layer shapes the method prices
-    itself from (``wide``), and ZeRO (the planner shards its data-parallel layout
+    strategy describes the run: a method that is not ``planned`` (its pipeline and tensor
+    degrees are the strategy's) unless the model spec carries the wide-layer shapes the method
+    prices itself from (``wide``), and ZeRO (the planner shards its own data parallelism
     itself)."""
     from thinwire.strategies import METHODS
 

@@ -1,8 +1,5 @@
 """The Compressor interface, wire-format helpers and shared randomness.
 
-One concept past 400 lines: the one codec interface every slot calls, with the wire format and
-the randomness its codecs share.
-
 A compressor (a *codec*) maps a flat tensor x of d elements to a *payload*: a tuple of tensors in
 their real wire dtypes (values, int32 indices, int8 levels, uint8 packed bits, fp32 scales), and
 back:
@@ -53,6 +50,9 @@ Randomness each rank draws for itself (QSGD's stochastic rounding, O(d) numbers)
 the faster numpy stream of :func:`private_bits`); it also mixes in the rank, so draws are
 independent across ranks yet reproducible on one device. A CPU and a CUDA rank therefore draw
 different (equally distributed) roundings.
+
+One concept, one file (over 400 lines): the one codec interface every slot calls, with the wire
+format and the randomness its codecs share.
 """
 
 from __future__ import annotations

@@ -68,42 +68,19 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "who
 
     Raises :class:`UsageError` (one line) for a model the tracer cannot follow and for a model
     with no unit to cut."""
-    if residual not in RESIDUAL_MODES:
-        raise UsageError(f"IST residual {residual!r}: use whole, channels or blocks")
-    if embeddings not in EMBEDDING_MODES:
-        raise UsageError(f"IST embeddings {embeddings!r}: use shared or cut")
-    modules = dict(model.named_modules())
-    unknown = [s for s in shared if s not in modules or not s]
-    if unknown:
-        raise UsageError(f"IST shared names {unknown} are not submodules of "
-                         f"{type(model).__name__}; use names from model.named_modules()")
+    _check_options(model, residual, embeddings, shared)
     args, kwargs = example_call(example_input, example_kwargs)
     # traced and run on copies: the trace runs the modules on the example (BatchNorm statistics
     # move), the model itself stays untouched
     work = _copy_without_hooks(model)
     traced = trace(work, args, kwargs, shared)
-    wgm = traced.gm
     graph = Graph()
-    prop = Propagation(wgm, graph, embeddings, shared, exported=traced.exported,
-                       owners=dict(work.named_modules()))
-    was = work.training
-    work.train()
-    try:
-        with torch.no_grad():
-            prop.run(*traced.inputs)
-    except RunFailed as e:
-        raise UsageError(cannot_run(model, e.where, e.op, e.text)) from None
-    except UsageError:
-        raise
-    except Exception as e:  # noqa: BLE001 - outside any node (the graph's own arguments)
-        raise UsageError(cannot_run(model, "", "the traced graph", first_line(e))) from None
-    finally:
-        work.train(was)
+    prop = _propagate(model, work, traced, graph, embeddings, shared)
     persistent = dict(model.state_dict(keep_vars=True))
     params = dict(model.named_parameters())
     named = [*params.items(), *((n, b) for n, b in model.named_buffers() if n in persistent)]
     if residual == "blocks":
-        adapter = blocks_adapter(model, wgm, prop.shapes, named, params, shared)
+        adapter = blocks_adapter(model, traced.gm, prop.shapes, named, params, shared)
         _check_subnet(work, adapter, args, {**call_kwargs(work), **kwargs})
         return adapter
     for i in range(len(graph.groups)):
@@ -118,6 +95,42 @@ def derive_adapter(model: nn.Module, example_input: Any, *, residual: str = "who
     adapter = channels_adapter(model, graph, tied, params, min_units)
     _check_subnet(work, adapter, args, {**call_kwargs(work), **kwargs})
     return adapter
+
+
+def _check_options(model: nn.Module, residual: str, embeddings: str,
+                   shared: Sequence[str]) -> None:
+    """One line for an unknown mode or a shared name that is not a submodule."""
+    if residual not in RESIDUAL_MODES:
+        raise UsageError(f"IST residual {residual!r}: use whole, channels or blocks")
+    if embeddings not in EMBEDDING_MODES:
+        raise UsageError(f"IST embeddings {embeddings!r}: use shared or cut")
+    modules = dict(model.named_modules())
+    unknown = [s for s in shared if s not in modules or not s]
+    if unknown:
+        raise UsageError(f"IST shared names {unknown} are not submodules of "
+                         f"{type(model).__name__}; use names from model.named_modules()")
+
+
+def _propagate(model: nn.Module, work: nn.Module, traced: Any, graph: Graph, embeddings: str,
+               shared: Sequence[str]) -> Propagation:
+    """Run the traced copy on the example in training mode, moving channel groups through
+    ``graph`` by the rule table; a failing node is one line naming its module and op."""
+    prop = Propagation(traced.gm, graph, embeddings, shared, exported=traced.exported,
+                       owners=dict(work.named_modules()))
+    was = work.training
+    work.train()
+    try:
+        with torch.no_grad():
+            prop.run(*traced.inputs)
+    except RunFailed as e:
+        raise UsageError(cannot_run(model, e.where, e.op, e.text)) from None
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - outside any node (the graph's own arguments)
+        raise UsageError(cannot_run(model, "", "the traced graph", first_line(e))) from None
+    finally:
+        work.train(was)
+    return prop
 
 
 def _check_subnet(work: nn.Module, adapter: GraphAdapter, args: tuple[Any, ...],

@@ -61,6 +61,8 @@ This module is the round's lifecycle (the hooks and steps 1-4); the concepts it 
 beside it: :mod:`.layout` (where a cut tensor's elements lie), :mod:`.store` (what a rank stores
 and the owner's side of an exchange), :mod:`.subnet` (the worker's side), :mod:`.optstate` (the
 optimizer state across repartitions) and :mod:`.assembly` (the full model).
+
+One concept, one file (over 400 lines): the public IST object and its round's lifecycle.
 """
 
 from __future__ import annotations
@@ -88,6 +90,24 @@ from thinwire.strategies.ist.store import Dealt, Overlap, Store
 DEPLOYMENTS = ("central", "sharded")
 
 OPTIMIZER_STATES = ("auto", "reset", "reindex")
+
+
+def _check_options(local_steps: int, drop_last_step: bool, deployment: str,
+                   optimizer_state: str, outer_lr: float, outer_momentum: float) -> None:
+    """One line for each option of :class:`IST` out of its range."""
+    if local_steps < 1:
+        raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
+    if drop_last_step and local_steps < 2:
+        raise UsageError("IST drop_last_step discards the K-th update of each round; it "
+                         f"needs local_steps >= 2, got {local_steps}")
+    if deployment not in DEPLOYMENTS:
+        raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
+    if optimizer_state not in OPTIMIZER_STATES:
+        raise UsageError(f"IST optimizer_state {optimizer_state!r}: use auto, reset or reindex")
+    if not (outer_lr > 0 and 0 <= outer_momentum < 1):
+        raise UsageError(f"IST outer_lr {outer_lr} / outer_momentum {outer_momentum}: "
+                         "use outer_lr > 0 and 0 <= outer_momentum < 1 (1 and 0: no "
+                         "outer optimizer)")
 
 
 class IST:
@@ -142,20 +162,8 @@ class IST:
                  shared: Sequence[str] = (), overlap: int = defaults.OVERLAP,
                  outer_lr: float = 1.0,
                  outer_momentum: float = 0.0) -> None:
-        if local_steps < 1:
-            raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
-        if drop_last_step and local_steps < 2:
-            raise UsageError("IST drop_last_step discards the K-th update of each round; it "
-                             f"needs local_steps >= 2, got {local_steps}")
-        if deployment not in DEPLOYMENTS:
-            raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
-        if optimizer_state not in OPTIMIZER_STATES:
-            raise UsageError(f"IST optimizer_state {optimizer_state!r}: use auto, reset or "
-                             "reindex")
-        if not (outer_lr > 0 and 0 <= outer_momentum < 1):
-            raise UsageError(f"IST outer_lr {outer_lr} / outer_momentum {outer_momentum}: "
-                             "use outer_lr > 0 and 0 <= outer_momentum < 1 (1 and 0: no "
-                             "outer optimizer)")
+        _check_options(local_steps, drop_last_step, deployment, optimizer_state, outer_lr,
+                       outer_momentum)
         self.model = model
         self.optimizers = ([optimizers] if isinstance(optimizers, torch.optim.Optimizer)
                            else list(optimizers))

@@ -43,6 +43,9 @@ the shared tensors' updates are averaged with one all-reduce. With ``optimizer_s
 reindex`` every parameter element carries its per-element optimizer state along, except on the
 way down in round 0, when no state exists yet. The switch of the hybrid schedule sends every
 rank's stored slices to every other rank once, then local SGD's averages follow.
+
+One concept, one file (over 400 lines): the ist method (its options, checks, label, strategy
+and traffic formula), as every method lives in one module.
 """
 
 from __future__ import annotations
