@@ -1,0 +1,165 @@
+"""IST without a restart (torchft quorum): a worker SIGKILLed mid-round loses only its round,
+the next round deals the units over the live workers, a worker joining later receives its
+subnet at the next round boundary. Each worker is one process (tests/reliability/
+ist_replica.py) on a lighthouse in this process; every process is bounded and torn down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("torchft")
+os.environ.setdefault("RUST_LOG", "error")
+
+from thinwire.runtime.ft import FaultToleranceError, Lighthouse  # noqa: E402
+from thinwire.strategies.ist.partition import partition_groups, resolve_overlap  # noqa: E402
+
+HERE = Path(__file__).parent
+SRC = HERE.parents[1] / "src"
+sys.path.insert(0, str(HERE))
+import ist_replica  # noqa: E402
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], rounds: int,
+         timeout: float = 100) -> dict[int, int]:
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", RUST_LOG="error")
+    procs = {i: subprocess.Popen([sys.executable, str(HERE / "ist_replica.py"), str(i),
+                                  lighthouse, str(tmp), str(rounds), *a], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=open(tmp / f"err{i}", "w"))
+             for i, a in args.items()}
+    codes: dict[int, int] = {}
+    try:
+        for i, p in procs.items():
+            codes[i] = p.wait(timeout=timeout)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return codes
+
+
+def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: int
+               ) -> list[torch.Tensor]:
+    """IST's rule on the same live sets, one process, written out for the 4-12-3 MLP: round r
+    deals the hidden units over the workers that began it (sorted), each worker that closed it
+    trains its subnet (rows of W1 and b1, columns of W2, the whole b2; the hidden output scaled
+    by 12 / units held) for K steps of SGD from the round-start values; every unit becomes the
+    mean of the copies that came back (none: unchanged), b2 its base plus the sum of the
+    closers' deltas, in worker order, over their number."""
+    w1, b1, w2, b2 = (p.detach().clone() for p in ist_replica.build().parameters())
+    for r, began, closed in log:
+        order = sorted(began)
+        m = len(order)
+        held = partition_groups([("0", ist_replica.HIDDEN, "disjoint")], m, 0, r,
+                                min(resolve_overlap(overlap, m), m))["0"]
+        count = torch.zeros(ist_replica.HIDDEN, dtype=torch.int32)
+        s1, sb1, s2 = torch.zeros_like(w1), torch.zeros_like(b1), torch.zeros_like(w2)
+        total = None
+        for i, x in enumerate(order):
+            if x not in closed:
+                continue
+            u = torch.as_tensor(held[i], dtype=torch.long)
+            sub = torch.nn.Sequential(torch.nn.Linear(4, len(u)), torch.nn.ReLU(),
+                                      torch.nn.Linear(len(u), 3))
+            with torch.no_grad():
+                sub[0].weight.copy_(w1[u])
+                sub[0].bias.copy_(b1[u])
+                sub[2].weight.copy_(w2[:, u])
+                sub[2].bias.copy_(b2)
+            f = ist_replica.HIDDEN / len(u)
+            sub[2].register_forward_pre_hook(lambda _m, a, f=f: (a[0] * f, *a[1:]))
+            opt = torch.optim.SGD(sub.parameters(), lr=lr)
+            for s in range(ist_replica.K):
+                xb, yb = ist_replica.batch(x, r, s)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(sub(xb), yb).backward()
+                opt.step()
+            with torch.no_grad():
+                count[u] += 1
+                s1[u] += sub[0].weight
+                sb1[u] += sub[0].bias
+                s2[:, u] += sub[2].weight
+                d = sub[2].bias - b2
+                total = d.clone() if total is None else total.add_(d)
+        hit, c = count > 0, count.clamp(min=1).float()
+        w1 = torch.where(hit[:, None], s1 / c[:, None], w1)
+        b1 = torch.where(hit, sb1 / c, b1)
+        w2 = torch.where(hit[None, :], s2 / c[None, :], w2)
+        assert total is not None
+        b2 = b2.clone().add_(total, alpha=1.0 / len(closed))
+    return [w1, b1, w2, b2]
+
+
+def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path) -> None:
+    """3 workers, keepers 0 and 1; worker 0 (the keeper that sends the subnets) SIGKILLs itself
+    after the first of round 1's two local steps. Workers 1 and 2 close round 1 without it
+    (its units keep their round-start values), worker 2 becomes a keeper from worker 1's copy
+    (ledgered as recovery), round 2 deals the units over {1, 2}; worker 3 starts while they
+    hold before round 3, joins there (its boundary state healed over the ledger) and trains
+    rounds 3-4. Every survivor ends with the same full model, bit for bit, equal to the
+    one-process reference of IST's rule on the same live sets."""
+    rounds = 5
+    first = ["--hold", "0:0,1,2"]
+    survivor = [*first, "--hold", "3:3"]
+    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+        codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
+                                            2: survivor, 3: ["--after", "3:1,2"]}, rounds)
+    assert codes == {0: -9, 1: 0, 2: 0, 3: 0}, (codes, [(tmp_path / f"err{i}").read_text()[-800:]
+                                                       for i in codes])
+    out = {i: torch.load(tmp_path / f"worker{i}.pt") for i in (1, 2, 3)}
+    log = out[1]["log"]
+    assert out[2]["log"] == log
+    assert [(r, b, c) for r, b, c in log] == [
+        (0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [1, 2]), (2, [1, 2], [1, 2]),
+        (3, [1, 2, 3], [1, 2, 3]), (4, [1, 2, 3], [1, 2, 3])], log
+    assert out[3]["log"] == log[3:] and out[3]["joined"] == 3
+    assert out[1]["keepers"] == out[2]["keepers"] == out[3]["keepers"] == [1, 2]
+    # worker 2 became a keeper from worker 1's copy, worker 3 healed from a peer: both ledgered
+    assert out[1]["bytes"].get("recovery", 0) > 0 and out[3]["bytes"].get("recovery", 0) > 0
+    for i in (2, 3):
+        for a, b in zip(out[1]["params"], out[i]["params"]):
+            assert torch.equal(a, b), i
+    ref = _reference(log, 0.05, 1)
+    for a, b in zip(out[1]["params"], ref):
+        assert torch.equal(a, b), (a - b).abs().max()
+    # the loss mattered: with worker 0 closing round 1 the model differs
+    whole = _reference([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *log[2:]], 0.05, 1)
+    assert max((a - b).abs().max().item() for a, b in zip(ref, whole)) > 1e-3
+
+
+def test_lr_zero_through_a_loss_leaves_the_model_unchanged(tmp_path: Path) -> None:
+    """lr = 0, overlapping subnets (each unit on 2 of 3 workers): worker 2 (not a keeper) dies
+    mid-round 1; the survivors finish rounds 1-2 and their model is the initial one, bit for
+    bit (the live holders' mean of unchanged copies is the copy, the shared tensor's deltas
+    are zero)."""
+    first = ["--hold", "0:0,1,2", "--lr", "0", "--overlap", "2"]
+    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+        codes = _run(tmp_path, lh.address, {0: first, 1: first,
+                                            2: [*first, "--die-at", "1"]}, 3)
+    assert codes == {0: 0, 1: 0, 2: -9}, (codes, [(tmp_path / f"err{i}").read_text()[-800:]
+                                                 for i in codes])
+    out = {i: torch.load(tmp_path / f"worker{i}.pt") for i in (0, 1)}
+    assert out[0]["log"][1] == (1, [0, 1, 2], [0, 1])
+    for a, b in zip(out[0]["params"], ist_replica.build().parameters()):
+        assert torch.equal(a, b.detach())
+    for a, b in zip(out[0]["params"], out[1]["params"]):
+        assert torch.equal(a, b)
+
+
+def test_sharded_is_refused_in_one_line() -> None:
+    from thinwire.strategies.ist.fault import FaultTolerantIST
+
+    model = ist_replica.build()
+    with pytest.raises(FaultToleranceError, match="use deployment='central'") as info:
+        FaultTolerantIST(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         replica_id="worker0", lighthouse="http://127.0.0.1:1", workers=3,
+                         deployment="sharded", example_input=torch.zeros(2, 4))
+    assert "\n" not in str(info.value)
