@@ -5,13 +5,16 @@ ist_replica.py) on a lighthouse in this process; every process is bounded and to
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from harness import wait_until
 
 pytest.importorskip("torchft")
 os.environ.setdefault("RUST_LOG", "error")
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.timeout(150)
 
 
 def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], rounds: int,
-         timeout: float = 100) -> dict[int, int]:
+         timeout: float = 100, meanwhile: Callable[[], None] | None = None) -> dict[int, int]:
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", RUST_LOG="error")
     procs = {i: subprocess.Popen([sys.executable, str(HERE / "ist_replica.py"), str(i),
                                   lighthouse, str(tmp), str(rounds), *a], env=env,
@@ -36,6 +39,8 @@ def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], rounds: int,
              for i, a in args.items()}
     codes: dict[int, int] = {}
     try:
+        if meanwhile is not None:
+            meanwhile()
         for i, p in procs.items():
             codes[i] = p.wait(timeout=timeout)
     finally:
@@ -98,20 +103,44 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
     return [w1, b1, w2, b2]
 
 
-def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [1, 2])
+def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int) -> None:
     """3 workers, keepers 0 and 1; worker 0 (the keeper that sends the subnets) SIGKILLs itself
     after the first of round 1's two local steps. Workers 1 and 2 close round 1 without it
     (its units keep their round-start values), worker 2 becomes a keeper from worker 1's copy
     (ledgered as recovery), round 2 deals the units over {1, 2}; worker 3 starts while they
-    hold before round 3, joins there (its boundary state healed over the ledger) and trains
+    hold before round 3 (released once the lighthouse holds its quorum request), joins there (its boundary state healed over the ledger) and trains
     rounds 3-4. Every survivor ends with the same full model, bit for bit, equal to the
-    one-process reference of IST's rule on the same live sets."""
+    one-process reference of IST's rule on the same live sets. With overlap 2 every unit is on
+    2 of 3 workers: worker 0's units end round 1 at their live holder's copy, and round 2's
+    two workers both hold every unit (the mean of the two)."""
     rounds = 5
-    first = ["--hold", "0:0,1,2"]
-    survivor = [*first, "--hold", "3:3"]
+    first = ["--hold", "0:0,1,2", "--overlap", str(overlap)]
+    survivor = [*first, "--hold", "3:go"]
     with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+
+        def joiner_waiting() -> bool:
+            """Workers 1 and 2 hold before round 3 and the lighthouse holds worker 3's quorum
+            request (torchft's fast quorum would otherwise leave a late request out)."""
+            if not all((tmp_path / f"holding3.{i}").exists() for i in (1, 2)):
+                return False
+            # the lighthouse's own status page, on this machine's loopback
+            host, port = lh.address.removeprefix("http://").rsplit(":", 1)
+            conn = http.client.HTTPConnection(host, int(port), timeout=5)
+            try:
+                conn.request("GET", "/status")
+                return "only have 1 participants" in conn.getresponse().read().decode()
+            finally:
+                conn.close()
+
+        def release() -> None:
+            wait_until(joiner_waiting, 60, "worker 3 waiting in the lighthouse before round 3")
+            (tmp_path / "readygo").touch()
+
         codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
-                                            2: survivor, 3: ["--after", "3:1,2"]}, rounds)
+                                            2: survivor, 3: ["--after", "3:1,2", "--overlap", str(overlap)]},
+                     rounds,
+                     meanwhile=release)
     assert codes == {0: -9, 1: 0, 2: 0, 3: 0}, (codes, [(tmp_path / f"err{i}").read_text()[-800:]
                                                        for i in codes])
     out = {i: torch.load(tmp_path / f"worker{i}.pt") for i in (1, 2, 3)}
@@ -127,11 +156,12 @@ def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path) -> None:
     for i in (2, 3):
         for a, b in zip(out[1]["params"], out[i]["params"]):
             assert torch.equal(a, b), i
-    ref = _reference(log, 0.05, 1)
+    ref = _reference(log, 0.05, overlap)
     for a, b in zip(out[1]["params"], ref):
         assert torch.equal(a, b), (a - b).abs().max()
     # the loss mattered: with worker 0 closing round 1 the model differs
-    whole = _reference([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *log[2:]], 0.05, 1)
+    whole = _reference([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *log[2:]], 0.05,
+                       overlap)
     assert max((a - b).abs().max().item() for a, b in zip(ref, whole)) > 1e-3
 
 

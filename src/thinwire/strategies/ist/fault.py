@@ -319,7 +319,7 @@ class FaultTolerantIST(IST):
             recvs = [(self._rank_of(primary), torch.empty(size, device=self.device,
                                                           dtype=self.wire))]
         self.comm.exchange(sends, recvs, tag=self.tag)
-        if not self.comm.agree(True):
+        if not self.replica.comm.agree(True):
             return False
         self.held, self.view, self._order = held, view, order
         sub = sn.allocate(view, held, self._store, self._tensors, keys)
@@ -367,7 +367,7 @@ class FaultTolerantIST(IST):
             self.comm.exchange([(d, t) for d, t in sends],
                                [(self._rank_of(x), b) for x, b in recvs], tag=self.tag)
             shared = self._gather_shared(sub, keys, live)
-            if self.comm.agree(shared is not None) and self.replica.commit():
+            if self.replica.comm.agree(shared is not None) and self.replica.commit():
                 break
         assert shared is not None
         with torch.no_grad():
