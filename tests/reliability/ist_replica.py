@@ -1,7 +1,7 @@
 """Test-only worker of a fault-tolerant IST run (one process).
 
 ``python ist_replica.py INDEX LIGHTHOUSE OUT ROUNDS [--die-at R] [--hold R:I,J] [--after R:I,J]
-[--lr LR] [--overlap O] [--workers N]``: trains a 4-12-3 MLP with plain SGD through
+[--lr LR] [--overlap O] [--workers N] [--keepers N]``: trains a 4-12-3 MLP with plain SGD through
 ``FaultTolerantIST`` (K = 2 local steps a round, dropout scaling); worker INDEX's batch at local
 step s of round r is a pure function of (INDEX, r, s). ``--die-at R``: SIGKILL itself after the
 first local step of round R (mid-round); ``--hold R:I,J`` (repeatable): at the boundary before
@@ -60,6 +60,7 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--overlap", type=int, default=1)
     ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--keepers", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -72,7 +73,7 @@ def main() -> int:
     model = build()
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     ist = FaultTolerantIST(model, opt, replica_id=f"worker{a.index}", lighthouse=a.lighthouse,
-                           workers=a.workers, min_workers=2, keepers=2, local_steps=K,
+                           workers=a.workers, min_workers=2, keepers=a.keepers, local_steps=K,
                            overlap=a.overlap, example_input=torch.zeros(2, 4), timeout=5.0,
                            quorum_timeout=20.0)
     (out / f"ready{a.index}").touch()

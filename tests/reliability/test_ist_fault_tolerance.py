@@ -184,6 +184,20 @@ def test_lr_zero_through_a_loss_leaves_the_model_unchanged(tmp_path: Path) -> No
         assert torch.equal(a, b)
 
 
+def test_the_only_keeper_lost_ends_with_one_line(tmp_path: Path) -> None:
+    """keepers 1: worker 0 stores the model alone and dies mid-round 1; the survivors' close
+    finds no live copy of the model and each ends with one line naming it, no traceback."""
+    first = ["--hold", "0:0,1,2", "--keepers", "1"]
+    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+        codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: first, 2: first}, 3)
+    assert codes == {0: -9, 1: 3, 2: 3}, codes
+    for i in (1, 2):
+        err = (tmp_path / f"err{i}").read_text()
+        lines = [ln for ln in err.splitlines() if ln.startswith("fault tolerance:")]
+        assert len(lines) == 1 and "every worker storing the model" in lines[0], err[-800:]
+        assert "Traceback" not in err
+
+
 def test_sharded_is_refused_in_one_line() -> None:
     from thinwire.strategies.ist.fault import FaultTolerantIST
 
