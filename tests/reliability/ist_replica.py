@@ -1,14 +1,16 @@
 """Test-only worker of a fault-tolerant IST run (one process).
 
 ``python ist_replica.py INDEX LIGHTHOUSE OUT ROUNDS [--die-at R] [--hold R:I,J] [--after R:I,J]
-[--lr LR] [--overlap O] [--workers N] [--keepers N]``: trains a 4-12-3 MLP with plain SGD through
-``FaultTolerantIST`` (K = 2 local steps a round, dropout scaling); worker INDEX's batch at local
-step s of round r is a pure function of (INDEX, r, s). ``--die-at R``: SIGKILL itself after the
-first local step of round R (mid-round); ``--hold R:I,J`` (repeatable): at the boundary before
-round R, wait until workers I, J are up (their OUT/ready{I} exists), leaving
-OUT/holding{R}.{INDEX}; ``--after R:I,J``: start only when workers I, J hold before round R.
-Writes OUT/worker{INDEX}.pt: the full model after ``finish()``, the log of closed rounds, the
-round it joined at, the keepers, its ledger totals by tag."""
+[--lr LR] [--momentum M] [--overlap O] [--workers N] [--keepers N]``: trains a 4-12-3 MLP
+with SGD through ``FaultTolerantIST`` (K = 2 local steps a round, dropout scaling, the momentum
+buffers dealt with their units); worker INDEX's batch at local step s of round r is a pure
+function of (INDEX, r, s). ``--die-at R``: SIGKILL itself after the first local step of round
+R (mid-round); ``--hold R:I,J`` (repeatable): at the boundary before round R, wait until
+workers I, J are up (their OUT/ready{I} exists), leaving OUT/holding{R}.{INDEX}; ``--after
+R:I,J``: start only when workers I, J hold before round R.
+Writes OUT/worker{INDEX}.pt: a keeper's stored model before ``finish()`` (None on other
+workers), the full model after, the log of closed rounds, the round it joined at, the keepers,
+its ledger totals by tag."""
 
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ def main() -> int:
     ap.add_argument("--overlap", type=int, default=1)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--keepers", type=int, default=2)
+    ap.add_argument("--momentum", type=float, default=0.0)
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -71,7 +74,7 @@ def main() -> int:
     from thinwire.strategies.ist.fault import FaultTolerantIST
 
     model = build()
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     ist = FaultTolerantIST(model, opt, replica_id=f"worker{a.index}", lighthouse=a.lighthouse,
                            workers=a.workers, min_workers=2, keepers=a.keepers, local_steps=K,
                            overlap=a.overlap, example_input=torch.zeros(2, 4), timeout=5.0,
@@ -91,6 +94,7 @@ def main() -> int:
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
+        stored = ist.full_tensors()  # a keeper's own copy (None elsewhere)
         ist.finish()
     except FaultToleranceError as exc:
         print(exc, file=sys.stderr)
@@ -101,7 +105,8 @@ def main() -> int:
     for e in ist.comm.ledger.entries:
         by_tag[e.tag] = by_tag.get(e.tag, 0) + e.sent + e.recv
     torch.save({"params": [p.detach().clone() for p in model.parameters()], "log": ist.log,
-                "joined": ist.joined_at, "keepers": ist.keepers, "bytes": by_tag},
+                "joined": ist.joined_at, "keepers": ist.keepers, "stored": stored,
+                "bytes": by_tag},
                out / f"worker{a.index}.pt")
     return 0
 

@@ -51,60 +51,81 @@ def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], rounds: int,
     return codes
 
 
-def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: int
-               ) -> list[torch.Tensor]:
+CUT = (0, 0, 1, None)
+"""The dimension of W1, b1, W2 and b2 the hidden units cut (None: b2, shared by every subnet)."""
+
+
+def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: int,
+               momentum: float = 0.0) -> list[torch.Tensor]:
     """IST's rule on the same live sets, one process, written out for the 4-12-3 MLP: round r
     deals the hidden units over the workers that began it (sorted), each worker that closed it
     trains its subnet (rows of W1 and b1, columns of W2, the whole b2; the hidden output scaled
     by 12 / units held) for K steps of SGD from the round-start values; every unit becomes the
     mean of the copies that came back (none: unchanged), b2 its base plus the sum of the
-    closers' deltas, in worker order, over their number."""
-    w1, b1, w2, b2 = (p.detach().clone() for p in ist_replica.build().parameters())
+    closers' deltas, in worker order, over their number. With momentum the buffers are dealt
+    with their units (``reindex``): fresh in round 0, stored (zero where nobody trained) from
+    its end on, and written back by the same rule."""
+    copies = [[p.detach().clone() for p in ist_replica.build().parameters()]]
     for r, began, closed in log:
         order = sorted(began)
         m = len(order)
         held = partition_groups([("0", ist_replica.HIDDEN, "disjoint")], m, 0, r,
                                 min(resolve_overlap(overlap, m), m))["0"]
         count = torch.zeros(ist_replica.HIDDEN, dtype=torch.int32)
-        s1, sb1, s2 = torch.zeros_like(w1), torch.zeros_like(b1), torch.zeros_like(w2)
-        total = None
+        trained: list[tuple[torch.Tensor, list[list[torch.Tensor]]]] = []
         for i, x in enumerate(order):
             if x not in closed:
                 continue
             u = torch.as_tensor(held[i], dtype=torch.long)
             sub = torch.nn.Sequential(torch.nn.Linear(4, len(u)), torch.nn.ReLU(),
                                       torch.nn.Linear(len(u), 3))
+            params = list(sub.parameters())
             with torch.no_grad():
-                sub[0].weight.copy_(w1[u])
-                sub[0].bias.copy_(b1[u])
-                sub[2].weight.copy_(w2[:, u])
-                sub[2].bias.copy_(b2)
+                for p, base, dim in zip(params, copies[0], CUT):
+                    p.copy_(base if dim is None else base.index_select(dim, u))
             f = ist_replica.HIDDEN / len(u)
             sub[2].register_forward_pre_hook(lambda _m, a, f=f: (a[0] * f, *a[1:]))
-            opt = torch.optim.SGD(sub.parameters(), lr=lr)
+            opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
+            if len(copies) > 1:
+                for p, buf, dim in zip(params, copies[1], CUT):
+                    opt.state[p]["momentum_buffer"] = (
+                        buf.clone() if dim is None else buf.index_select(dim, u))
             for s in range(ist_replica.K):
                 xb, yb = ist_replica.batch(x, r, s)
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(sub(xb), yb).backward()
                 opt.step()
-            with torch.no_grad():
-                count[u] += 1
-                s1[u] += sub[0].weight
-                sb1[u] += sub[0].bias
-                s2[:, u] += sub[2].weight
-                d = sub[2].bias - b2
-                total = d.clone() if total is None else total.add_(d)
+            count[u] += 1
+            back = [[p.detach() for p in params]]
+            if momentum:
+                back.append([opt.state[p]["momentum_buffer"] for p in params])
+            trained.append((u, back))
+        if momentum and len(copies) == 1:  # the state's names known: stored, zero
+            copies.append([torch.zeros_like(x) for x in copies[0]])
         hit, c = count > 0, count.clamp(min=1).float()
-        w1 = torch.where(hit[:, None], s1 / c[:, None], w1)
-        b1 = torch.where(hit, sb1 / c, b1)
-        w2 = torch.where(hit[None, :], s2 / c[None, :], w2)
-        assert total is not None
-        b2 = b2.clone().add_(total, alpha=1.0 / len(closed))
-    return [w1, b1, w2, b2]
+        for k, bases in enumerate(copies):
+            for j, dim in enumerate(CUT):
+                base = bases[j]
+                if dim is None:
+                    total = None
+                    for _, back in trained:
+                        d = back[k][j] - base
+                        total = d.clone() if total is None else total.add_(d)
+                    assert total is not None
+                    bases[j] = base.clone().add_(total, alpha=1.0 / len(closed))
+                    continue
+                acc = torch.zeros_like(base)
+                for u, back in trained:
+                    acc.index_add_(dim, u, back[k][j])
+                shape = [1] * base.dim()
+                shape[dim] = -1
+                bases[j] = torch.where(hit.view(shape), acc / c.view(shape), base)
+    return copies[0]
 
 
-@pytest.mark.parametrize("overlap", [1, 2])
-def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int) -> None:
+@pytest.mark.parametrize(("overlap", "momentum"), [(1, 0.0), (2, 0.9)])
+def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int,
+                                                 momentum: float) -> None:
     """3 workers, keepers 0 and 1; worker 0 (the keeper that sends the subnets) SIGKILLs itself
     after the first of round 1's two local steps. Workers 1 and 2 close round 1 without it
     (its units keep their round-start values), worker 2 becomes a keeper from worker 1's copy
@@ -113,9 +134,12 @@ def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int) -
     rounds 3-4. Every survivor ends with the same full model, bit for bit, equal to the
     one-process reference of IST's rule on the same live sets. With overlap 2 every unit is on
     2 of 3 workers: worker 0's units end round 1 at their live holder's copy, and round 2's
-    two workers both hold every unit (the mean of the two)."""
+    two workers both hold every unit (the mean of the two). That case runs momentum SGD, its
+    buffers dealt with their units: the new keeper receives them with the store, the joiner
+    the shared tensor's buffer with its boundary state. Both keepers' stored models are equal
+    bit for bit before the full model is sent out."""
     rounds = 5
-    first = ["--hold", "0:0,1,2", "--overlap", str(overlap)]
+    first = ["--hold", "0:0,1,2", "--overlap", str(overlap), "--momentum", str(momentum)]
     survivor = [*first, "--hold", "3:go"]
     with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
 
@@ -138,7 +162,7 @@ def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int) -
             (tmp_path / "readygo").touch()
 
         codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
-                                            2: survivor, 3: ["--after", "3:1,2", "--overlap", str(overlap)]},
+                                            2: survivor, 3: ["--after", "3:1,2", *first[2:]]},
                      rounds,
                      meanwhile=release)
     assert codes == {0: -9, 1: 0, 2: 0, 3: 0}, (codes, [(tmp_path / f"err{i}").read_text()[-800:]
@@ -156,12 +180,15 @@ def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int) -
     for i in (2, 3):
         for a, b in zip(out[1]["params"], out[i]["params"]):
             assert torch.equal(a, b), i
-    ref = _reference(log, 0.05, overlap)
+    assert out[3]["stored"] is None
+    for a, b in zip(out[1]["stored"].values(), out[2]["stored"].values()):
+        assert torch.equal(a, b)
+    ref = _reference(log, 0.05, overlap, momentum)
     for a, b in zip(out[1]["params"], ref):
         assert torch.equal(a, b), (a - b).abs().max()
     # the loss mattered: with worker 0 closing round 1 the model differs
     whole = _reference([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *log[2:]], 0.05,
-                       overlap)
+                       overlap, momentum)
     assert max((a - b).abs().max().item() for a, b in zip(ref, whole)) > 1e-3
 
 
