@@ -234,3 +234,27 @@ def test_sharded_is_refused_in_one_line() -> None:
                          replica_id="worker0", lighthouse="http://127.0.0.1:1", workers=3,
                          deployment="sharded", example_input=torch.zeros(2, 4))
     assert "\n" not in str(info.value)
+
+
+def test_too_few_units_for_the_workers_is_refused_in_one_line() -> None:
+    """A hidden layer of 12 units cannot be cut into 16 subnets: one line."""
+    from thinwire.errors import UsageError
+    from thinwire.models.graph_adapter import derive_adapter
+    from thinwire.strategies.ist.fault import FaultTolerantIST
+
+    model = ist_replica.build()
+    adapter = derive_adapter(model, torch.zeros(2, 4), min_units=2)
+    with Lighthouse(min_workers=1) as lh, pytest.raises(UsageError, match="16 subnets") as info:
+        FaultTolerantIST(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         replica_id="worker0", lighthouse=lh.address, workers=16,
+                         adapter=adapter)
+    assert "\n" not in str(info.value)
+
+
+def test_a_replica_id_without_a_number_is_refused_in_one_line() -> None:
+    from thinwire.strategies.ist.fault import replica_number
+
+    assert replica_number("worker12") == 12
+    with pytest.raises(FaultToleranceError, match="ends in no number") as info:
+        replica_number("worker")
+    assert "\n" not in str(info.value)

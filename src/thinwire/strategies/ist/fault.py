@@ -140,15 +140,19 @@ class FaultTolerantIST(IST):
                                device=next(model.parameters()).device)
         # set up as one worker storing everything (central IST's rank 0): every worker builds
         # the same model from the seed, so each starts as a keeper candidate
-        super().__init__(model, optimizers, comm=Comm.local(ledger=self.replica.ledger),
-                         deployment="central", adapter=adapter, example_input=example_input,
-                         overlap=1, **kwargs)
+        try:
+            super().__init__(model, optimizers, comm=Comm.local(ledger=self.replica.ledger),
+                             deployment="central", adapter=adapter,
+                             example_input=example_input, overlap=1, **kwargs)
+            for g in self.plan.groups:
+                if g.kind == "disjoint" and g.size < workers:
+                    raise UsageError(f"IST cuts {g.name} ({g.size} units) into {workers} "
+                                     f"subnets; use >= {workers} units there or fewer workers")
+        except BaseException:
+            self.replica.close()  # no torchft thread or server outlives a refused set-up
+            raise
         self.comm = self.replica.comm
         self._store_view = self.view
-        for g in self.plan.groups:
-            if g.kind == "disjoint" and g.size < workers:
-                raise UsageError(f"IST cuts {g.name} ({g.size} units) into {workers} subnets; "
-                                 f"use >= {workers} units there or fewer workers")
 
     def _derived(self, example_input: Any) -> ISTAdapter:
         from thinwire.models.graph_adapter import derive_adapter
