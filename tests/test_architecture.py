@@ -94,3 +94,16 @@ def test_no_function_is_over_60_lines() -> None:
                 if length > 60:
                     over.append(f"{path.relative_to(SRC)}:{node.name} ({length})")
     assert not over, over
+
+
+def test_the_test_folders_mirror_the_source() -> None:
+    """docs/TESTING.md: "tests/ mirrors src/thinwire/": every folder of tests/ names a package of
+    src/thinwire at the same path, except reliability/ (the run-level promises of README's
+    "Reliability", which cross every layer)."""
+    tests = SRC.parents[1] / "tests"
+    folders = [p.relative_to(tests) for p in tests.rglob("*") if p.is_dir()
+               and p.name != "__pycache__" and "__pycache__" not in p.parts]
+    assert folders
+    stray = [str(f) for f in folders
+             if f.parts[0] != "reliability" and not (SRC / f / "__init__.py").is_file()]
+    assert not stray, f"test folders without a package of src/thinwire: {stray}"

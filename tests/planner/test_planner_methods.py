@@ -125,7 +125,7 @@ def _adapted(name: str):  # noqa: ANN202
 def test_ist_is_priced_from_the_adapters_traffic_function(name):
     """The planner's IST bytes per step for a GPT, a ResNet or a GCN are the steady-state
     difference of ``ist_traffic`` on the adapter's plan (what every rank's ledger equals,
-    tests/ist/test_ist_invariants.py), not a formula of their own."""
+    tests/strategies/ist/test_ist_invariants.py), not a formula of their own."""
     spec = _adapted(name)
     plan = spec.ist
     assert plan is not None and layout_of(spec).ist == plan

@@ -1,4 +1,4 @@
-"""Small models of every IST adapter for the invariant tests (tests/ist/test_ist_invariants.py).
+"""Small models of every IST adapter for the invariant tests (tests/strategies/ist/test_ist_invariants.py).
 
 Each :class:`Case` builds a tiny model identically on every rank, its adapter, the batch of a
 (rank, step) and the loss: the fully connected stack (Yuan et al.), the GPT (heads and FFN

@@ -26,7 +26,7 @@ HAVE = kernels.available()
 needs_kernels = pytest.mark.skipif(not HAVE, reason="no C++ compiler: compiled kernels unbuilt")
 PATHS = [pytest.param("0", id="torch"),
          pytest.param("1", id="compiled", marks=needs_kernels)]
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def codecs() -> list[Compressor]:

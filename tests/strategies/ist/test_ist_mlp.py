@@ -90,7 +90,7 @@ def test_partition_identical_on_every_rank() -> None:
 
 
 # --- bitwise properties ---------------------------------------------------------------------------
-# through the trainer's strategy; tests/ist/test_ist_invariants.py covers every adapter at
+# through the trainer's strategy; tests/strategies/ist/test_ist_invariants.py covers every adapter at
 # n = 2 and 4 in both deployments through the public IST, so three cases suffice here
 @pytest.mark.parametrize("n,deployment,norm", [(2, "central", "batch"), (4, "sharded", "batch"),
                                                (4, "central", "none")])
