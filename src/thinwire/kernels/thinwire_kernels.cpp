@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -46,63 +47,100 @@ inline uint32_t bits_of(float v) {
 
 // The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
 // and the loops would not be vectorised).
-// rint: round half to even, as torch.round (the rounding mode is never changed).
-// x / safe costs a division an element; x * (1 / safe) is within 2^-23 relative of it, so
-// rounds to the same integer unless x / safe lies within 2^-16 of a half-integer (|x / safe| <=
-// 127). Such a chunk (about one in twenty at 512 elements) is redone with the division: the
-// result is exactly rint(x / safe), the reference's.
-inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe) {
-  const float r = 1.0f / safe;
-  int near = 0;
+// rint(x / safe): round half to even, as torch.round (the rounding mode is never changed), of
+// the same IEEE quotient as the reference's division. The division costs no more than a
+// multiply here: the loop waits on memory either way.
+inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe,
+                       bool stream) {
   int64_t i = 0;
 #ifdef __AVX2__
-  const __m256 rv = _mm256_set1_ps(r), half = _mm256_set1_ps(0.5f);
-  const __m256 thr = _mm256_set1_ps(6.103515625e-05f);  // 2^-14
-  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  stream = stream && !(reinterpret_cast<uintptr_t>(q) & 31);
+  const __m256 sv = _mm256_set1_ps(safe);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  __m256 close = _mm256_setzero_ps();
   for (; i + 32 <= n; i += 32) {  // 32 at a time: four roundings, packed to 32 bytes
     __m256i v[4];
-    for (int j = 0; j < 4; ++j) {
-      const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), rv);
-      const __m256 f = _mm256_and_ps(_mm256_sub_ps(_mm256_sub_ps(y, _mm256_floor_ps(y)), half),
-                                     mag);
-      close = _mm256_or_ps(close, _mm256_cmp_ps(f, thr, _CMP_LT_OQ));
-      v[j] = _mm256_cvtps_epi32(y);  // round half to even (the default rounding mode)
-    }
-    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
-                                         _mm256_packs_epi32(v[2], v[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(w, perm));
+    for (int j = 0; j < 4; ++j)  // round half to even (the default rounding mode)
+      v[j] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * j), sv));
+    const __m256i w = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), perm);
+    if (stream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i), w);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), w);
   }
-  near = _mm256_movemask_ps(close) != 0;
+#else
+  (void)stream;
 #endif
-  for (; i < n; ++i) {
-    const float y = x[i] * r;
-    near |= std::fabs(y - std::floor(y) - 0.5f) < 6.103515625e-05f;
-    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(y)));
-  }
-  if (near)
-    for (int64_t k = 0; k < n; ++k)
-      q[k] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[k] / safe)));
+  for (; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[i] / safe)));
 }
 
+// Outputs of at least STREAM elements are written with non-temporal stores: they bypass the
+// caches, so a line is written without being read first (a plain store reads each line before
+// writing it: three memory transfers a line instead of two), and an output larger than the
+// caches would not stay there anyway. A decode of 64M floats costs about half as much so.
+constexpr int64_t STREAM = 1 << 22;
+
+#ifdef __AVX2__
 template <class T>
-inline void widen_scale(const T* __restrict q, float* __restrict out, int64_t n, float f) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * f;
+inline __m256i widen8(const T* q) {  // eight levels as int32
+  if constexpr (sizeof(T) == 1)
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  else if constexpr (sizeof(T) == 2)
+    return _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  else
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+}
+#endif
+
+// out_i = float(q_i) f, streamed where asked (the caller fences after its parallel section).
+template <class T>
+inline void widen_scale(const T* __restrict q, float* __restrict out, int64_t n, float f,
+                        bool stream = false) {
+  int64_t i = 0;
+#ifdef __AVX2__
+  if (stream) {
+    for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 31); ++i)
+      out[i] = static_cast<float>(q[i]) * f;
+    const __m256 fv = _mm256_set1_ps(f);
+    for (; i + 8 <= n; i += 8)
+      _mm256_stream_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(widen8(q + i)), fv));
+  }
+#else
+  (void)stream;
+#endif
+  for (; i < n; ++i) out[i] = static_cast<float>(q[i]) * f;
 }
 
-// Whether any of x[0..16) has |x_j| >= t.
-inline bool any_at_least(const float* x, float t) {
+// Ask for x[a + AHEAD, e + AHEAD) (clipped to d) now, so that memory works while the caller
+// computes on x[a, e) from the caches (a kernel that reads a chunk twice, the second time
+// with divisions, otherwise waits on memory and on its arithmetic in turn).
+constexpr int64_t AHEAD = 4096;  // elements: 16 KB ahead
+inline void prefetch_ahead(const float* x, int64_t a, int64_t e, int64_t d) {
+  const int64_t end = std::min(d, e + AHEAD);
+  for (int64_t i = a + AHEAD; i < end; i += 16) __builtin_prefetch(x + i, 0, 3);
+}
+
+// The fence that orders a thread's non-temporal stores before its work is seen as done.
+inline void fence(bool stream) {
+#ifdef __AVX2__
+  if (stream) _mm_sfence();
+#else
+  (void)stream;
+#endif
+}
+
+// Bit j set where |x_j| >= t, for x[0..16).
+inline uint32_t at_least(const float* x, float t) {
 #ifdef __AVX2__
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tv = _mm256_set1_ps(t);
   const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x), mag);
   const __m256 b = _mm256_and_ps(_mm256_loadu_ps(x + 8), mag);
-  return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(a, tv, _CMP_GE_OQ),
-                                         _mm256_cmp_ps(b, tv, _CMP_GE_OQ))) != 0;
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, tv, _CMP_GE_OQ))) |
+         (static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(b, tv, _CMP_GE_OQ))) << 8);
 #else
-  int any = 0;
-  for (int j = 0; j < 16; ++j) any |= std::fabs(x[j]) >= t;
-  return any != 0;
+  uint32_t hit = 0;
+  for (int j = 0; j < 16; ++j) hit |= static_cast<uint32_t>(std::fabs(x[j]) >= t) << j;
+  return hit;
 #endif
 }
 
@@ -124,7 +162,7 @@ inline uint32_t lowbias32(uint32_t h) {
 template <class T>
 inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* __restrict q,
                             int64_t a, int64_t m, float c, uint32_t k0, uint32_t k1,
-                            uint32_t k2, int32_t s, int wide) {
+                            uint32_t k2, int32_t s, int wide, int64_t total) {
   const float u24 = 5.9604644775390625e-08f;  // 2^-24
   // a is a multiple of the block size (2^16): hi32 is the same for the whole block
   const uint32_t base = static_cast<uint32_t>(a) * k0 + k1 +
@@ -133,19 +171,54 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
 #ifdef __AVX2__
   const __m256 cv = _mm256_set1_ps(c), uv = _mm256_set1_ps(u24);
   const __m256i c1 = _mm256_set1_epi32(0x7feb352d), c2 = _mm256_set1_epi32(0x846ca68bu);
-  const __m256i step8 = _mm256_set1_epi32(static_cast<int>(8u * k0));
-  __m256i h0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
-                                _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                   _mm256_set1_epi32(static_cast<int>(k0))));
-  for (; i0 + 8 <= m; i0 += 8) {
-    __m256i h = h0;
-    h0 = _mm256_add_epi32(h0, step8);
+  auto hash8 = [&](__m256i h) {  // lowbias32 on 8 lanes, then u = (h >> 8) 2^-24
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
     h = _mm256_mullo_epi32(h, c1);
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
     h = _mm256_mullo_epi32(h, c2);
     h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), uv);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), uv);
+  };
+  const __m256i step8 = _mm256_set1_epi32(static_cast<int>(8u * k0));
+  __m256i h0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
+                                _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                   _mm256_set1_epi32(static_cast<int>(k0))));
+  if constexpr (std::is_same<T, int8_t>::value) {
+    if (!wide) {  // int8 levels: clip and narrow 32 at a time, no float buffer
+      const bool stream = total >= STREAM && !(reinterpret_cast<uintptr_t>(q) & 31);
+      const __m256i lo = _mm256_set1_epi32(-s), hi = _mm256_set1_epi32(s);
+      const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+      for (; i0 + 32 <= m; i0 += 32) {
+        if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
+        __m256i v[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m256 u = hash8(h0);
+          h0 = _mm256_add_epi32(h0, step8);
+          const __m256 f = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
+              _mm256_loadu_ps(x + i0 + 8 * j), cv), u));
+          v[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(f), lo), hi);
+        }
+        const __m256i w = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+            perm);
+        if (stream)
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i0), w);
+        else
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i0), w);
+      }
+      for (int64_t i = i0; i < m; ++i) {
+        const uint32_t h = lowbias32(base + static_cast<uint32_t>(i) * k0);
+        const float u = static_cast<float>(static_cast<int32_t>(h >> 8)) * u24;
+        q[i] = static_cast<T>(std::min(std::max(static_cast<int32_t>(std::floor(x[i] * c + u)),
+                                                -s), s));
+      }
+      return;
+    }
+  }
+  for (; i0 + 8 <= m; i0 += 8) {
+    if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
+    const __m256 u = hash8(h0);
+    h0 = _mm256_add_epi32(h0, step8);
     _mm256_storeu_ps(t + i0, _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
         _mm256_loadu_ps(x + i0), cv), u)));
   }
@@ -172,15 +245,18 @@ void qsgd_levels_hash(const float* x, int64_t d, float c, uint32_t k0, uint32_t 
   parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
     float t[BLOCK];
     const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);
-    qsgd_hash_round(x + a, t, q + a, a, e - a, c, k0, k1, k2, s, wide);
+    qsgd_hash_round(x + a, t, q + a, a, e - a, c, k0, k1, k2, s, wide, d);
+    fence(d >= STREAM);
   });
 }
 
 template <class T>
 void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
+  const bool stream = d >= STREAM;
   parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
     const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);
-    widen_scale(q + a, out + a, e - a, f);
+    widen_scale(q + a, out + a, e - a, f, stream);
+    fence(stream);
   });
 }
 
@@ -197,10 +273,38 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
     }
     return;
   }
-  std::vector<float> mags(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) mags[i] = std::fabs(vals[i]);
-  std::nth_element(mags.begin(), mags.begin() + (n - k), mags.end());
-  const float v = mags[n - k];
+  // v = the k-th largest magnitude, by a radix selection on the bits of |v_i| (for finite
+  // floats unsigned order is float order): 11, 10 and 10 bits, each level counting only the
+  // magnitudes that share the levels above (a third of nth_element's time on 1M candidates)
+  std::vector<uint32_t> mags(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mags[i] = bits_of(vals[i]) & 0x7fffffffu;
+  uint32_t prefix = 0;
+  int64_t rank = k;  // the wanted one is the rank-th largest among those sharing the prefix
+  std::vector<uint32_t> members;
+  const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
+  for (int level = 0; level < 3; ++level) {
+    const int sh = shifts[level];
+    const uint32_t mask = (1u << widths[level]) - 1;
+    std::vector<int64_t> hist(static_cast<size_t>(mask) + 1, 0);
+    if (level == 0) {
+      for (int64_t i = 0; i < n; ++i) ++hist[mags[i] >> sh];
+    } else {
+      const int up = shifts[level - 1];
+      std::vector<uint32_t> next;
+      const std::vector<uint32_t>& from = level == 1 ? mags : members;
+      for (uint32_t m : from)
+        if ((m >> up) == prefix) {
+          next.push_back(m);
+          ++hist[(m >> sh) & mask];
+        }
+      members.swap(next);
+    }
+    int64_t b = mask;
+    for (; b > 0 && hist[b] < rank; --b) rank -= hist[b];
+    prefix = (prefix << widths[level]) | static_cast<uint32_t>(b);
+  }
+  float v;
+  std::memcpy(&v, &prefix, sizeof v);
   int64_t above = 0;
   for (int64_t i = 0; i < n; ++i) above += std::fabs(vals[i]) > v;
   int64_t equal_left = k - above, w = 0;
@@ -292,7 +396,9 @@ int thinwire_kernels_version() { return 2; }
 
 // --- int8 with one absmax scale per chunk (compression/quantize.py, Int8) --------------------
 void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* scale, int nt) {
+  const bool stream = d >= STREAM && chunk % 32 == 0;  // chunks start on 32 bytes of q
   for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
+    prefetch_ahead(x, a, e, d);
     // absmax on the bits of |x|: for finite floats unsigned order is float order
     uint32_t mb = 0;
     for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
@@ -301,14 +407,17 @@ void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* sca
     const float sc = m / 127.0f;
     scale[c] = sc;
     const float safe = sc > 0.0f ? sc : 1.0f;
-    round_int8(x + a, q + a, e - a, safe);
+    round_int8(x + a, q + a, e - a, safe, stream);
+    if (e == d || (c + 1) % std::max<int64_t>(1, BLOCK / chunk) == 0) fence(stream);
   });
 }
 
 void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, float* out,
                  int nt) {
+  const bool stream = d >= STREAM;
   for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
-    widen_scale(q + a, out + a, e - a, scale[c]);
+    widen_scale(q + a, out + a, e - a, scale[c], stream);
+    if (e == d || (c + 1) % std::max<int64_t>(1, BLOCK / chunk) == 0) fence(stream);
   });
 }
 
@@ -330,6 +439,7 @@ void fp4_encode(const float* x, int64_t d, int64_t chunk, uint8_t* packed, float
     }
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t a = c * chunk, e = std::min(d, a + chunk);
+      prefetch_ahead(x, a, e, d);
       uint32_t mb = 0;
       for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
       float sc;
@@ -387,6 +497,7 @@ void fp4_decode(const uint8_t* packed, const float* scale, int64_t d, int64_t ch
     table[n] = (n & 8) ? -mag : mag;
   }
   const int64_t chunks = (d + chunk - 1) / chunk, per = fp4_chunks_per_block(chunk);
+  const bool stream = d >= STREAM;
   parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
     const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
     for (int64_t c = c0; c < c1; ++c) {
@@ -406,8 +517,11 @@ void fp4_decode(const uint8_t* packed, const float* scale, int64_t d, int64_t ch
               _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(four), dup)), shifts);
           const __m256 m = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(nib, low3));
           const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, bit3), 28);
-          _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_xor_ps(m, _mm256_castsi256_ps(sign)),
-                                                  sv));
+          const __m256 v = _mm256_mul_ps(_mm256_xor_ps(m, _mm256_castsi256_ps(sign)), sv);
+          if (stream && !(reinterpret_cast<uintptr_t>(out + i) & 31))
+            _mm256_stream_ps(out + i, v);
+          else
+            _mm256_storeu_ps(out + i, v);
         }
       }
 #endif
@@ -416,6 +530,7 @@ void fp4_decode(const uint8_t* packed, const float* scale, int64_t d, int64_t ch
         out[i] = table[(i & 1) ? (byte & 15) : (byte >> 4)] * sc;
       }
     }
+    fence(stream);
   });
 }
 
@@ -448,6 +563,7 @@ void sign_encode(const float* x, int64_t d, uint8_t* packed, double* lanes, int 
     double* acc = part.data() + b * LANES;
     for (int64_t r = a; r < e; r += LANES) {
       const int64_t w = std::min(LANES, e - r);
+      prefetch_ahead(x, r, r + w, d);
       for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(std::fabs(x[r + j]));
     }
     int64_t i = a;  // a is a multiple of 8
@@ -558,13 +674,15 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     bi.reserve(static_cast<size_t>(expect));
     bv.reserve(static_cast<size_t>(expect));
     int64_t i = a;
-    for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none
-      if (!any_at_least(x + i, t)) continue;
-      for (int j = 0; j < 16; ++j)
-        if (std::fabs(x[i + j]) >= t) {
-          bi.push_back(i + j);
-          bv.push_back(x[i + j]);
-        }
+    for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none;
+      if (!(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
+      uint32_t hit = at_least(x + i, t);  // then visit only the set bits
+      while (hit) {
+        const int j = __builtin_ctz(hit);
+        hit &= hit - 1;
+        bi.push_back(i + j);
+        bv.push_back(x[i + j]);
+      }
     }
     for (; i < e; ++i)
       if (std::fabs(x[i]) >= t) {
