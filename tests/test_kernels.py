@@ -72,8 +72,9 @@ def test_compiled_codecs_equal_the_pure_paths_bit_for_bit_on_1_2_4_threads(d: in
 
 @needs_kernels
 def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
-    """Chunks whose x / scale are exact half-integers (scale 1): the compiled kernel's
-    multiply by 1 / scale is checked near half-integers and redone with the division there."""
+    """Chunks whose x / scale are exact half-integers (scale 1): both paths divide by the
+    scale and round half to even, so a kernel that multiplied by 1 / scale instead (or rounded
+    half away from zero) would fail here."""
     ties = torch.tensor([127.0] + [k + 0.5 for k in range(-63, 63)] * 4)
     x = ties.repeat(9)
     ref = round_trip(Int8(127), x, "0", 1)

@@ -188,6 +188,40 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
       const bool stream = total >= STREAM && !(reinterpret_cast<uintptr_t>(q) & 31);
       const __m256i lo = _mm256_set1_epi32(-s), hi = _mm256_set1_epi32(s);
       const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+#ifdef __AVX512F__
+      {  // the same operations 16 at a time where the CPU has them (half the instructions)
+        const __m512 cz = _mm512_set1_ps(c), uz = _mm512_set1_ps(u24);
+        const __m512i c1z = _mm512_set1_epi32(0x7feb352d);
+        const __m512i c2z = _mm512_set1_epi32(static_cast<int>(0x846ca68bu));
+        const __m512i loz = _mm512_set1_epi32(-s), hiz = _mm512_set1_epi32(s);
+        const __m512i stepz = _mm512_set1_epi32(static_cast<int>(16u * k0));
+        __m512i hz = _mm512_add_epi32(
+            _mm512_set1_epi32(static_cast<int>(base)),
+            _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                 14, 15),
+                               _mm512_set1_epi32(static_cast<int>(k0))));
+        for (; i0 + 16 <= m; i0 += 16) {
+          if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
+          __m512i h = hz;
+          hz = _mm512_add_epi32(hz, stepz);
+          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+          h = _mm512_mullo_epi32(h, c1z);
+          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+          h = _mm512_mullo_epi32(h, c2z);
+          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+          const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), uz);
+          const __m512 f = _mm512_roundscale_ps(
+              _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i0), cz), u),
+              _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+          const __m512i v = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(f), loz), hiz);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i0), _mm512_cvtsepi32_epi8(v));
+        }
+        h0 = _mm256_add_epi32(
+            _mm256_set1_epi32(static_cast<int>(base + static_cast<uint32_t>(i0) * k0)),
+            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                               _mm256_set1_epi32(static_cast<int>(k0))));
+      }
+#endif
       for (; i0 + 32 <= m; i0 += 32) {
         if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
         __m256i v[4];
@@ -592,9 +626,17 @@ void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int 
   for (int b = 0; b < 256; ++b)
     for (int j = 0; j < 8; ++j) table[b * 8 + j] = (b >> (7 - j)) & 1 ? scale : -scale;
   const float* tab = table.data();
+  const bool stream = !add && d >= STREAM && !(reinterpret_cast<uintptr_t>(out) & 31);
   parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
     const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);  // a is a multiple of 8
     int64_t i = a;
+#ifdef __AVX2__
+    if (stream) {
+      for (; i + 8 <= e; i += 8)
+        _mm256_stream_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
+      fence(stream);
+    }
+#endif
     for (; i + 8 <= e; i += 8) {
       const float* row = tab + packed[i >> 3] * 8;
       float* o = out + i;
