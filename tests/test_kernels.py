@@ -85,6 +85,27 @@ def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_fp4_rounds_to_the_nearest_power_of_two_at_and_beside_each_midpoint(path: str) -> None:
+    """fp4's codes at its boundaries (2^-7 and the midpoints 0.75 2^(c - 7)), exactly there and
+    one float either side, against the rule counted in Python: how many boundaries |x| / s
+    reaches (the kernel counts comparisons, the torch path reads exponent bits)."""
+    from thinwire.compression.fp4 import BOUNDS, VALUES
+    ms = [0.0, 1.0]
+    for b in BOUNDS:
+        ms += [b, math.nextafter(b, 0.0), math.nextafter(b, 2.0)]
+    ms = [float(torch.tensor(m, dtype=torch.float32)) for m in ms]  # as float32
+    x = torch.tensor(ms + [-m for m in ms], dtype=torch.float32)  # chunk of absmax 1
+    c = FP4(x.numel())
+    with kernels.forced(path):
+        packed, scale = c.encode(x, 0)
+        y = c.decode((packed, scale), x.numel(), 0)
+    nib = torch.stack([packed >> 4, packed & 15], 1).reshape(-1)[:x.numel()].tolist()
+    want = [sum(abs(v) >= b for b in BOUNDS) + 8 * (math.copysign(1, v) < 0) for v in x.tolist()]
+    assert nib == want
+    assert y.tolist() == [VALUES[n] for n in want]
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
     """What the codecs promise, checked against the math on each path: top-k keeps the k
     largest magnitudes, int8 is within half a step, sign decodes to +-||x||_1 / d."""

@@ -37,7 +37,11 @@ from thinwire.options import check, opt
 BOUNDS = (2.0**-7, 0.75 * 2.0**-5, 0.75 * 2.0**-4, 0.75 * 2.0**-3, 0.75 * 2.0**-2, 0.75 * 2.0**-1,
           0.75)
 """Step 2's boundaries: m below the first is code 0, and each one m reaches adds 1 to the code
-(0.75 2^(c - 7) between 2^(c - 8) and 2^(c - 7)); all exact in float32."""
+(0.75 2^(c - 7) between 2^(c - 8) and 2^(c - 7)); all exact in float32. The compiled kernel
+counts the comparisons; the torch path reads the same count from m's bits."""
+
+BITS_MIN = 120 << 23
+"""The bits of 2^-7 (exponent 120 biased): a non-negative m below it is code 0."""
 
 VALUES = tuple([0.0] + [2.0 ** (c - 7) for c in range(1, 8)] + [-0.0]
                + [-(2.0 ** (c - 7)) for c in range(1, 8)])
@@ -82,10 +86,14 @@ class FP4(Compressor):
         chunks = self._chunks(flat)
         scale = chunks.abs().amax(dim=1)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        # 2. the exponent code of m = |x| / s: how many boundaries m reaches
+        # 2. the exponent code of m = |x| / s: how many boundaries m reaches. m = f 2^e with
+        #    f in [1, 2) reaches 0.75 2^(e + 1) = 1.5 2^e exactly when f's first fraction bit
+        #    is set, so the count is e + 7 + that bit (clamped to 1..7), 0 below 2^-7: from
+        #    the bits, ((bits >> 22) + 1) >> 1 = (e + 127) + that bit
         m = (chunks.abs() / safe[:, None]).reshape(-1)[:d]
-        bounds = torch.tensor(BOUNDS, dtype=torch.float32, device=flat.device)
-        code = torch.bucketize(m, bounds, right=True).to(torch.uint8)
+        bits = m.view(torch.int32)
+        code = (((bits >> 22) + 1) >> 1).sub_(120).clamp_(1, 7)
+        code = code.masked_fill_(bits < BITS_MIN, 0).to(torch.uint8)
         # 3. sign and code in a nibble, two to a byte
         nib = code | (torch.signbit(flat).to(torch.uint8) << 3)
         if d % 2:

@@ -636,6 +636,8 @@ void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int 
         _mm256_stream_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
       fence(stream);
     }
+#else
+    (void)stream;
 #endif
     for (; i + 8 <= e; i += 8) {
       const float* row = tab + packed[i >> 3] * 8;
