@@ -155,8 +155,8 @@ MUTANTS = (
            ("tests/reliability/test_planted_edges.py::"
             "test_the_scattered_exchange_re_encodes_the_mean_without_error_feedback",)),
     Mutant("fp4-zero", "codecs", "fp4's zero threshold at 2^-8 of the scale, not 2^-7 (half the "
-           "smallest step)", "compression/fp4.py", "torch.where(m < 2.0**-7,",
-           "torch.where(m < 2.0**-8,",
+           "smallest step)", "compression/fp4.py", "BITS_MIN = 120 << 23",
+           "BITS_MIN = 119 << 23",
            ("tests/reliability/test_planted_edges.py::"
             "test_fp4_rounds_to_zero_below_half_the_smallest_step",)),
     Mutant("graph-poison-lost", "IST", "the graph adapter's union of two channel groups drops "

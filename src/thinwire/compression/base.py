@@ -46,9 +46,9 @@ sent. Randomness every rank must agree on (Rand-k's indices, PowerSGD's first Q)
 it is drawn on the CPU (O(k) or O(m r) numbers) and moved to the input's device, so ranks agree
 whatever device each of them computes on, and results are identical across devices.
 Randomness each rank draws for itself (QSGD's stochastic rounding, O(d) numbers) comes from
-:meth:`Compressor.private_generator` on the input's device (and, for float32 CPU tensors, from
-the faster numpy stream of :func:`private_bits`); it also mixes in the rank, so draws are
-independent across ranks yet reproducible on one device. A CPU and a CUDA rank therefore draw
+:meth:`Compressor.private_generator` on the input's device (on the CPU, from a counter-based
+stream, :class:`~thinwire.compression.quantize.CounterUniform`); it also mixes in the rank, so
+draws are independent across ranks yet reproducible on one device. A CPU and a CUDA rank therefore draw
 different (equally distributed) roundings.
 
 One concept, one file (over 400 lines): the one codec interface every slot calls, with the wire
@@ -122,12 +122,6 @@ def mix_seed(*parts: int) -> int:
 def generator(*parts: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A ``torch.Generator`` on ``device`` seeded with :func:`mix_seed` of ``parts``."""
     return torch.Generator(device=device).manual_seed(mix_seed(*parts))
-
-
-def private_bits(*parts: int) -> np.random.SFC64:
-    """A numpy SFC64 bit stream seeded with ``parts``: the private randomness of the CPU fast
-    paths (about 7x faster than ``torch.rand``'s Mersenne twister on one core)."""
-    return np.random.SFC64(mix_seed(*parts))
 
 
 def on_cpu(x: torch.Tensor) -> bool:
