@@ -50,6 +50,9 @@ Rand-k, all ranks alike:
   the codec unbiased, E[C(x)] = x, with variance ||C(x) - x||^2 <= (max b_j - 1) ||x||^2,
   the same bound as uniform Rand-k. With error feedback the unscaled (contractive) form is used,
   as in Stich et al.: scaled Rand-k expands the error by d / k and EF would diverge.
+
+One concept, one file (over 400 lines): the sparsifying codecs (Top-k's exact and approximate
+selection, Rand-k), which share their payload and its decode.
 """
 
 from __future__ import annotations
