@@ -25,7 +25,7 @@ data: $(STAMP)
 
 demo: $(STAMP) data
 	$(VENV)/bin/thinwire compare --config configs/demo.toml --overwrite \
-		--methods dp,localsgd,ist:overlap=0,optimizer_state=auto
+		--methods dp,localsgd,ist
 
 test: $(ZOO) data
 	$(PY) -m pytest -q

@@ -40,6 +40,7 @@ from thinwire.compression import (
     ScaledSign,
     TopK,
 )
+from thinwire.compression.fp4 import FP4
 
 MI = 2**20
 
@@ -49,12 +50,14 @@ path (the codecs without kernels, fp16, bf16 and PowerSGD, run the same code on 
 
 
 def codecs() -> dict[str, Compressor]:
-    """Each codec with its registry defaults (ratio 0.01, 16 levels, chunk 512, rank 2), without
-    error feedback. The identity is left out: its encode and decode are views of the input."""
+    """Each codec with its registry defaults (ratio 0.01, 16 levels, chunk 512 / 256 for fp4,
+    rank 2), without error feedback; ``topk~`` is top-k with ``approx=True``. The identity is
+    left out: its encode and decode are views of the input."""
     return {
         "fp16": Cast(torch.float16), "bf16": Cast(torch.bfloat16),
-        "topk": TopK(0.01), "randk": RandK(0.01), "qsgd": QSGD(16), "int8": Int8(),
-        "sign": ScaledSign(), "powersgd": PowerSGD(2),
+        "topk": TopK(0.01), "topk~": TopK(0.01, approx=True), "randk": RandK(0.01),
+        "qsgd": QSGD(16), "int8": Int8(), "fp4": FP4(), "sign": ScaledSign(),
+        "powersgd": PowerSGD(2),
     }
 
 

@@ -41,7 +41,7 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 part gpu_tests 420 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider tests/test_gpu.py \
-  tests/test_tensor_gpu.py tests/pipeline/test_pipeline_gpu.py tests/models/test_gpt.py \
+  tests/strategies/test_tensor_gpu.py tests/strategies/pipeline/test_pipeline_gpu.py tests/models/test_gpt.py \
   tests/models/test_resnet.py tests/models/test_gcn.py
 part codecs 150 "$PY" benchmarks/compress_throughput.py --device cuda --sizes 1M,16M --repeats 5
 part gpt_vs_plan 90 "$PY" benchmarks/gpt_step_vs_plan.py --device cuda --cluster "$CLUSTER"

@@ -172,7 +172,7 @@ CASES: dict[str, dict[str, Any]] = {
                                "method.optimizer_state": "reindex", "train.momentum": 0.9,
                                "train.seed": 3}},
         "models": Exempt("it cuts a model by its IST adapter rather than replicating it; "
-                         "tests/ist/ train each model that has one"),
+                         "tests/strategies/ist/ train each model that has one"),
         "restart": {"plain": ({**MLP, "method.local_steps": 5, "model.norm": "batch"}, 2)},
         "device": {"auto-switch": {**MLP, "method.local_steps": 2, "method.period": 2,
                                    "method.switch_patience": 1, "method.switch_tol": 1.0}},
@@ -185,11 +185,11 @@ CASES: dict[str, dict[str, Any]] = {
                                      "method.codec_fwd": "aqsgd:bits=4",
                                      "method.codec_bwd": "lowrank:rank=2",
                                      "train.optimizer": "adamw", "train.lr": 0.01}},
-        "ledger": Exempt("tests/pipeline/test_pipeline_exact.py and test_pipeline_3d.py hold "
+        "ledger": Exempt("tests/strategies/pipeline/test_pipeline_exact.py and test_pipeline_3d.py hold "
                          "every rank's ledger equal to its traffic formula over the run's "
                          "PipelinePlan, stage by stage and schedule by schedule"),
         "models": Exempt("it cuts a model's chain into stages rather than replicating it; "
-                         "tests/pipeline/ train the mlp and the gpt"),
+                         "tests/strategies/pipeline/ train the mlp and the gpt"),
         "restart": Exempt("its checkpoint round trip is held bit for bit by its resume case "
                           "and tests/test_model_parallel_resume.py; the restart machinery is "
                           "the method-independent one held by dp, localsgd and ist"),
@@ -202,9 +202,9 @@ CASES: dict[str, dict[str, Any]] = {
     "tensor": {
         "resume": Exempt("tests/test_model_parallel_resume.py resumes it bit for bit with "
                          "sequence parallelism and a codec's residuals, on the GPT it needs"),
-        "ledger": Exempt("tests/test_tensor.py holds every rank's ledger equal to run_traffic "
+        "ledger": Exempt("tests/strategies/test_tensor.py holds every rank's ledger equal to run_traffic "
                          "(the registry's formula over its run layout) on the GPT it needs"),
-        "models": Exempt("it needs a model's tensor plan (the gpt only); tests/test_tensor.py "
+        "models": Exempt("it needs a model's tensor plan (the gpt only); tests/strategies/test_tensor.py "
                          "trains it"),
         "restart": Exempt("its checkpoint round trip is held by "
                           "tests/test_model_parallel_resume.py; the restart machinery is the "
@@ -219,7 +219,7 @@ CASES: dict[str, dict[str, Any]] = {
     "hybrid": {
         "resume": Exempt("tests/test_model_parallel_resume.py resumes it with DCT bit for bit, "
                          "on the DLRM it needs"),
-        "ledger": Exempt("tests/test_hybrid.py holds its ledger equal to its traffic formula on "
+        "ledger": Exempt("tests/strategies/test_hybrid.py holds its ledger equal to its traffic formula on "
                          "the DLRM it needs"),
         "models": Exempt("it splits a DLRM's tables (the only model with an embedding plan)"),
         "restart": Exempt("its checkpoint round trip is held by "
@@ -230,12 +230,12 @@ CASES: dict[str, dict[str, Any]] = {
         "gpu": Exempt("it trains the DLRM only; its CUDA path is the device case's nccl run"),
     },
     "slide": {
-        "resume": Exempt("tests/slide/test_slide_method.py resumes it bit for bit, hash tables "
+        "resume": Exempt("tests/strategies/slide/test_slide_method.py resumes it bit for bit, hash tables "
                          "included, on the extreme-classification model it needs"),
-        "ledger": Exempt("tests/slide/test_slide_method.py holds its ledger equal to its "
+        "ledger": Exempt("tests/strategies/slide/test_slide_method.py holds its ledger equal to its "
                          "traffic formula on the extreme-classification model it needs"),
         "models": Exempt("it shards a wide output layer (xmlp's), not a replicated model"),
-        "restart": Exempt("its checkpoint round trip is held by tests/slide/; the restart "
+        "restart": Exempt("its checkpoint round trip is held by tests/strategies/slide/; the restart "
                           "machinery is the method-independent one held by dp, localsgd and "
                           "ist"),
         "device": {"small": {**XMLP, "method.K": 4, "method.L": 8, "method.active": 0.1,

@@ -70,3 +70,40 @@ def test_every_methods_strategy_is_named_for_what_it_is() -> None:
         module, _, cls = entry.strategy.partition(":")
         assert issubclass(getattr(importlib.import_module(module), cls), Strategy), name
         assert cls.endswith("Strategy"), f"{name}: {cls}"
+
+
+def test_a_file_over_400_lines_says_which_one_concept_it_is() -> None:
+    """"no source file over 400 lines unless it is one concept, named in its docstring"."""
+    long = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 400:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "One concept, one file (over 400 lines): " not in doc:
+                long.append(str(path.relative_to(SRC)))
+    assert not long, f"over 400 lines without naming their one concept: {long}"
+
+
+def test_no_function_is_over_60_lines() -> None:
+    """"no function over 60 lines" (a docstring included)."""
+    over = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 60:
+                    over.append(f"{path.relative_to(SRC)}:{node.name} ({length})")
+    assert not over, over
+
+
+def test_the_test_folders_mirror_the_source() -> None:
+    """docs/TESTING.md: "tests/ mirrors src/thinwire/": every folder of tests/ names a package of
+    src/thinwire at the same path, except reliability/ (the run-level promises of README's
+    "Reliability", which cross every layer)."""
+    tests = SRC.parents[1] / "tests"
+    folders = [p.relative_to(tests) for p in tests.rglob("*") if p.is_dir()
+               and p.name != "__pycache__" and "__pycache__" not in p.parts]
+    assert folders
+    stray = [str(f) for f in folders
+             if f.parts[0] != "reliability" and not (SRC / f / "__init__.py").is_file()]
+    assert not stray, f"test folders without a package of src/thinwire: {stray}"

@@ -145,7 +145,7 @@ def test_compare_end_to_end_prints_one_row_per_method(tmp_path: Path) -> None:
     table = (tmp_path / "report" / "compare.md").read_text()
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
     assert [row.split(" | ")[0] for row in rows] == [
-        "| dp [hidden=32,32]", "| ist(K=5,central) [lr=0.1, hidden=32,32]"]
+        "| dp [hidden=32,32]", "| ist(K=5,central,auto,overlap=auto) [lr=0.1, hidden=32,32]"]
     assert (tmp_path / "ist_local_steps5_train.lr0.1" / "summary.json").is_file()
     assert (tmp_path / "report" / "accuracy.png").is_file()
 

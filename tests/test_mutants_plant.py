@@ -28,3 +28,14 @@ def test_every_mutant_plants_once_and_names_existing_tests(mutant) -> None:
     assert text.count(mutant.old) == 1, f"{mutant.id}: {mutant.old!r} in {mutant.file}"
     for t in mutant.tests:
         assert (ROOT / t.partition("::")[0]).exists(), f"{mutant.id}: no {t}"
+
+
+def test_the_docs_list_every_planted_bug_and_count_them() -> None:
+    """docs/TESTING.md's table has one row per mutant, and README's count is the table's."""
+    import re
+
+    ids = [m.id for m in _mutants()]
+    rows = re.findall(r"^\| `([\w-]+)` \|", (ROOT / "docs" / "TESTING.md").read_text(), re.M)
+    assert sorted(rows) == sorted(ids)
+    count = re.search(r"(\d+) planted bugs \(`make mutants`\)", (ROOT / "README.md").read_text())
+    assert count is not None and int(count.group(1)) == len(ids)

@@ -51,17 +51,17 @@ MUTANTS = (
     # --- communication layer and ledger ---------------------------------------------------------
     Mutant("comm-avg", "comm", "all_reduce(op='avg') divides by n - 1",
            "runtime/comm.py", "tensor.div_(self.world_size)",
-           "tensor.div_(max(1, self.world_size - 1))", ("tests/test_comm_ledger.py",)),
+           "tensor.div_(max(1, self.world_size - 1))", ("tests/runtime/test_comm_ledger.py",)),
     Mutant("ledger-ring", "ledger", "ring all-reduce charged (n-1)/n instead of 2(n-1)/n",
            "ring.py", "return 2 * (n - 1) / n",
-           "return (n - 1) / n", ("tests/test_comm_ledger.py",)),
+           "return (n - 1) / n", ("tests/runtime/test_comm_ledger.py",)),
     Mutant("ledger-gather", "ledger", "all-gather charges its payload once, not n - 1 times",
            "ring.py", "return float(n - 1)",
-           "return 1.0", ("tests/test_comm_ledger.py",)),
+           "return 1.0", ("tests/runtime/test_comm_ledger.py",)),
     Mutant("ledger-recv", "ledger", "recv records no received bytes",
            "runtime/comm.py", 'exact=(0, nbytes(t)), device=dev)',
            'exact=(0, 0), device=dev)',
-           ("tests/test_comm_ledger.py",)),
+           ("tests/runtime/test_comm_ledger.py",)),
     # --- codecs ---------------------------------------------------------------------------------
     Mutant("ef-sign", "codecs", "error feedback keeps decoded - corrected",
            "compression/feedback.py", "torch.sub(corrected, decoded, out=buf)",
@@ -77,13 +77,13 @@ MUTANTS = (
            "c = s / n / 2 if n > 0 else 0.0", ("tests/compression",)),
     # --- IST ------------------------------------------------------------------------------------
     Mutant("ist-shared-sum", "ist", "shared tensors add every worker's update without / n",
-           "strategies/ist/store.py", "alpha=1.0 / n)", "alpha=1.0)", ("tests/ist",)),
+           "strategies/ist/store.py", "alpha=1.0 / n)", "alpha=1.0)", ("tests/strategies/ist",)),
     Mutant("ist-same-partition", "ist", "the partition never changes from round to round",
            "strategies/ist/partition.py", "np.random.SeedSequence([seed, round_, layer])",
-           "np.random.SeedSequence([seed, 0, layer])", ("tests/ist",)),
+           "np.random.SeedSequence([seed, 0, layer])", ("tests/strategies/ist",)),
     Mutant("ist-no-scale", "ist", "inverted-dropout factor always 1",
            "strategies/ist/core.py", "factor = self.plan.group(group).size / len(",
-           "factor = 1.0 or len(", ("tests/ist",)),
+           "factor = 1.0 or len(", ("tests/strategies/ist",)),
     # --- checkpointing and resume ---------------------------------------------------------------
     Mutant("ckpt-no-opt", "checkpoint", "the optimizer state is not restored on resume",
            "strategies/base.py", 'self.opt.load_state_dict(state["opt"])', "pass",
@@ -155,8 +155,8 @@ MUTANTS = (
            ("tests/reliability/test_planted_edges.py::"
             "test_the_scattered_exchange_re_encodes_the_mean_without_error_feedback",)),
     Mutant("fp4-zero", "codecs", "fp4's zero threshold at 2^-8 of the scale, not 2^-7 (half the "
-           "smallest step)", "compression/fp4.py", "torch.where(m < 2.0**-7,",
-           "torch.where(m < 2.0**-8,",
+           "smallest step)", "compression/fp4.py", "BITS_MIN = 120 << 23",
+           "BITS_MIN = 119 << 23",
            ("tests/reliability/test_planted_edges.py::"
             "test_fp4_rounds_to_zero_below_half_the_smallest_step",)),
     Mutant("graph-poison-lost", "IST", "the graph adapter's union of two channel groups drops "
@@ -191,34 +191,45 @@ MUTANTS = (
            "unchanged, the momentum lost every round)", "strategies/ist/optstate.py",
            "xs += [st[k] if k in st else torch.zeros_like(x) for k in self.keys]",
            "xs += [torch.zeros_like(x) for k in self.keys]",
-           ("tests/ist/test_ist_mlp.py::test_reindexed_momentum_travels_with_the_subnet",)),
+           ("tests/strategies/ist/test_ist_mlp.py::test_reindexed_momentum_travels_with_the_subnet",)),
     Mutant("ist-overlap-sum", "IST", "an element two overlapping subnets trained ends at the sum "
            "of their copies, not their mean", "strategies/ist/store.py",
            "mean = total / holders.to(total.dtype)", "mean = total",
-           ("tests/ist/test_ist_remedies.py::"
+           ("tests/strategies/ist/test_ist_remedies.py::"
             "test_an_overlapped_unit_ends_at_the_mean_of_its_holders",)),
     Mutant("graph-gqa-ratio", "IST", "grouped-query attention's key/value heads are joined to "
            "their query heads without the ratio (a unit: one query head's width of k and v rows)",
            "models/graph/groups.py", "replace(u, inner=Fraction(u.inner) / ratio)",
            "replace(u, inner=Fraction(u.inner))",
-           ("tests/ist/test_ist_zoo.py::test_each_model_is_cut_where_its_papers_cut_it",)),
+           ("tests/strategies/ist/test_ist_zoo.py::test_each_model_is_cut_where_its_papers_cut_it",)),
     Mutant("graph-split-segments", "IST", "a fused projection split into q, k and v keeps one "
            "segment (its rows cut as if q alone)", "models/graph/groups.py",
            "replace(u, segments=u.segments * chunks)", "replace(u, segments=u.segments)",
-           ("tests/ist/test_ist_zoo.py::test_each_model_is_cut_where_its_papers_cut_it",)),
+           ("tests/strategies/ist/test_ist_zoo.py::test_each_model_is_cut_where_its_papers_cut_it",)),
+    Mutant("graph-grouped-paths", "IST", "a grouped convolution's unit is one channel, not a "
+           "whole path (its filters read channels a subnet does not hold)",
+           "models/graph/rules.py", "g.base = math.lcm(g.base, span.numerator)",
+           "g.base = math.lcm(g.base, 1)",
+           ("tests/strategies/ist/test_ist_graph.py::test_grouped_convolutions_are_cut_by_whole_groups",)),
+    Mutant("ist-first-forward-keywords", "IST", "the plan is derived from the first forward's "
+           "positional arguments only (its keywords, an attention mask, dropped)",
+           "strategies/ist/core.py", "self._setup(self._derived(tuple(args), kwargs))",
+           "self._setup(self._derived(tuple(args)))",
+           ("tests/strategies/ist/test_ist_zoo.py::"
+            "test_bert_called_with_keywords_and_an_attention_mask_trains_under_ist",)),
     Mutant("ist-stream-cut", "IST", "the derived adapter cuts a residual stream it should keep "
            "whole (the old default)", "models/graph/derive.py",
            '(residual == "whole" and g.stream)', '(residual == "none" and g.stream)',
-           ("tests/ist/test_ist_graph.py::test_derived_residual_stream_stays_whole_by_default",)),
+           ("tests/strategies/ist/test_ist_graph.py::test_derived_residual_stream_stays_whole_by_default",)),
     Mutant("ist-step-frozen", "IST", "dealt Adam state restarts every round from the first "
            "round's step count (bias correction of a young state on old moments)",
            "strategies/ist/optstate.py", "        if scalars:\n            self.scalars = scalars",
            "        if scalars and not self.scalars:\n            self.scalars = scalars",
-           ("tests/ist/test_ist_remedies.py::"
+           ("tests/strategies/ist/test_ist_remedies.py::"
             "test_dealt_state_carries_adams_step_count_across_rounds",)),
     Mutant("ist-outer-sign", "IST", "the outer step moves against its pseudo-gradient's "
            "descent direction", "strategies/ist/store.py", "after.sub_(lr * u - g)",
-           "after.add_(lr * u - g)", ("tests/ist/test_ist_remedies.py::"
+           "after.add_(lr * u - g)", ("tests/strategies/ist/test_ist_remedies.py::"
                                       "test_outer_step_is_nesterov_sgd_on_the_rounds_pseudo_gradient",)),
     Mutant("rebuild-buffers", "codecs", "rebuild_buckets' warm-up forward leaves its moved "
            "buffers (BatchNorm statistics) in the model", "compression/hooks.py",

@@ -14,6 +14,8 @@ lab for IST on quadratics. Use it from the ``thinwire`` command or in your own t
     opt = thinwire.DeMo(model.parameters(), lr=1e-3)               # DCT top-k of momenta
     thinwire.register_codec(ddp_model, "powersgd", rank=2)         # a DDP comm hook
     ft = thinwire.FaultTolerantDP(model, opt, replica_id="3", lighthouse=ADDR)  # torchft quorum
+    ist = thinwire.FaultTolerantIST(model, opt, replica_id="w3", lighthouse=ADDR, workers=4,
+                                    example_input=x)              # IST that outlives a worker
     comm = thinwire.Comm(); comm.ledger.totals()                   # every byte, counted
 
 Names are imported on first use, so ``import thinwire`` itself is light.
@@ -54,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "build_codec": "thinwire.compression:build",
     # fault tolerance without a restart (torchft's quorum)
     "FaultTolerantDP": "thinwire.strategies.fault:FaultTolerantDP",
+    "FaultTolerantIST": "thinwire.strategies.ist.fault:FaultTolerantIST",
     "Lighthouse": "thinwire.runtime.ft:Lighthouse",
     # the communication layer and its ledger
     "Comm": "thinwire.runtime.comm:Comm",

@@ -96,7 +96,11 @@ def coerce(name: str, typ: Any, value: Any) -> Any:
     origin = typing.get_origin(typ)
     if origin is tuple:
         if isinstance(value, str):
-            value = [v for v in value.replace(" ", "").split(",") if v]
+            parts = value.replace(" ", "").split(",")
+            if value.strip() and not all(parts):
+                raise OptionError(f"{name}: an empty entry in {value!r}; separate the values "
+                                  "by single commas, e.g. 1024,1024")
+            value = [v for v in parts if v]
         if not isinstance(value, (list, tuple)):
             raise OptionError(f"{name}: expected a list such as 1024,1024, got {value!r}")
         (inner, *_rest) = typing.get_args(typ)

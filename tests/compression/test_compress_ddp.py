@@ -58,7 +58,7 @@ def _runs(comm: Comm, specs: list[str | None], same_data: bool) -> dict[str | No
 
 def test_every_codec_is_covered() -> None:
     """Guards the coverage of this file: a codec added to the registry for gradients is
-    tested here too (the pipeline-only codecs: tests/pipeline/test_pipeline_codecs.py)."""
+    tested here too (the pipeline-only codecs: tests/strategies/pipeline/test_pipeline_codecs.py)."""
     assert {s.partition(":")[0] for s in SPECS} == set(slot_codecs("grad"))
 
 

@@ -79,7 +79,7 @@ def world4() -> list[dict[str, Any]]:
 
 def test_every_codec_is_covered() -> None:
     """Guards the coverage of this file: a codec added to the registry for gradients is
-    tested here too (the pipeline-only codecs: tests/pipeline/test_pipeline_codecs.py)."""
+    tested here too (the pipeline-only codecs: tests/strategies/pipeline/test_pipeline_codecs.py)."""
     assert {s.partition(":")[0] for s in SPECS.values()} == set(slot_codecs("grad"))
 
 

@@ -130,7 +130,7 @@ def test_registry_builds_from_plain_arguments_and_describes() -> None:
 @pytest.mark.parametrize("spec, message", [
     ("zip", "unknown codec 'zip'; known: none, fp16"),
     ("topk:ratio=2", "topk.ratio: got 2.0; use a value in (0, 1]"),
-    ("topk:levels=3", "unknown option topk.levels of codec topk; known: ef, ratio"),
+    ("topk:levels=3", "unknown option topk.levels of codec topk; known: approx, ef, ratio"),
     ("qsgd:ef=true", "unknown option qsgd.ef of codec qsgd; known: levels"),
     ("powersgd:rank=0", "powersgd.rank: got 0; use 1 or more"),
     ("int8:chunk=many", "int8.chunk: expected an integer, got 'many'"),

@@ -12,6 +12,7 @@ import pytest
 import transformers
 
 from thinwire.cli import main
+from thinwire.planner.methods import OPTIMIZER_STATES
 from thinwire.planner.usermodel import example_input, load_module, model_spec_from_example
 from thinwire.strategies.ist.method import Options, ist_traffic
 
@@ -27,8 +28,9 @@ def gpt2_config(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _steady(plan, k: int, n: int) -> float:  # noqa: ANN001
-    one, two = (ist_traffic(plan, Options(local_steps=k), n, s, 0) for s in (k, 2 * k))
+def _steady(plan, k: int, n: int, states: int, **options) -> float:  # noqa: ANN001, ANN003
+    o = Options(local_steps=k, **options)
+    one, two = (ist_traffic(plan, o, n, s, 0, states) for s in (k, 2 * k))
     return max((b - a) / k for a, b in zip(one.sent, two.sent))
 
 
@@ -42,7 +44,16 @@ def test_a_transformers_config_is_priced_from_its_derived_plan(gpt2_config: Path
                  str(gpt2_config), "--input", "4x16", "--input-tokens", "64", "--method",
                  "ist:local_steps=2"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["traffic_bytes"]["sync"] == pytest.approx(_steady(spec.ist, 2, 2))
+    # the default deals Adam's two moments with their units (the plan's optimizer_state auto)
+    adam = OPTIMIZER_STATES["adam"]
+    assert out["traffic_bytes"]["sync"] == pytest.approx(_steady(spec.ist, 2, 2, adam))
+    assert main(["plan", "--cluster", "cpu-1gbe", "--devices", "2", "--json", "--model",
+                 str(gpt2_config), "--input", "4x16", "--input-tokens", "64", "--method",
+                 "ist:local_steps=2,overlap=1,optimizer_state=reset"]) == 0
+    published = json.loads(capsys.readouterr().out)["traffic_bytes"]["sync"]
+    assert published == pytest.approx(_steady(spec.ist, 2, 2, adam, overlap=1,
+                                              optimizer_state="reset"))
+    assert out["traffic_bytes"]["sync"] == pytest.approx((1 + adam) * published)
 
 
 def test_a_config_transformers_cannot_build_is_one_line(tmp_path: Path, capsys) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from thinwire.cli import main
 from thinwire.models.graph_adapter import derive_adapter
+from thinwire.planner.methods import OPTIMIZER_STATES
 from thinwire.planner.usermodel import example_input, load_module, model_spec_from_example
 from thinwire.strategies.ist.method import Options, ist_traffic
 from thinwire.strategies.traffic import ring_all_reduce
@@ -124,8 +125,11 @@ def _plan_json(capsys, *args: str) -> dict:
 
 
 def _steady(plan, k: int, n: int) -> float:
-    """The busiest rank's bytes sent per step in the steady state (round 2 minus round 1)."""
-    one, two = (ist_traffic(plan, Options(local_steps=k), n, s, 0) for s in (k, 2 * k))
+    """The busiest rank's bytes sent per step in the steady state (round 2 minus round 1),
+    with the optimizer ``thinwire plan`` assumes (Adam: its two moments travel with their
+    units where the plan's optimizer state is dealt, as IST's default ``auto`` does)."""
+    states = OPTIMIZER_STATES["adam"]
+    one, two = (ist_traffic(plan, Options(local_steps=k), n, s, 0, states) for s in (k, 2 * k))
     return max((b - a) / k for a, b in zip(one.sent, two.sent))
 
 

@@ -175,3 +175,22 @@ def test_doc_blocks_are_printed_by_their_commands(capsys):
     for command, shown in blocks:
         assert main(shlex.split(command)[1:]) == 0
         assert capsys.readouterr().out == shown, f"docs/PLANNER.md is stale for: {command}"
+
+
+def test_a_tables_plan_prices_its_runs_optimizer(capsys):
+    """``--crossover --convergence mlp-fashion-mnist`` alone prices the table's recorded inputs,
+    its runs' plain SGD included (IST's default deals the optimizer state: none travels with
+    SGD); an explicit ``--optimizer adam`` prices Adam's two moments with every piece."""
+    table = ["--crossover", "--convergence", "mlp-fashion-mnist", "--json"]
+    given = ["--model", "mlp-784-1024-1024-10", "--cluster", "cpu-1gbe", "--devices", "4",
+             "--micro-batch-size", "128"]
+    outs = []
+    for argv in (table, [*given, "--optimizer", "sgd", *table], [*given, *table],
+                 [*given, "--optimizer", "adam", *table]):
+        assert main(["plan", *argv]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    assert outs[2] == outs[3] != outs[1]
+    sgd, adam = (json.loads(o)["to_target"][0]["rows"][0]["seconds"] for o in (outs[1], outs[3]))
+    assert adam["ist"] > 2 * sgd["ist"]  # at 100 Mb/s IST's bytes are its time: 3x the pieces
+    assert adam["localsgd"] < 1.1 * sgd["localsgd"]  # a replica's bytes carry no state

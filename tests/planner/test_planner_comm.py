@@ -10,7 +10,7 @@ from thinwire.planner.comm import (
     Link,
     all_gather,
     allreduce,
-    dp_layout,
+    dp_placement,
     p2p,
     pp_crosses_nodes,
     reduce_scatter,
@@ -82,9 +82,9 @@ def test_wire_factor():
 
 def test_megatron_rank_placement():
     cluster = load_cluster("a100-80gb", nodes=8)
-    assert dp_layout(cluster, StrategySpec(dp=64)) == (8, 8)
-    assert dp_layout(cluster, StrategySpec(dp=8, tp=8)) == (1, 8)
-    assert dp_layout(cluster, StrategySpec(dp=16, tp=4)) == (2, 8)
-    assert dp_layout(cluster, StrategySpec(dp=2, tp=4, pp=8)) == (2, 1)
+    assert dp_placement(cluster, StrategySpec(dp=64)) == (8, 8)
+    assert dp_placement(cluster, StrategySpec(dp=8, tp=8)) == (1, 8)
+    assert dp_placement(cluster, StrategySpec(dp=16, tp=4)) == (2, 8)
+    assert dp_placement(cluster, StrategySpec(dp=2, tp=4, pp=8)) == (2, 1)
     assert pp_crosses_nodes(cluster, StrategySpec(dp=1, tp=8, pp=8))
     assert not pp_crosses_nodes(load_cluster("a100-80gb", nodes=1), StrategySpec(dp=1, tp=4, pp=2))

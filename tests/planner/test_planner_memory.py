@@ -152,12 +152,19 @@ def test_ist_memory_scales_with_the_subnet():
     mlp = MLPSpec("m", (784, 2048, 2048, 10))
     cpu = load_cluster("cpu-1gbe", nodes=8)
     dp = memory_breakdown(mlp, cpu, StrategySpec(dp=8, micro_batch_size=32))
-    ist = memory_breakdown(mlp, cpu, StrategySpec(dp=8, micro_batch_size=32, method="ist"))
-    ratio = worker_params(mlp, 8) / mlp.params
+    # the published form (disjoint subnets): a worker holds 2048/8 units of each hidden layer
+    published = "ist:overlap=1,optimizer_state=reset"
+    ist = memory_breakdown(mlp, cpu, StrategySpec(dp=8, micro_batch_size=32, method=published))
+    ratio = worker_params(mlp, 8, published) / mlp.params
     assert ist.model_states == pytest.approx(dp.model_states * ratio)
     # input, then pre- and post-activation of 2048/8-wide hidden layers and the 10 outputs
     assert ist.activations == (784 + 2 * (256 + 256 + 10)) * 32 * 4
     assert dp.activations == (784 + 2 * (2048 + 2048 + 10)) * 32 * 4
+    # the default (overlap auto: each unit on 8 // 2 = 4 workers): 2048 * 4/8 units a layer
+    auto = memory_breakdown(mlp, cpu, StrategySpec(dp=8, micro_batch_size=32, method="ist"))
+    ratio = worker_params(mlp, 8, "ist") / mlp.params
+    assert auto.model_states == pytest.approx(dp.model_states * ratio)
+    assert auto.activations == (784 + 2 * (1024 + 1024 + 10)) * 32 * 4
 
 
 def test_zero_and_offload_reduce_device_memory():

@@ -66,15 +66,24 @@ def test_dp_and_localsgd_bytes_match_the_ist_notes():
 
 
 def test_ist_bytes_are_its_traffic_function_over_the_plan():
+    """The published form (disjoint subnets, no state travelling) by hand; the default
+    (overlap auto, Adam's moments dealt with their units) equal to the same function."""
     plan = mlp_plan(64, (512, 512), 10, norm="none")
-    run = ist_traffic(plan, Options(), 4, STEPS, 0)
+    published = Options(overlap=1, optimizer_state="reset")
+    run = ist_traffic(plan, published, 4, STEPS, 0)
     sub = 64 * 128 + 128 * 128 + 128 * 10 + 128 + 128 + 10
     assert run.payload[1] / 4 == pytest.approx(1.0e7, rel=0.05)  # a worker: down and up
     assert run.payload[1] == 200 * (2 * 4 * (sub - 10) + 40)  # the output bias is averaged
-    ist = per_step(DIGITS, "ist", 4, 1, 1, "sgd")
+    ist = per_step(DIGITS, "ist:overlap=1,optimizer_state=reset", 4, 1, 1, "sgd")
     assert ist.payload_mean == pytest.approx(sum(run.payload) / 4 / STEPS)
     assert ist.sent_max == pytest.approx(run.sent[0] / STEPS)  # rank 0 sends 3 pieces a round
     assert dict((op, c) for op, c, _ in ist.calls) == {"all_reduce": 0.1, "p2p": 0.2}
+    for optimizer, states in (("sgd", 0), ("adam", 2)):
+        auto = ist_traffic(plan, Options(), 4, 20, 0, states)
+        steady = ist_traffic(plan, Options(), 4, 30, 0, states)
+        per = per_step(DIGITS, "ist", 4, 1, 1, optimizer)
+        assert per.sent_max == pytest.approx((steady.sent[0] - auto.sent[0]) / 10)
+        assert per.sent_max > (1 + states) * ist.sent_max  # the subnets are twice as wide
 
 
 def test_a_method_cutting_units_needs_a_plan():
@@ -116,7 +125,7 @@ def _adapted(name: str):  # noqa: ANN202
 def test_ist_is_priced_from_the_adapters_traffic_function(name):
     """The planner's IST bytes per step for a GPT, a ResNet or a GCN are the steady-state
     difference of ``ist_traffic`` on the adapter's plan (what every rank's ledger equals,
-    tests/ist/test_ist_invariants.py), not a formula of their own."""
+    tests/strategies/ist/test_ist_invariants.py), not a formula of their own."""
     spec = _adapted(name)
     plan = spec.ist
     assert plan is not None and layout_of(spec).ist == plan
@@ -160,8 +169,8 @@ def test_ist_step_on_an_adapted_module_computes_a_workers_share(name):
     dp = predict(spec, cluster, StrategySpec(dp=4, micro_batch_size=8, dtype="fp32"))
     ist = predict(spec, cluster, StrategySpec(dp=4, micro_batch_size=8, dtype="fp32",
                                               method="ist"))
-    share = worker_params(spec, 4) / spec.params
-    assert 0 < share < 1
+    share = worker_params(spec, 4, "ist") / spec.params
+    assert 0 < share < 1 and worker_params(spec, 4, "ist:overlap=1") / spec.params < share
     assert ist.breakdown.compute == pytest.approx(share * dp.breakdown.compute, rel=1e-6)
     with pytest.raises(UsageError, match="cuts the model into units"):
         predict(dataclasses.replace(spec, ist=None), cluster,
@@ -172,14 +181,15 @@ def test_ist_overlap_multiplies_a_subnets_cut_units_in_the_planner():
     """MLP 64-512-512-10 over 4 workers: a disjoint subnet holds 128 units of each hidden
     layer, 64*128 + 128*128 + 128*10 weights and 128 + 128 biases plus the shared output bias;
     with overlap 2 (each unit held by two workers) it holds 256 of each: the planner's
-    parameters and widths of a worker follow the spec's overlap, and overlap 0 resolves to
-    max(1, 4 // 2) = 2."""
+    parameters and widths of a worker follow the spec's overlap, and overlap 0 (the default)
+    resolves to max(1, 4 // 2) = 2."""
     from thinwire.planner.methods import worker_params, worker_widths
 
     def subnet(h: int) -> int:
         return 64 * h + h * h + h * 10 + h + h + 10
 
-    assert worker_params(DIGITS, 4, "ist") == subnet(128)
+    assert worker_params(DIGITS, 4, "ist:overlap=1") == subnet(128)
+    assert worker_params(DIGITS, 4, "ist") == subnet(256)
     assert worker_params(DIGITS, 4, "ist:overlap=2") == subnet(256)
     assert worker_params(DIGITS, 4, "ist:overlap=0") == subnet(256)
     assert worker_params(DIGITS, 4, "ist:overlap=4") == DIGITS.params

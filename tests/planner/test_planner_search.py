@@ -8,18 +8,18 @@ from thinwire.errors import UsageError
 from thinwire.planner.presets import load_cluster, load_model
 from thinwire.planner.search import candidates, divisors, search
 from thinwire.planner.step import predict
-from thinwire.planner.strategy import StrategySpec, check_layout
+from thinwire.planner.strategy import StrategySpec, check_strategy
 
 
 def test_gpt3_175b_on_8_nodes_is_feasible_and_sorted():
     model, cluster = load_model("gpt3-175b"), load_cluster("a100-80gb", nodes=8)
     plans = search(model, cluster, StrategySpec(), 1536)
-    assert len(plans) == 195  # the layouts of the search space that fit (docs/PLANNER.md)
+    assert len(plans) == 195  # the strategies of the search space that fit (docs/PLANNER.md)
     times = [p.step_time for p in plans]
     assert times == sorted(times)
     for p in plans:
         s = p.strategy
-        check_layout(model, cluster, s)  # raises if infeasible
+        check_strategy(model, cluster, s)  # raises if infeasible
         assert p.memory.total <= cluster.device_memory
         assert s.dp * s.tp * s.pp == cluster.devices
         assert s.tp <= cluster.devices_per_node
@@ -34,13 +34,13 @@ def test_search_rejects_every_plan_when_nothing_fits():
     assert search(model, cluster, StrategySpec(), 8) == []
 
 
-def test_candidates_cover_the_published_175b_layout():
+def test_candidates_cover_the_published_175b_strategy():
     model, cluster = load_model("megatron-175b"), load_cluster("a100-80gb", nodes=8)
-    layouts = {
+    strategies = {
         (s.tp, s.pp, s.interleave, s.recompute, s.sequence_parallel)
         for s in candidates(model, cluster, StrategySpec(), 64)
     }
-    assert (8, 8, 3, "selective", True) in layouts
+    assert (8, 8, 3, "selective", True) in strategies
     # the best plan predicts no slower than the published configuration
     best = search(model, cluster, StrategySpec(), 64)[0]
     published = StrategySpec(

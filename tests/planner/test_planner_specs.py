@@ -10,7 +10,7 @@ import pytest
 from thinwire.errors import UsageError
 from thinwire.planner.presets import list_presets, load_cluster, load_model, model_spec_from_module
 from thinwire.planner.specs import ClusterSpec, CountedSpec, MLPSpec, TransformerSpec
-from thinwire.planner.strategy import StrategySpec, check_layout
+from thinwire.planner.strategy import StrategySpec, check_strategy
 
 
 def test_every_preset_loads():
@@ -102,9 +102,9 @@ def test_validation_messages_name_the_field():
         )
 
 
-def test_check_layout_rejects_impossible_degrees():
+def test_check_strategy_rejects_impossible_degrees():
     model, cluster = load_model("gpt3-175b"), load_cluster("a100-80gb", nodes=8)
-    check_layout(model, cluster, StrategySpec(dp=1, tp=8, pp=8))
+    check_strategy(model, cluster, StrategySpec(dp=1, tp=8, pp=8))
     bad = [
         (StrategySpec(dp=2, tp=8, pp=8), "devices"),
         (StrategySpec(dp=4, tp=16, pp=1), "inside a node"),
@@ -113,16 +113,16 @@ def test_check_layout_rejects_impossible_degrees():
     ]
     for s, msg in bad:
         with pytest.raises(UsageError, match=msg):
-            check_layout(model, cluster, s)
+            check_strategy(model, cluster, s)
     mlp, cpu = load_model("mlp-784-2048-2048-10"), load_cluster("cpu-1gbe", nodes=8)
-    check_layout(mlp, cpu, StrategySpec(dp=8, method="ist"))
+    check_strategy(mlp, cpu, StrategySpec(dp=8, method="ist"))
     with pytest.raises(UsageError, match="not a transformer"):
-        check_layout(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2))
+        check_strategy(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2))
     with pytest.raises(UsageError, match="tp 1"):
-        check_layout(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2, method="ist"))
+        check_strategy(mlp, load_cluster("a100-80gb"), StrategySpec(dp=4, tp=2, method="ist"))
     tiny = load_model("mlp-64-4-10")
     with pytest.raises(UsageError, match="widths >= 8"):
-        check_layout(tiny, cpu, StrategySpec(dp=8, method="ist"))
+        check_strategy(tiny, cpu, StrategySpec(dp=8, method="ist"))
 
 
 def test_spec_from_torch_module():

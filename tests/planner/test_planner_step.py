@@ -128,10 +128,12 @@ def test_ist_bytes_and_time_come_from_its_traffic_formula():
     """Central IST (K = 5), 8 workers, widths divisible by 8: every worker's subnet has S
     elements, S - 10 of them its own (the output bias is shared); rank 0 sends 7 pieces of
     S - 10 and gets them back each round; the shared bias (10 floats) is averaged by one
-    all-reduce (ring: round(2 * 7/8 * 40) = 70 bytes sent)."""
-    mlp, ist = _mlp_run("ist:local_steps=5", 125e6)
+    all-reduce (ring: round(2 * 7/8 * 40) = 70 bytes sent). The published form: disjoint
+    subnets, no optimizer state travelling."""
+    published = "ist:local_steps=5,overlap=1,optimizer_state=reset"
+    mlp, ist = _mlp_run(published, 125e6)
     sub = 784 * 256 + 256 * 256 + 256 * 10 + 256 + 256 + 10
-    assert worker_params(mlp, 8) == sub
+    assert worker_params(mlp, 8, published) == sub
     piece = 4 * (sub - 10)
     assert ist.traffic.dp == pytest.approx((7 * piece + 70) / 5)  # rank 0's link
     # payload counts both directions: rank 0 14 pieces, each worker 2, all the bias's 40 bytes
@@ -139,7 +141,7 @@ def test_ist_bytes_and_time_come_from_its_traffic_formula():
     link = Link.of(125e6, 0.9, 50e-6)
     want = (2 * 7 * link.alpha + 2 * 7 * piece * link.beta + allreduce(40, 1, 8, link, link)) / 5
     assert ist.breakdown.dp_comm == pytest.approx(want)
-    _, sharded = _mlp_run("ist:local_steps=5,deployment=sharded", 125e6)
+    _, sharded = _mlp_run(published + ",deployment=sharded", 125e6)
     assert sharded.traffic.dp < ist.traffic.dp / 3  # no hot spot on rank 0
     assert sharded.breakdown.dp_comm < ist.breakdown.dp_comm
 
@@ -150,7 +152,9 @@ def test_plan_ist_defaults_are_the_methods_own():
     from thinwire.strategies.ist.method import Options
 
     ist = resolve("ist")
-    assert ist.options == Options() and ist.label == "ist(K=auto,central)"
+    assert ist.options == Options() and ist.label == "ist(K=auto,central,auto,overlap=auto)"
+    assert (ist.options.overlap, ist.options.optimizer_state) == (0, "auto")
+    assert resolve("ist:overlap=1,optimizer_state=reset").label == "ist(K=auto,central)"
     # K = 0 is the model's own: 10 for a plain stack, ResIST's 50 for the ResNet
     assert ist.entry.sync_every_for(ist.options, None) == 10
     assert ist.entry.sync_every_for(ist.options, ResISTAdapter) == 50

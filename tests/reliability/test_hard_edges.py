@@ -234,7 +234,7 @@ def test_clip_norm_is_taken_by_every_method(name: str) -> None:
     method whose Strategy is not a replica clips in the model-parallel step template, on the
     whole model's norm (held per method against torch's ``clip_grad_norm_`` by
     test_tensor.py, test_pipeline_3d.py, test_hybrid.py and, against one process holding
-    every shard, tests/slide/)."""
+    every shard, tests/strategies/slide/)."""
     import importlib
 
     from thinwire import config as config_mod

@@ -161,10 +161,13 @@ def test_the_scattered_exchange_re_encodes_the_mean_without_error_feedback() -> 
 
 
 # --- fp4: the zero threshold and the smallest step of the grid ------------------------------------
-def test_fp4_rounds_to_zero_below_half_the_smallest_step() -> None:
+@pytest.mark.parametrize("path", ["0", "auto"], ids=["torch", "default"])
+def test_fp4_rounds_to_zero_below_half_the_smallest_step(path: str) -> None:
     """Against a scale of 1: the grid's smallest magnitude is 2^-6, and 2^-7 (half of it, the
     midpoint to 0) is the threshold: values between 2^-8 and 2^-7 decode to 0, from 2^-7 up to
-    1.5 2^-6 to 2^-6; the midpoint 0.75 splits 0.5 from 1."""
+    1.5 2^-6 to 2^-6; the midpoint 0.75 splits 0.5 from 1. On the pure torch path (every
+    device's) and the default one (the compiled kernel where it builds)."""
+    from thinwire import kernels
     from thinwire.compression.fp4 import FP4
 
     values = [1.0, 1.2 * 2**-8, 1.9 * 2**-8, 0.99 * 2**-7, 1.01 * 2**-7, 2**-6, 1.45 * 2**-6,
@@ -172,7 +175,8 @@ def test_fp4_rounds_to_zero_below_half_the_smallest_step() -> None:
     want = [1.0, 0.0, 0.0, 0.0, 2**-6, 2**-6, 2**-6, 2**-5, 0.5, 1.0, 0.0, -(2**-6)]
     codec = FP4(chunk=len(values))
     x = torch.tensor(values)
-    got = codec.decode(codec.encode(x, 0), x.numel(), 0)
+    with kernels.forced(path):
+        got = codec.decode(codec.encode(x, 0), x.numel(), 0)
     assert got.tolist() == want
 
 

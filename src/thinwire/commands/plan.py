@@ -125,7 +125,10 @@ def _strategy_flags(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--overlap-dp", action="store_true", help="overlap the all-reduce with backward")
     s.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="default: the cluster's")
     s.add_argument("--accounting", choices=("megatron", "zero"), default="megatron")
-    s.add_argument("--optimizer", choices=("adam", "momentum", "sgd"), default="adam")
+    s.add_argument("--optimizer", choices=("adam", "momentum", "sgd"),
+                   help="what the optimizer keeps per parameter: memory, and the state a "
+                   "method moves with its units (default: adam; with --convergence NAME and "
+                   "no --model and --cluster: the table's runs')")
     s.add_argument("--method", default="",
                    help="a method of thinwire train instead of the gradient all-reduce, with "
                    "its options as there: e.g. localsgd:period=20, ist, ist:deployment=sharded, "
@@ -200,7 +203,7 @@ def _strategy(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) 
         dp=dp, tp=tp, pp=pp, micro_batch_size=b, micro_batches=_micro_batches(args, model, b, dp),
         interleave=args.interleave or 1, zero=args.zero or 0, recompute=args.recompute,
         sequence_parallel=args.sp, attention=args.attention, offload=args.offload,
-        dtype=args.dtype or "", accounting=args.accounting, optimizer=args.optimizer,
+        dtype=args.dtype or "", accounting=args.accounting, optimizer=args.optimizer or "adam",
         overlap_dp=args.overlap_dp, method=args.method, codec_passes=args.codec_passes,
     )
 
@@ -337,9 +340,9 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
 def _method_spec(cfg: Any, wide: bool = False) -> str:
     """The run's method as the planner's ``--method`` spec: its name and the options that
     differ from their defaults (values with commas in parentheses); "" where the planner's own
-    layout describes the run: a method that is not ``planned`` (its pipeline and tensor degrees
-    are the layout's) unless the model spec carries the wide-layer shapes the method prices
-    itself from (``wide``), and ZeRO (the planner shards its data-parallel layout
+    strategy describes the run: a method that is not ``planned`` (its pipeline and tensor
+    degrees are the strategy's) unless the model spec carries the wide-layer shapes the method
+    prices itself from (``wide``), and ZeRO (the planner shards its own data parallelism
     itself)."""
     from thinwire.strategies import METHODS
 
@@ -425,8 +428,8 @@ def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
 
 def _table_inputs(args: argparse.Namespace) -> argparse.Namespace:
     """``--crossover --convergence TABLE`` without ``--model`` and ``--cluster``: the model,
-    cluster, devices and micro-batch of the table's runs (its ``plan``), where the table
-    records them."""
+    cluster, devices, micro-batch and optimizer of the table's runs (its ``plan``), where the
+    table records them."""
     from thinwire.planner.convergence import load
 
     plan = load(list(args.convergence)).plan

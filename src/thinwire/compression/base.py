@@ -1,8 +1,5 @@
 """The Compressor interface, wire-format helpers and shared randomness.
 
-One concept past 400 lines: the one codec interface every slot calls, with the wire format and
-the randomness its codecs share.
-
 A compressor (a *codec*) maps a flat tensor x of d elements to a *payload*: a tuple of tensors in
 their real wire dtypes (values, int32 indices, int8 levels, uint8 packed bits, fp32 scales), and
 back:
@@ -49,10 +46,13 @@ sent. Randomness every rank must agree on (Rand-k's indices, PowerSGD's first Q)
 it is drawn on the CPU (O(k) or O(m r) numbers) and moved to the input's device, so ranks agree
 whatever device each of them computes on, and results are identical across devices.
 Randomness each rank draws for itself (QSGD's stochastic rounding, O(d) numbers) comes from
-:meth:`Compressor.private_generator` on the input's device (and, for float32 CPU tensors, from
-the faster numpy stream of :func:`private_bits`); it also mixes in the rank, so draws are
-independent across ranks yet reproducible on one device. A CPU and a CUDA rank therefore draw
+:meth:`Compressor.private_generator` on the input's device (on the CPU, from a counter-based
+stream, :class:`~thinwire.compression.quantize.CounterUniform`); it also mixes in the rank, so
+draws are independent across ranks yet reproducible on one device. A CPU and a CUDA rank therefore draw
 different (equally distributed) roundings.
+
+One concept, one file (over 400 lines): the one codec interface every slot calls, with the wire
+format and the randomness its codecs share.
 """
 
 from __future__ import annotations
@@ -122,12 +122,6 @@ def mix_seed(*parts: int) -> int:
 def generator(*parts: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A ``torch.Generator`` on ``device`` seeded with :func:`mix_seed` of ``parts``."""
     return torch.Generator(device=device).manual_seed(mix_seed(*parts))
-
-
-def private_bits(*parts: int) -> np.random.SFC64:
-    """A numpy SFC64 bit stream seeded with ``parts``: the private randomness of the CPU fast
-    paths (about 7x faster than ``torch.rand``'s Mersenne twister on one core)."""
-    return np.random.SFC64(mix_seed(*parts))
 
 
 def on_cpu(x: torch.Tensor) -> bool:

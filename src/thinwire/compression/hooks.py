@@ -71,7 +71,7 @@ class HookState:
     # bucket index -> calls so far: the step of shared random draws
     steps: dict[int, int] = field(default_factory=dict)
     # bucket index -> (parameter ids, shapes) it held last time
-    layouts: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = field(
+    bucket_params: dict[int, tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]] = field(
         default_factory=dict)
     # parameter id -> (its piece of codec state, its bucket's step), between buckets
     pending: dict[int, tuple[dict[str, torch.Tensor], int]] = field(default_factory=dict)
@@ -83,7 +83,7 @@ class HookState:
 
     def _stash(self, key: int) -> None:
         """Move bucket ``key``'s state into :attr:`pending`, per parameter."""
-        ids, shapes = self.layouts.pop(key)
+        ids, shapes = self.bucket_params.pop(key)
         step = self.steps.pop(key, 0)
         for pid, piece in zip(ids, self.compressor.split_state(key, shapes)):
             self.pending[pid] = (piece, step)
@@ -93,18 +93,18 @@ class HookState:
               shapes: tuple[tuple[int, ...], ...] = ()) -> int:
         """Step 1: this bucket's step, its codec state carried over from wherever its
         parameters were before (``shapes`` of ``ids``, in buffer order)."""
-        if self.layouts.get(key, (ids, shapes))[0] != ids:
+        if self.bucket_params.get(key, (ids, shapes))[0] != ids:
             self._stash(key)
-        if key not in self.layouts:
+        if key not in self.bucket_params:
             # other buckets holding any of these parameters give them up first
-            owners = {k for k, (old, _) in self.layouts.items() if set(old) & set(ids)}
+            owners = {k for k, (old, _) in self.bucket_params.items() if set(old) & set(ids)}
             for k in owners:
                 self._stash(k)
             found = [self.pending.pop(pid, None) for pid in ids]
             if any(f is not None for f in found):
                 self.compressor.join_state(key, shapes, [f[0] if f else {} for f in found])
                 self.steps[key] = max(f[1] for f in found if f is not None)
-            self.layouts[key] = (ids, shapes)
+            self.bucket_params[key] = (ids, shapes)
         step = self.steps.get(key, 0)
         self.steps[key] = step + 1
         return step
@@ -115,7 +115,7 @@ class HookState:
         index = {id(p): i for i, p in enumerate(params)}
         out: dict[str, torch.Tensor] = {}
         items = list(self.pending.items())
-        for key, (ids, shapes) in self.layouts.items():
+        for key, (ids, shapes) in self.bucket_params.items():
             pieces = self.compressor.split_state(key, shapes)
             items += [(pid, (piece, self.steps.get(key, 0))) for pid, piece in zip(ids, pieces)]
         for pid, (piece, step) in items:
@@ -127,7 +127,7 @@ class HookState:
     def restore(self, params: Sequence[torch.Tensor], state: dict[str, torch.Tensor]) -> None:
         """Undo :meth:`export` into :attr:`pending`; each piece joins its bucket when the hook
         first sees it."""
-        self.layouts.clear()
+        self.bucket_params.clear()
         self.steps.clear()
         self.compressor.reset()
         pieces: dict[int, dict[str, torch.Tensor]] = {}

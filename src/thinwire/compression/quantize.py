@@ -16,9 +16,10 @@ Gradient Quantization and Encoding" (NeurIPS 2017), with s levels:
   On CPU, steps 2-3 run block by block in cache as floor(c x_i + u_i) with c = s / ||x||_2,
   which is sign(x_i) level_i in law: for x_i < 0 it is -ceil(r_i - u_i), the upper neighbour
   of r_i with probability P(u_i < r_i - floor(r_i)), as in step 2 up to the grid (so no sign
-  bits are split off and joined back); u comes from a numpy
-  SFC64 stream there (``torch.rand`` on one core costs ~8x a copy of x), from the device's
-  ``torch.Generator`` elsewhere.
+  bits are split off and joined back); u comes from a counter-based stream there
+  (:class:`CounterUniform`: element i's draw is a hash of i and the rank's keys, so the
+  compiled kernel draws blocks in parallel with the same bits; ``torch.rand`` on one core
+  costs ~8x a copy of x), from the device's ``torch.Generator`` elsewhere.
 
 int8 (blockwise absmax scaling):
   1. cut x into chunks of ``chunk`` elements (512: a 4-byte scale costs 0.8 %);
@@ -49,14 +50,58 @@ from thinwire.compression.base import (
     as_numpy,
     blocks,
     empty,
+    mix_seed,
     on_cpu,
-    private_bits,
     write_out,
 )
 from thinwire.compression.registry import CodecEntry, check_exchange, exchange_option
 from thinwire.options import check, opt
 
 _U24 = np.float32(2.0**-24)
+
+
+_M32 = 0xFFFFFFFF
+LOWBIAS = (np.uint32(0x7FEB352D), np.uint32(0x846CA68B))
+"""The multipliers of C. Wellons' ``lowbias32`` integer hash (x ^= x >> 16; x *= m1;
+x ^= x >> 15; x *= m2; x ^= x >> 16), a bijection of 32-bit words with low bias."""
+
+
+def counter_keys(seed: int, step: int, key: int, rank: int) -> tuple[int, int, int]:
+    """(k0 odd, k1, k2 odd): the 32-bit keys of this rank's counter stream at (step, key)."""
+    a = mix_seed(seed, step, key, rank, 0x5EED)
+    b = mix_seed(a, 1)
+    return (a & _M32) | 1, b & _M32, ((a >> 32) & _M32) | 1
+
+
+class CounterUniform:
+    """QSGD's uniforms on CPU, counter-based: element i's u_i = (h_i >> 8) 2^-24 with
+    h_i = lowbias32(lo32(i) k0 + k1 + hi32(i) k2) (mod 2^32), a function of the index and the
+    keys alone, so any block is drawn on its own (the compiled kernel draws blocks in parallel,
+    with the same bits). For each i, k1 uniform makes lowbias32's input, and so h_i, uniform
+    (a bijection): E[u_i] is exactly the grid's mean and the rounding stays unbiased up to the
+    2^-24 grid, whatever the other elements draw."""
+
+    def __init__(self, keys: tuple[int, int, int], size: int) -> None:
+        self.k0, self.k1, self.k2 = keys
+        self.base = np.arange(size, dtype=np.uint32) * np.uint32(self.k0)  # j k0 mod 2^32
+        self.h = np.empty(size, np.uint32)
+        self.t = np.empty(size, np.uint32)
+
+    def fill(self, a: int, out: np.ndarray) -> None:
+        """u_i for i in [a, a + out.size) into ``out`` (float32); a block that does not cross a
+        multiple of 2^32 (every block of :data:`BLOCK` from 0)."""
+        m = out.size
+        h, t = self.h[:m], self.t[:m]
+        offset = ((a & _M32) * self.k0 + self.k1 + (a >> 32) * self.k2) & _M32
+        np.add(self.base[:m], np.uint32(offset), out=h)
+        for shift, mult in ((16, LOWBIAS[0]), (15, LOWBIAS[1])):
+            np.right_shift(h, shift, out=t)
+            h ^= t
+            h *= mult
+        np.right_shift(h, 16, out=t)
+        h ^= t
+        h >>= 8  # 24 random bits, exact in float32
+        np.multiply(h, _U24, out=out, dtype=np.float32, casting="unsafe")
 
 
 def level_dtype(levels: int) -> torch.dtype:
@@ -112,28 +157,25 @@ class QSGD(Compressor):
 
     def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
         """Steps 2-3 on CPU, block by block: floor(c x + u), within [-s, s] (see the module's
-        docstring for why this is sign(x) level in law)."""
+        docstring for why this is sign(x) level in law), u from :func:`counter_uniform`."""
         s = self.levels
         q = np.empty(xn.size, dtype=NUMPY_DTYPES[level_dtype(s)])
-        bits = private_bits(self.seed, step, key, self.rank, 0x5EED)
+        keys = counter_keys(self.seed, step, key, self.rank)
         # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
         wide = s >= torch.iinfo(level_dtype(s)).max
         lib = kernels.lib() if xn.flags.c_contiguous and xn.dtype == np.float32 else None
-        if lib is not None:  # the same stream and roundings in one compiled pass
-            state = np.array(bits.state["state"]["state"], dtype=np.uint64)
-            lib.qsgd_encode(xn.ctypes.data, xn.size, float(c), state.ctypes.data,
-                            q.ctypes.data, q.itemsize, s, int(wide))
+        if lib is not None:  # the same draws and roundings in one compiled pass, in parallel
+            lib.qsgd_encode_counter(xn.ctypes.data, xn.size, float(c), *keys, q.ctypes.data,
+                                    q.itemsize, s, int(wide), kernels.threads())
             return q
         size = min(xn.size, BLOCK)
         t, u = np.empty(size, np.float32), np.empty(size, np.float32)
+        draws = CounterUniform(keys, size)
         for a, b in blocks(xn.size, size):
             m = b - a
             tb, ub = t[:m], u[:m]
             np.multiply(xn[a:b], c, out=tb)  # 2. c x_i, signed: |c x_i| = r_i
-            raw = bits.random_raw((m + 1) // 2).view(np.uint32)[:m]
-            np.right_shift(raw, 8, out=raw)  # 24 random bits
-            ub[:] = raw.view(np.int32)  # exact: < 2^24
-            ub *= _U24  # u on the 2^24-point grid of [0, 1)
+            draws.fill(a, ub)  # u on the 2^24-point grid of [0, 1)
             tb += ub
             # 3. floor(c x_i + u_i): floor(r_i + u_i) for x_i >= 0, -ceil(r_i - u_i) for
             #    x_i < 0, both the upper neighbour of r_i with probability frac(r_i)

@@ -8,7 +8,7 @@ md5 ``6fb458f1232090904fb40fe944165e91``. Any other UTF-8 text file in its place
 Loading, in steps:
   1. find ``input.txt`` (:func:`locate`): with ``--data.dir DIR`` only ``DIR/input.txt`` and
      ``DIR/tinyshakespeare/input.txt`` are looked at (an explicit directory never falls back
-     elsewhere); otherwise ``$THINWIRE_DATA_DIR`` (the same two layouts), then the user cache
+     elsewhere); otherwise ``$THINWIRE_DATA_DIR`` (the same two arrangements), then the user cache
      ``~/.cache/thinwire/tinyshakespeare/`` (``$XDG_CACHE_HOME`` honoured), then the copy that
      ships with thinwire (:data:`BUNDLED_DIR`), so the default needs no set-up;
   2. when it is found nowhere and ``--data.download true`` is given, fetch it from the canonical
@@ -69,7 +69,7 @@ def search_paths(name: str, filename: str, data_dir: str = "") -> list[Path]:
     """Candidate paths of dataset ``name``'s file, in search order.
 
     1. ``data_dir`` given: ``data_dir/filename`` and ``data_dir/name/filename``, nothing else;
-    2. otherwise ``$THINWIRE_DATA_DIR`` in the same two layouts (when set), then
+    2. otherwise ``$THINWIRE_DATA_DIR`` in the same two arrangements (when set), then
        ``cache_dir(name)/filename``, then ``BUNDLED_DIR/name/filename`` (the copy shipped with
        the package, for the datasets that have one).
     """

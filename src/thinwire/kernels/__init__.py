@@ -60,15 +60,19 @@ _p = ctypes.c_void_p
 _i64 = ctypes.c_int64
 _int = ctypes.c_int
 _f32 = ctypes.c_float
+_u32 = ctypes.c_uint32
 SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "thinwire_kernels_version": (_int, ()),
     "int8_encode": (None, (_p, _i64, _i64, _p, _p, _int)),
     "int8_decode": (None, (_p, _p, _i64, _i64, _p, _int)),
     "sign_encode": (None, (_p, _i64, _p, _p, _int)),
     "sign_decode": (None, (_p, _i64, _f32, _p, _int, _int)),
-    "qsgd_encode": (None, (_p, _i64, _f32, _p, _p, _int, ctypes.c_int32, _int)),
+    "qsgd_encode_counter": (None, (_p, _i64, _f32, _u32, _u32, _u32, _p, _int, ctypes.c_int32,
+                                   _int, _int)),
     "qsgd_decode": (None, (_p, _int, _i64, _f32, _p, _int)),
-    "topk_encode": (_int, (_p, _i64, _i64, _i64, _i64, _p, _int, _p, _int)),
+    "topk_encode": (_int, (_p, _i64, _i64, _i64, _i64, _i64, _p, _int, _p, _int)),
+    "fp4_encode": (None, (_p, _i64, _i64, _p, _p, _int)),
+    "fp4_decode": (None, (_p, _p, _i64, _i64, _p, _int)),
     "scatter_decode": (None, (_p, _p, _int, _p, _i64, _p, _i64, _int, _int)),
     "gather": (None, (_p, _p, _i64, _p, _int)),
     "slide_forward": (None, (_p, _p, _p, _p, _p, _i64, _i64, _i64, _p, _int)),

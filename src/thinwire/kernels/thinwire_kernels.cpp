@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -46,69 +47,219 @@ inline uint32_t bits_of(float v) {
 
 // The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
 // and the loops would not be vectorised).
-// rint: round half to even, as torch.round (the rounding mode is never changed).
-// x / safe costs a division an element; x * (1 / safe) is within 2^-23 relative of it, so
-// rounds to the same integer unless x / safe lies within 2^-16 of a half-integer (|x / safe| <=
-// 127). Such a chunk (about one in twenty at 512 elements) is redone with the division: the
-// result is exactly rint(x / safe), the reference's.
-inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe) {
-  const float r = 1.0f / safe;
-  int near = 0;
+// rint(x / safe): round half to even, as torch.round (the rounding mode is never changed), of
+// the same IEEE quotient as the reference's division. The division costs no more than a
+// multiply here: the loop waits on memory either way.
+inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe,
+                       bool stream) {
   int64_t i = 0;
 #ifdef __AVX2__
-  const __m256 rv = _mm256_set1_ps(r), half = _mm256_set1_ps(0.5f);
-  const __m256 thr = _mm256_set1_ps(6.103515625e-05f);  // 2^-14
-  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  stream = stream && !(reinterpret_cast<uintptr_t>(q) & 31);
+  const __m256 sv = _mm256_set1_ps(safe);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  __m256 close = _mm256_setzero_ps();
   for (; i + 32 <= n; i += 32) {  // 32 at a time: four roundings, packed to 32 bytes
     __m256i v[4];
-    for (int j = 0; j < 4; ++j) {
-      const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), rv);
-      const __m256 f = _mm256_and_ps(_mm256_sub_ps(_mm256_sub_ps(y, _mm256_floor_ps(y)), half),
-                                     mag);
-      close = _mm256_or_ps(close, _mm256_cmp_ps(f, thr, _CMP_LT_OQ));
-      v[j] = _mm256_cvtps_epi32(y);  // round half to even (the default rounding mode)
-    }
-    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
-                                         _mm256_packs_epi32(v[2], v[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(w, perm));
+    for (int j = 0; j < 4; ++j)  // round half to even (the default rounding mode)
+      v[j] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * j), sv));
+    const __m256i w = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), perm);
+    if (stream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i), w);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), w);
   }
-  near = _mm256_movemask_ps(close) != 0;
+#else
+  (void)stream;
 #endif
-  for (; i < n; ++i) {
-    const float y = x[i] * r;
-    near |= std::fabs(y - std::floor(y) - 0.5f) < 6.103515625e-05f;
-    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(y)));
+  for (; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[i] / safe)));
+}
+
+// Outputs of at least STREAM elements are written with non-temporal stores: they bypass the
+// caches, so a line is written without being read first (a plain store reads each line before
+// writing it: three memory transfers a line instead of two), and an output larger than the
+// caches would not stay there anyway. A decode of 64M floats costs about half as much so.
+constexpr int64_t STREAM = 1 << 22;
+
+#ifdef __AVX2__
+template <class T>
+inline __m256i widen8(const T* q) {  // eight levels as int32
+  if constexpr (sizeof(T) == 1)
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  else if constexpr (sizeof(T) == 2)
+    return _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  else
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+}
+#endif
+
+// out_i = float(q_i) f, streamed where asked (the caller fences after its parallel section).
+template <class T>
+inline void widen_scale(const T* __restrict q, float* __restrict out, int64_t n, float f,
+                        bool stream = false) {
+  int64_t i = 0;
+#ifdef __AVX2__
+  if (stream) {
+    for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 31); ++i)
+      out[i] = static_cast<float>(q[i]) * f;
+    const __m256 fv = _mm256_set1_ps(f);
+    for (; i + 8 <= n; i += 8)
+      _mm256_stream_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(widen8(q + i)), fv));
   }
-  if (near)
-    for (int64_t k = 0; k < n; ++k)
-      q[k] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[k] / safe)));
+#else
+  (void)stream;
+#endif
+  for (; i < n; ++i) out[i] = static_cast<float>(q[i]) * f;
+}
+
+// Ask for x[a + AHEAD, e + AHEAD) (clipped to d) now, so that memory works while the caller
+// computes on x[a, e) from the caches (a kernel that reads a chunk twice, the second time
+// with divisions, otherwise waits on memory and on its arithmetic in turn).
+constexpr int64_t AHEAD = 4096;  // elements: 16 KB ahead
+inline void prefetch_ahead(const float* x, int64_t a, int64_t e, int64_t d) {
+  const int64_t end = std::min(d, e + AHEAD);
+  for (int64_t i = a + AHEAD; i < end; i += 16) __builtin_prefetch(x + i, 0, 3);
+}
+
+// The fence that orders a thread's non-temporal stores before its work is seen as done.
+inline void fence(bool stream) {
+#ifdef __AVX2__
+  if (stream) _mm_sfence();
+#else
+  (void)stream;
+#endif
+}
+
+// Bit j set where |x_j| >= t, for x[0..16).
+inline uint32_t at_least(const float* x, float t) {
+#ifdef __AVX2__
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tv = _mm256_set1_ps(t);
+  const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x), mag);
+  const __m256 b = _mm256_and_ps(_mm256_loadu_ps(x + 8), mag);
+  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, tv, _CMP_GE_OQ))) |
+         (static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(b, tv, _CMP_GE_OQ))) << 8);
+#else
+  uint32_t hit = 0;
+  for (int j = 0; j < 16; ++j) hit |= static_cast<uint32_t>(std::fabs(x[j]) >= t) << j;
+  return hit;
+#endif
+}
+
+inline int64_t nblocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+// QSGD's counter-based uniform (compression/quantize.py, counter_uniform): element i's 24 bits
+// are lowbias32(lo32(i) k0 + k1 + hi32(i) k2) >> 8 (mod 2^32 arithmetic; lowbias32 is
+// C. Wellons' 32-bit integer hash), so any element's draw is computed from its index alone and
+// blocks run in parallel with the same bits.
+inline uint32_t lowbias32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x7feb352du;
+  h ^= h >> 15;
+  h *= 0x846ca68bu;
+  h ^= h >> 16;
+  return h;
 }
 
 template <class T>
-inline void widen_scale(const T* __restrict q, float* __restrict out, int64_t n, float f) {
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * f;
-}
-
-template <class T>
-inline void qsgd_round(const float* __restrict x, const uint32_t* __restrict raw,
-                       float* __restrict t, T* __restrict q, int64_t m, float c, int32_t s,
-                       int wide) {
+inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* __restrict q,
+                            int64_t a, int64_t m, float c, uint32_t k0, uint32_t k1,
+                            uint32_t k2, int32_t s, int wide, int64_t total) {
   const float u24 = 5.9604644775390625e-08f;  // 2^-24
+  // a is a multiple of the block size (2^16): hi32 is the same for the whole block
+  const uint32_t base = static_cast<uint32_t>(a) * k0 + k1 +
+                        static_cast<uint32_t>(static_cast<uint64_t>(a) >> 32) * k2;
   int64_t i0 = 0;
 #ifdef __AVX2__
   const __m256 cv = _mm256_set1_ps(c), uv = _mm256_set1_ps(u24);
-  for (; i0 + 8 <= m; i0 += 8) {  // the same operations, 8 at a time
-    const __m256i r = _mm256_srli_epi32(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + i0)), 8);
-    const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(r), uv);
+  const __m256i c1 = _mm256_set1_epi32(0x7feb352d), c2 = _mm256_set1_epi32(0x846ca68bu);
+  auto hash8 = [&](__m256i h) {  // lowbias32 on 8 lanes, then u = (h >> 8) 2^-24
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, c1);
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+    h = _mm256_mullo_epi32(h, c2);
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), uv);
+  };
+  const __m256i step8 = _mm256_set1_epi32(static_cast<int>(8u * k0));
+  __m256i h0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
+                                _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                   _mm256_set1_epi32(static_cast<int>(k0))));
+  if constexpr (std::is_same<T, int8_t>::value) {
+    if (!wide) {  // int8 levels: clip and narrow 32 at a time, no float buffer
+      const bool stream = total >= STREAM && !(reinterpret_cast<uintptr_t>(q) & 31);
+      const __m256i lo = _mm256_set1_epi32(-s), hi = _mm256_set1_epi32(s);
+      const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+#ifdef __AVX512F__
+      {  // the same operations 16 at a time where the CPU has them (half the instructions)
+        const __m512 cz = _mm512_set1_ps(c), uz = _mm512_set1_ps(u24);
+        const __m512i c1z = _mm512_set1_epi32(0x7feb352d);
+        const __m512i c2z = _mm512_set1_epi32(static_cast<int>(0x846ca68bu));
+        const __m512i loz = _mm512_set1_epi32(-s), hiz = _mm512_set1_epi32(s);
+        const __m512i stepz = _mm512_set1_epi32(static_cast<int>(16u * k0));
+        __m512i hz = _mm512_add_epi32(
+            _mm512_set1_epi32(static_cast<int>(base)),
+            _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                 14, 15),
+                               _mm512_set1_epi32(static_cast<int>(k0))));
+        for (; i0 + 16 <= m; i0 += 16) {
+          if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
+          __m512i h = hz;
+          hz = _mm512_add_epi32(hz, stepz);
+          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+          h = _mm512_mullo_epi32(h, c1z);
+          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
+          h = _mm512_mullo_epi32(h, c2z);
+          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+          const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), uz);
+          const __m512 f = _mm512_roundscale_ps(
+              _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i0), cz), u),
+              _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+          const __m512i v = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(f), loz), hiz);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i0), _mm512_cvtsepi32_epi8(v));
+        }
+        h0 = _mm256_add_epi32(
+            _mm256_set1_epi32(static_cast<int>(base + static_cast<uint32_t>(i0) * k0)),
+            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                               _mm256_set1_epi32(static_cast<int>(k0))));
+      }
+#endif
+      for (; i0 + 32 <= m; i0 += 32) {
+        if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
+        __m256i v[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m256 u = hash8(h0);
+          h0 = _mm256_add_epi32(h0, step8);
+          const __m256 f = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
+              _mm256_loadu_ps(x + i0 + 8 * j), cv), u));
+          v[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(f), lo), hi);
+        }
+        const __m256i w = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+            perm);
+        if (stream)
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i0), w);
+        else
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i0), w);
+      }
+      for (int64_t i = i0; i < m; ++i) {
+        const uint32_t h = lowbias32(base + static_cast<uint32_t>(i) * k0);
+        const float u = static_cast<float>(static_cast<int32_t>(h >> 8)) * u24;
+        q[i] = static_cast<T>(std::min(std::max(static_cast<int32_t>(std::floor(x[i] * c + u)),
+                                                -s), s));
+      }
+      return;
+    }
+  }
+  for (; i0 + 8 <= m; i0 += 8) {
+    if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
+    const __m256 u = hash8(h0);
+    h0 = _mm256_add_epi32(h0, step8);
     _mm256_storeu_ps(t + i0, _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
         _mm256_loadu_ps(x + i0), cv), u)));
   }
 #endif
   for (int64_t i = i0; i < m; ++i) {
-    const float u = static_cast<float>(static_cast<int32_t>(raw[i] >> 8)) * u24;
+    const uint32_t h = lowbias32(base + static_cast<uint32_t>(i) * k0);
+    const float u = static_cast<float>(static_cast<int32_t>(h >> 8)) * u24;
     t[i] = std::floor(x[i] * c + u);
   }
   if (wide) {
@@ -122,56 +273,24 @@ inline void qsgd_round(const float* __restrict x, const uint32_t* __restrict raw
   }
 }
 
-// Whether any of x[0..16) has |x_j| >= t.
-inline bool any_at_least(const float* x, float t) {
-#ifdef __AVX2__
-  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tv = _mm256_set1_ps(t);
-  const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x), mag);
-  const __m256 b = _mm256_and_ps(_mm256_loadu_ps(x + 8), mag);
-  return _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(a, tv, _CMP_GE_OQ),
-                                         _mm256_cmp_ps(b, tv, _CMP_GE_OQ))) != 0;
-#else
-  int any = 0;
-  for (int j = 0; j < 16; ++j) any |= std::fabs(x[j]) >= t;
-  return any != 0;
-#endif
-}
-
-inline int64_t nblocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
-
-// numpy's SFC64 (numpy/random/src/sfc64/sfc64.h): the same stream as numpy.random.SFC64 from
-// the same state.
-inline uint64_t sfc64_next(uint64_t* s) {
-  const uint64_t tmp = s[0] + s[1] + s[3]++;
-  s[0] = s[1] ^ (s[1] >> 11);
-  s[1] = s[2] + (s[2] << 3);
-  s[2] = ((s[2] << 24) | (s[2] >> 40)) + tmp;
-  return tmp;
-}
-
 template <class T>
-void qsgd_levels(const float* x, int64_t d, float c, uint64_t* state, T* q, int32_t s,
-                 int wide) {
-  // compression/quantize.py, QSGD._levels_cpu: per block of min(d, 2^16) elements,
-  // (m + 1) / 2 draws of 64 bits read as 2 m uint32 (low half first), u = (r >> 8) 2^-24,
-  // floor(c x + u), clipped to [-s, s].
-  const int64_t size = std::min<int64_t>(d, BLOCK);
-  std::vector<uint64_t> draw(static_cast<size_t>(size / 2 + 1));
-  std::vector<float> tb(static_cast<size_t>(size));
-  const uint32_t* raw = reinterpret_cast<const uint32_t*>(draw.data());  // as numpy's view
-  for (int64_t a = 0; a < d; a += size) {
-    const int64_t m = std::min(size, d - a);
-    const int64_t draws = (m + 1) / 2;
-    for (int64_t j = 0; j < draws; ++j) draw[j] = sfc64_next(state);
-    qsgd_round(x + a, raw, tb.data(), q + a, m, c, s, wide);
-  }
+void qsgd_levels_hash(const float* x, int64_t d, float c, uint32_t k0, uint32_t k1, uint32_t k2,
+                      T* q, int32_t s, int wide, int nt) {
+  parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
+    float t[BLOCK];
+    const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);
+    qsgd_hash_round(x + a, t, q + a, a, e - a, c, k0, k1, k2, s, wide, d);
+    fence(d >= STREAM);
+  });
 }
 
 template <class T>
 void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
+  const bool stream = d >= STREAM;
   parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
     const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);
-    widen_scale(q + a, out + a, e - a, f);
+    widen_scale(q + a, out + a, e - a, f, stream);
+    fence(stream);
   });
 }
 
@@ -188,10 +307,38 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
     }
     return;
   }
-  std::vector<float> mags(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) mags[i] = std::fabs(vals[i]);
-  std::nth_element(mags.begin(), mags.begin() + (n - k), mags.end());
-  const float v = mags[n - k];
+  // v = the k-th largest magnitude, by a radix selection on the bits of |v_i| (for finite
+  // floats unsigned order is float order): 11, 10 and 10 bits, each level counting only the
+  // magnitudes that share the levels above (a third of nth_element's time on 1M candidates)
+  std::vector<uint32_t> mags(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mags[i] = bits_of(vals[i]) & 0x7fffffffu;
+  uint32_t prefix = 0;
+  int64_t rank = k;  // the wanted one is the rank-th largest among those sharing the prefix
+  std::vector<uint32_t> members;
+  const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
+  for (int level = 0; level < 3; ++level) {
+    const int sh = shifts[level];
+    const uint32_t mask = (1u << widths[level]) - 1;
+    std::vector<int64_t> hist(static_cast<size_t>(mask) + 1, 0);
+    if (level == 0) {
+      for (int64_t i = 0; i < n; ++i) ++hist[mags[i] >> sh];
+    } else {
+      const int up = shifts[level - 1];
+      std::vector<uint32_t> next;
+      const std::vector<uint32_t>& from = level == 1 ? mags : members;
+      for (uint32_t m : from)
+        if ((m >> up) == prefix) {
+          next.push_back(m);
+          ++hist[(m >> sh) & mask];
+        }
+      members.swap(next);
+    }
+    int64_t b = mask;
+    for (; b > 0 && hist[b] < rank; --b) rank -= hist[b];
+    prefix = (prefix << widths[level]) | static_cast<uint32_t>(b);
+  }
+  float v;
+  std::memcpy(&v, &prefix, sizeof v);
   int64_t above = 0;
   for (int64_t i = 0; i < n; ++i) above += std::fabs(vals[i]) > v;
   int64_t equal_left = k - above, w = 0;
@@ -202,6 +349,66 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
       out_val[w++] = vals[i];
     }
   }
+}
+
+// Approximate top-k's count fixed to k (topk_encode's want_hi > 0, sparse.py's _fix_count).
+template <class I>
+void fix_count(const float* x, const int64_t* cand, const float* vals, int64_t n, int64_t k,
+               float t_hi, I* out_idx, float* out_val) {
+  int64_t w = 0;
+  if (n >= k) {
+    int64_t strong = 0;
+    for (int64_t i = 0; i < n; ++i) strong += std::fabs(vals[i]) >= t_hi;
+    const int64_t weak = n - strong;
+    // drop r of the `pool` candidates of one kind, evenly: the j-th (from 0) goes when
+    // floor((j + 1) r / pool) > floor(j r / pool); every candidate of the other kind is kept
+    // (strong ones) or dropped (weak ones, when there are more than k strong)
+    const bool from_weak = strong <= k;
+    const int64_t pool = from_weak ? weak : strong, r = from_weak ? n - k : strong - k;
+    int64_t j = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool is_strong = std::fabs(vals[i]) >= t_hi;
+      bool keep;
+      if (is_strong != from_weak) {
+        keep = r == 0 || ((j + 1) * r) / pool == (j * r) / pool;
+        ++j;
+      } else {
+        keep = is_strong;
+      }
+      if (keep) {
+        out_idx[w] = static_cast<I>(cand[i]);
+        out_val[w++] = vals[i];
+      }
+    }
+    return;
+  }
+  int64_t need = k - n, c = 0;  // the lowest non-candidate indices, merged in index order
+  for (int64_t i = 0; w < k; ++i) {
+    if (c < n && cand[c] == i) {
+      out_idx[w] = static_cast<I>(i);
+      out_val[w++] = vals[c++];
+    } else if (need > 0) {
+      out_idx[w] = static_cast<I>(i);
+      out_val[w++] = x[i];
+      --need;
+    } else {
+      for (; c < n; ++c) {
+        out_idx[w] = static_cast<I>(cand[c]);
+        out_val[w++] = vals[c];
+      }
+    }
+  }
+}
+
+// fp4's exponent code of m = |x| / s and its blocks (fp4_encode below).
+inline uint8_t fp4_code(float m) {  // how many of the boundaries m reaches (sparse: none)
+  return static_cast<uint8_t>((m >= 0.0078125f) + (m >= 0.0234375f) + (m >= 0.046875f) +
+                              (m >= 0.09375f) + (m >= 0.1875f) + (m >= 0.375f) + (m >= 0.75f));
+}
+
+int64_t fp4_chunks_per_block(int64_t chunk) {
+  int64_t per = std::max<int64_t>(1, BLOCK / chunk);
+  return per + (per & 1);
 }
 
 // fn(c, a, e) for every chunk c of [0, d) (elements [a, e)), whole chunks per parallel block
@@ -219,11 +426,13 @@ void for_chunks(int nt, int64_t d, int64_t chunk, F fn) {
 
 extern "C" {
 
-int thinwire_kernels_version() { return 1; }
+int thinwire_kernels_version() { return 2; }
 
 // --- int8 with one absmax scale per chunk (compression/quantize.py, Int8) --------------------
 void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* scale, int nt) {
+  const bool stream = d >= STREAM && chunk % 32 == 0;  // chunks start on 32 bytes of q
   for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
+    prefetch_ahead(x, a, e, d);
     // absmax on the bits of |x|: for finite floats unsigned order is float order
     uint32_t mb = 0;
     for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
@@ -232,14 +441,130 @@ void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* sca
     const float sc = m / 127.0f;
     scale[c] = sc;
     const float safe = sc > 0.0f ? sc : 1.0f;
-    round_int8(x + a, q + a, e - a, safe);
+    round_int8(x + a, q + a, e - a, safe, stream);
+    if (e == d || (c + 1) % std::max<int64_t>(1, BLOCK / chunk) == 0) fence(stream);
   });
 }
 
 void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, float* out,
                  int nt) {
+  const bool stream = d >= STREAM;
   for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
-    widen_scale(q + a, out + a, e - a, scale[c]);
+    widen_scale(q + a, out + a, e - a, scale[c], stream);
+    if (e == d || (c + 1) % std::max<int64_t>(1, BLOCK / chunk) == 0) fence(stream);
+  });
+}
+
+// --- fp4 E3M0 with one absmax scale per chunk (compression/fp4.py) --------------------------
+// m = |x| / s; code 0 below 2^-7, else 1 + #{c = 2..7 : m >= 0.75 2^(c - 7)} (the midpoints of
+// the representable magnitudes 2^(c - 7)); nibble (signbit << 3) | code, two to a byte, the
+// first element high. Blocks hold an even number of whole chunks, so they start on a byte.
+void fp4_encode(const float* x, int64_t d, int64_t chunk, uint8_t* packed, float* scale, int nt) {
+  const int64_t chunks = (d + chunk - 1) / chunk, per = fp4_chunks_per_block(chunk);
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
+    const int64_t a0 = c0 * chunk, e0 = std::min(d, c1 * chunk);
+    uint8_t nib[2 * BLOCK + 2];
+    uint8_t* nb = nib;
+    std::vector<uint8_t> big;
+    if (e0 - a0 + 1 > static_cast<int64_t>(sizeof nib)) {  // chunks longer than a block
+      big.resize(static_cast<size_t>(e0 - a0 + 1));
+      nb = big.data();
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t a = c * chunk, e = std::min(d, a + chunk);
+      prefetch_ahead(x, a, e, d);
+      uint32_t mb = 0;
+      for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
+      float sc;
+      std::memcpy(&sc, &mb, sizeof sc);
+      scale[c] = sc;
+      const float safe = sc > 0.0f ? sc : 1.0f;
+      uint8_t* o = nb + (a - a0);
+      int64_t i = a;
+#ifdef __AVX2__
+      const __m256 sv = _mm256_set1_ps(safe);
+      const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+      const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+      static const float bound[7] = {0.0078125f, 0.0234375f, 0.046875f, 0.09375f, 0.1875f,
+                                     0.375f, 0.75f};
+      for (; i + 32 <= e; i += 32) {  // 32 at a time: codes summed from the comparisons' masks
+        __m256i v[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m256 xv = _mm256_loadu_ps(x + i + 8 * j);
+          const __m256 m = _mm256_div_ps(_mm256_and_ps(xv, mag), sv);
+          __m256i code = _mm256_setzero_si256();
+          for (int b = 0; b < 7; ++b)  // each mask is -1 where m reaches the boundary
+            code = _mm256_sub_epi32(code, _mm256_castps_si256(
+                                              _mm256_cmp_ps(m, _mm256_set1_ps(bound[b]),
+                                                            _CMP_GE_OQ)));
+          const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31),
+                                                 3);
+          v[j] = _mm256_or_si256(code, sign);
+        }
+        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                             _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (i - a)),
+                            _mm256_permutevar8x32_epi32(w, perm));
+      }
+#endif
+      for (; i < e; ++i) {
+        const float m = std::fabs(x[i]) / safe;
+        o[i - a] = static_cast<uint8_t>(fp4_code(m) | ((bits_of(x[i]) >> 31) << 3));
+      }
+    }
+    const int64_t n = e0 - a0;
+    if (n & 1) nb[n] = 0;
+    uint8_t* out = packed + a0 / 2;
+    for (int64_t p = 0; p < (n + 1) / 2; ++p)
+      out[p] = static_cast<uint8_t>((nb[2 * p] << 4) | nb[2 * p + 1]);
+  });
+}
+
+void fp4_decode(const uint8_t* packed, const float* scale, int64_t d, int64_t chunk, float* out,
+                int nt) {
+  // the sixteen nibbles' values before scaling: +-2^(c - 7), +-0 for c = 0
+  float table[16];
+  for (int n = 0; n < 16; ++n) {
+    const int c = n & 7;
+    const float mag = c ? std::ldexp(1.0f, c - 7) : 0.0f;
+    table[n] = (n & 8) ? -mag : mag;
+  }
+  const int64_t chunks = (d + chunk - 1) / chunk, per = fp4_chunks_per_block(chunk);
+  const bool stream = d >= STREAM;
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t a = c * chunk, e = std::min(d, a + chunk);
+      const float sc = scale[c];
+      int64_t i = a;
+#ifdef __AVX2__
+      if (!(a & 1)) {  // 8 at a time from 4 whole bytes: each byte's two nibbles, high first
+        const __m256 mags = _mm256_loadu_ps(table), sv = _mm256_set1_ps(sc);
+        const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
+        const __m256i shifts = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0);
+        const __m256i low3 = _mm256_set1_epi32(7), bit3 = _mm256_set1_epi32(8);
+        for (; i + 8 <= e; i += 8) {
+          int32_t four;
+          std::memcpy(&four, packed + (i >> 1), 4);
+          const __m256i nib = _mm256_srlv_epi32(
+              _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(four), dup)), shifts);
+          const __m256 m = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(nib, low3));
+          const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, bit3), 28);
+          const __m256 v = _mm256_mul_ps(_mm256_xor_ps(m, _mm256_castsi256_ps(sign)), sv);
+          if (stream && !(reinterpret_cast<uintptr_t>(out + i) & 31))
+            _mm256_stream_ps(out + i, v);
+          else
+            _mm256_storeu_ps(out + i, v);
+        }
+      }
+#endif
+      for (; i < e; ++i) {
+        const uint8_t byte = packed[i >> 1];
+        out[i] = table[(i & 1) ? (byte & 15) : (byte >> 4)] * sc;
+      }
+    }
+    fence(stream);
   });
 }
 
@@ -272,6 +597,7 @@ void sign_encode(const float* x, int64_t d, uint8_t* packed, double* lanes, int 
     double* acc = part.data() + b * LANES;
     for (int64_t r = a; r < e; r += LANES) {
       const int64_t w = std::min(LANES, e - r);
+      prefetch_ahead(x, r, r + w, d);
       for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(std::fabs(x[r + j]));
     }
     int64_t i = a;  // a is a multiple of 8
@@ -300,9 +626,19 @@ void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int 
   for (int b = 0; b < 256; ++b)
     for (int j = 0; j < 8; ++j) table[b * 8 + j] = (b >> (7 - j)) & 1 ? scale : -scale;
   const float* tab = table.data();
+  const bool stream = !add && d >= STREAM && !(reinterpret_cast<uintptr_t>(out) & 31);
   parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
     const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);  // a is a multiple of 8
     int64_t i = a;
+#ifdef __AVX2__
+    if (stream) {
+      for (; i + 8 <= e; i += 8)
+        _mm256_stream_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
+      fence(stream);
+    }
+#else
+    (void)stream;
+#endif
     for (; i + 8 <= e; i += 8) {
       const float* row = tab + packed[i >> 3] * 8;
       float* o = out + i;
@@ -322,15 +658,15 @@ void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int 
 }
 
 // --- QSGD (compression/quantize.py) -----------------------------------------------------------
-// state: numpy SFC64's four words, advanced in place. elem: bytes of a level (1, 2 or 4).
-void qsgd_encode(const float* x, int64_t d, float c, uint64_t* state, void* q, int elem,
-                 int32_t s, int wide) {
+// The counter-based stream (k0 odd, k1, k2 odd: the keys of counter_uniform), in parallel.
+void qsgd_encode_counter(const float* x, int64_t d, float c, uint32_t k0, uint32_t k1,
+                         uint32_t k2, void* q, int elem, int32_t s, int wide, int nt) {
   if (elem == 1)
-    qsgd_levels(x, d, c, state, static_cast<int8_t*>(q), s, wide);
+    qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int8_t*>(q), s, wide, nt);
   else if (elem == 2)
-    qsgd_levels(x, d, c, state, static_cast<int16_t*>(q), s, wide);
+    qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int16_t*>(q), s, wide, nt);
   else
-    qsgd_levels(x, d, c, state, static_cast<int32_t*>(q), s, wide);
+    qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int32_t*>(q), s, wide, nt);
 }
 
 void qsgd_decode(const void* q, int elem, int64_t d, float f, float* out, int nt) {
@@ -348,15 +684,25 @@ void qsgd_decode(const void* q, int elem, int64_t d, float f, float* out, int nt
 // candidates |x_i| >= t with their values; the exact k largest of them. Writes k indices
 // (int32 when idx64 is 0) and values; returns 0, or -1 where fewer than k passed (the caller
 // then calls again with stride 0).
-int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t want, void* idx,
-                int idx64, float* vals, int nt) {
-  float t = -1.0f;  // every |x_i| >= -1
+// want_hi > 0 asks for the approximate selection (sparse.py, _fix_count) instead of step 1d:
+// t_hi = the (n - want_hi)-th smallest sample magnitude; the candidates at or above t_hi are
+// strong, the rest weak; the count is fixed to k by dropping weak candidates evenly (then
+// strong ones, if there are more than k strong), or by topping up with the lowest
+// non-candidate indices; never -1.
+int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t want,
+                int64_t want_hi, void* idx, int idx64, float* vals, int nt) {
+  float t = -1.0f, t_hi = 0.0f;  // every |x_i| >= -1
   if (stride > 0) {
     const int64_t n = (d + stride - 1) / stride;
     std::vector<float> sample(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) sample[i] = std::fabs(x[i * stride]);
     std::nth_element(sample.begin(), sample.begin() + (n - want), sample.end());
     t = sample[n - want];
+    if (want_hi > 0) {  // the top want - 1 are above n - want: t_hi is among them
+      std::nth_element(sample.begin() + (n - want + 1), sample.begin() + (n - want_hi),
+                       sample.end());
+      t_hi = sample[n - want_hi];
+    }
   }
   const int64_t block = 4 * BLOCK;
   const int64_t nb = nblocks_of(d, block);
@@ -366,18 +712,21 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     const int64_t a = b * block, e = std::min(d, a + block);
     auto& bi = ci[b];
     auto& bv = cv[b];
-    if (stride == 0) {
-      bi.reserve(static_cast<size_t>(e - a));
-      bv.reserve(static_cast<size_t>(e - a));
-    }
+    // room for the expected candidates and a margin (no regrowth in the common case)
+    const int64_t n_s = stride > 0 ? (d + stride - 1) / stride : 1;
+    const int64_t expect = stride == 0 ? e - a : (e - a) * want / n_s + (e - a) * want / n_s / 4 + 64;
+    bi.reserve(static_cast<size_t>(expect));
+    bv.reserve(static_cast<size_t>(expect));
     int64_t i = a;
-    for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none
-      if (!any_at_least(x + i, t)) continue;
-      for (int j = 0; j < 16; ++j)
-        if (std::fabs(x[i + j]) >= t) {
-          bi.push_back(i + j);
-          bv.push_back(x[i + j]);
-        }
+    for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none;
+      if (!(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
+      uint32_t hit = at_least(x + i, t);  // then visit only the set bits
+      while (hit) {
+        const int j = __builtin_ctz(hit);
+        hit &= hit - 1;
+        bi.push_back(i + j);
+        bv.push_back(x[i + j]);
+      }
     }
     for (; i < e; ++i)
       if (std::fabs(x[i]) >= t) {
@@ -387,7 +736,8 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
   });
   int64_t n = 0;
   for (auto& v : ci) n += static_cast<int64_t>(v.size());
-  if (n < k) return -1;
+  const bool approx = want_hi > 0 && stride > 0;
+  if (n < k && !approx) return -1;
   std::vector<int64_t> cand(static_cast<size_t>(n));
   std::vector<float> cval(static_cast<size_t>(n));
   int64_t o = 0;
@@ -396,7 +746,11 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     std::copy(cv[b].begin(), cv[b].end(), cval.begin() + o);
     o += static_cast<int64_t>(ci[b].size());
   }
-  if (idx64)
+  if (approx && idx64)
+    fix_count(x, cand.data(), cval.data(), n, k, t_hi, static_cast<int64_t*>(idx), vals);
+  else if (approx)
+    fix_count(x, cand.data(), cval.data(), n, k, t_hi, static_cast<int32_t*>(idx), vals);
+  else if (idx64)
     keep_largest(cand.data(), cval.data(), n, k, static_cast<int64_t*>(idx), vals);
   else
     keep_largest(cand.data(), cval.data(), n, k, static_cast<int32_t*>(idx), vals);
@@ -404,24 +758,53 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
 }
 
 // Sparse decode (Top-k and Rand-k): out = 0 (unless add), then out[idx_j] (+)= v_j, times
-// lengths_j where lengths is given (Rand-k's unbiased scaling, v_j * float(b_j)).
+// lengths_j where lengths is given (Rand-k's unbiased scaling, v_j * float(b_j)). Where the
+// indices ascend (both codecs send them so), each block of out is zeroed and its values written
+// while it is in cache: one pass over out.
 void scatter_decode(const float* v, const void* idx, int idx64, const int64_t* lengths,
                     int64_t k, float* out, int64_t d, int add, int nt) {
-  if (!add)
-    parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
-      const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
-      std::memset(out + a, 0, static_cast<size_t>(e - a) * sizeof(float));
-    });
   const int64_t* i64 = static_cast<const int64_t*>(idx);
   const int32_t* i32 = static_cast<const int32_t*>(idx);
-  for (int64_t j = 0; j < k; ++j) {
-    const int64_t i = idx64 ? i64[j] : i32[j];
-    const float w = lengths ? v[j] * static_cast<float>(lengths[j]) : v[j];
-    if (add)
-      out[i] += w;
-    else
-      out[i] = w;
+  auto at = [&](int64_t j) -> int64_t { return idx64 ? i64[j] : i32[j]; };
+  auto put = [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t i = at(j);
+      const float w = lengths ? v[j] * static_cast<float>(lengths[j]) : v[j];
+      if (add)
+        out[i] += w;
+      else
+        out[i] = w;
+    }
+  };
+  bool ascending = true;
+  for (int64_t j = 1; j < k && ascending; ++j) ascending = at(j - 1) < at(j);
+  if (add || !ascending) {
+    if (!add)
+      parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
+        const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
+        std::memset(out + a, 0, static_cast<size_t>(e - a) * sizeof(float));
+      });
+    put(0, k);
+    return;
   }
+  const int64_t block = BLOCK / 4;  // 64 KB of out: zeroed and filled in L2
+  parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
+    const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
+    int64_t lo = 0, hi = k;  // first j with idx_j >= a
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (at(mid) < a) lo = mid + 1; else hi = mid;
+    }
+    int64_t j = lo;
+    for (int64_t s = a; s < e; s += block) {
+      const int64_t t = std::min(e, s + block);
+      std::memset(out + s, 0, static_cast<size_t>(t - s) * sizeof(float));
+      int64_t j1 = j;
+      while (j1 < k && at(j1) < t) ++j1;
+      put(j, j1);
+      j = j1;
+    }
+  });
 }
 
 // Rand-k's gather: out_j = x[idx_j].

@@ -11,7 +11,7 @@ convolution, the residual blocks of a stage. An adapter describes a model as:
   average blocks held by several;
 - :class:`TensorPlan`: one parameter or persistent buffer and how units index it: per
   :class:`Cut`, a dimension whose elements belong to the units of a group (``per_unit`` elements
-  each, repeated over ``segments`` consecutive blocks for packed layouts such as a fused q|k|v
+  each, repeated over ``segments`` consecutive blocks for packed tensors such as a fused q|k|v
   projection); or ``unit`` = (group, u) when the whole tensor belongs to one unit of a dealt
   group; a tensor with neither is *shared* by every subnet and averaged over all workers;
 - ``scaled_inputs``: modules whose input is made of a group's units, where inverted-dropout

@@ -1,6 +1,6 @@
 """The planner: memory, bytes and step time of a training plan, as pure functions of specs.
 
-Models the layouts of Megatron-LM (Narayanan et al. 2021; Korthikanti et al. 2022), ZeRO
+Models the parallel strategies of Megatron-LM (Narayanan et al. 2021; Korthikanti et al. 2022), ZeRO
 (Rajbhandari et al. 2020) and the methods thinwire trains in one alpha-beta cost model, their
 bytes from the methods' own traffic functions (:mod:`thinwire.planner.methods`); validated
 against published runs by ``thinwire plan --validate`` (docs/PLANNER.md). No process group, no
@@ -27,7 +27,7 @@ from thinwire.planner.presets import list_presets, load_cluster, load_model, mod
 from thinwire.planner.search import search
 from thinwire.planner.specs import ClusterSpec, CountedSpec, MLPSpec, ModelSpec, TransformerSpec
 from thinwire.planner.step import Prediction, StepBreakdown, predict
-from thinwire.planner.strategy import StrategySpec, check_layout
+from thinwire.planner.strategy import StrategySpec, check_strategy
 from thinwire.planner.usermodel import model_spec_from_example
 
 __all__ = [
@@ -40,7 +40,7 @@ __all__ = [
     "StepBreakdown",
     "StrategySpec",
     "TransformerSpec",
-    "check_layout",
+    "check_strategy",
     "crossover_bandwidth",
     "knee",
     "list_presets",

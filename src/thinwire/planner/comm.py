@@ -100,7 +100,7 @@ def all_gather(n: float, local: int, nodes: int, intra: Link, inter: Link) -> fl
     return ring_all_gather_time(n / local, nodes, inter) + ring_all_gather_time(n, local, intra)
 
 
-def dp_layout(cluster: ClusterSpec, s: StrategySpec) -> tuple[int, int]:
+def dp_placement(cluster: ClusterSpec, s: StrategySpec) -> tuple[int, int]:
     """(members per node, nodes spanned) of one data-parallel group (TP, then DP, then PP)."""
     per_node = max(1, cluster.devices_per_node // s.tp)
     local = min(s.dp, per_node)

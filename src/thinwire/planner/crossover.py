@@ -4,7 +4,7 @@ On a link of bandwidth W a method's time to a target is its planner step time T_
 steps its runs needed to reach that target (:mod:`thinwire.planner.convergence`):
 
 1. the methods compared are those the convergence table has: the baseline (plain data
-   parallelism) as the planner's own data-parallel layout, every other spec as
+   parallelism) as the planner's own data parallelism, every other spec as
    ``StrategySpec.method``, priced from its registry entry's traffic formula like any method
    (:mod:`thinwire.planner.methods`; no method is named here);
 2. ``time(x, W) = step_at(x, W) * steps(x, target)``; a method without steps for the target
@@ -36,7 +36,7 @@ LO, HI = 1e5, 1e12
 class Priced:
     """The methods of a convergence table as the planner prices them."""
 
-    variants: dict[str, StrategySpec]  # table spec -> strategy (the baseline: BASELINE's layout)
+    variants: dict[str, StrategySpec]  # table spec -> strategy (the baseline: BASELINE's strategy)
     labels: dict[str, str]
     unpriced: dict[str, str]  # table spec -> why the planner cannot price it here
 

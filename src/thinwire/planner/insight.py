@@ -70,12 +70,12 @@ def crossover_bandwidth(
 
 
 BASELINE = "data parallel"
-"""The key of the planner's own data-parallel layout among :func:`method_variants`."""
+"""The key of the planner's own data parallelism among :func:`method_variants`."""
 
 
 def method_variants(model: ModelSpec, base: StrategySpec, extra: Sequence[str] = ()
                     ) -> dict[str, StrategySpec]:
-    """The planner's data-parallel layout (:data:`BASELINE`) and, on the same layout, every
+    """The planner's own data parallelism (:data:`BASELINE`) and, on the same degrees, every
     registered method at its own defaults (those of ``thinwire train``) and the ``extra`` method
     specs; a method that cuts the model into units only where it can (an MLP, tp = pp = 1)."""
     from thinwire.planner.methods import default_methods, partitioned, resolve
@@ -110,7 +110,7 @@ class ScalingPoint:
     """Throughput / (workers x throughput of the smallest worker count per worker)."""
 
 
-def _layout(
+def _strategy_at(
     base: StrategySpec, cluster: ClusterSpec, d: int, global_batch: int, weak: bool
 ) -> tuple[StrategySpec, ClusterSpec] | None:
     """The strategy and cluster of ``d`` data-parallel workers (None: the batch does not split)."""
@@ -130,10 +130,10 @@ def _layout(
 
 
 def _curve(model: ModelSpec, key: str, variant: StrategySpec,
-           layouts: list[tuple[StrategySpec, ClusterSpec]]) -> list[ScalingPoint]:
+           strategies: list[tuple[StrategySpec, ClusterSpec]]) -> list[ScalingPoint]:
     """One method's points over the worker counts that fit, efficiency against the first."""
     curve: list[ScalingPoint] = []
-    for s, c in layouts:
+    for s, c in strategies:
         try:
             sized = dataclasses.replace(variant, dp=s.dp, micro_batches=s.micro_batches)
             p = predict(model, c, sized)
@@ -161,10 +161,10 @@ def scaling(
     """Step time and throughput against data-parallel workers for each method."""
     if not weak and global_batch < 1:
         raise UsageError("--scaling needs --global-batch (strong scaling keeps it fixed) or --weak")
-    layouts = [laid for d in workers if (laid := _layout(base, cluster, d, global_batch, weak))]
+    strategies = [laid for d in workers if (laid := _strategy_at(base, cluster, d, global_batch, weak))]
     points: list[ScalingPoint] = []
     for key, variant in method_variants(model, base, extra).items():
-        points += _curve(model, key, variant, layouts)
+        points += _curve(model, key, variant, strategies)
     return points
 
 

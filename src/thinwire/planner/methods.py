@@ -1,6 +1,6 @@
 """The methods thinwire trains, in the planner: bytes from their own traffic functions.
 
-A strategy's ``method`` is empty (the planner's own data-parallel layout: a gradient all-reduce
+A strategy's ``method`` is empty (the planner's own data parallelism: a gradient all-reduce
 per step, ZeRO stages; :mod:`thinwire.planner.sync`) or a method spec as ``thinwire train``
 takes it: ``name[:key=value,...]`` of :data:`thinwire.strategies.METHODS` (``localsgd:period=20``)
 or a shorthand a method declares (a codec's name: ``topk:ratio=0.01``). Nothing here names a
@@ -163,8 +163,8 @@ def subnets() -> Subnets:
 def default_methods() -> list[str]:
     """Every registered method priced from a model's layout alone (``planned``: its entry is
     no :class:`~thinwire.strategies.entry.HasRunLayout`), at its defaults, except the first
-    (the runs' default method, plain data parallelism, which the planner's own layout stands
-    for)."""
+    (the runs' default method, plain data parallelism, which the planner's own data
+    parallelism stands for)."""
     from thinwire.strategies import METHODS
 
     return [n for n, e in list(METHODS.entries())[1:] if e.planned]

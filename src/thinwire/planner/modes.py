@@ -3,7 +3,7 @@
 Crossover and knee definitions are in insight.py; this module turns the modes' options (plain
 values, as ``thinwire plan`` parses them) into calls and their results into text or JSON-ready
 dicts. The methods compared are the
-planner's data-parallel layout and every registered method at its defaults, plus ``--method``
+planner's own data parallelism and every registered method at its defaults, plus ``--method``
 when it names another (:func:`thinwire.planner.insight.method_variants`).
 """
 
@@ -34,7 +34,7 @@ from thinwire.planner.strategy import StrategySpec
 
 
 def _extra(method: str) -> tuple[str, ...]:
-    """The ``--method`` spec to compare beside the defaults (none for the planner's layout)."""
+    """The ``--method`` spec to compare beside the defaults (none for the planner's own data parallelism)."""
     return (method,) if method else ()
 
 

@@ -65,7 +65,7 @@ def korthikanti_models() -> dict[str, tuple[TransformerSpec, int, int, int, int]
 
 
 def _korthikanti_strategy(name: str, recompute: str, sp: bool) -> StrategySpec:
-    """Table 3's layout of ``name`` (d = 1; v = 3 for 175B and 530B)."""
+    """Table 3's strategy of ``name`` (d = 1; v = 3 for 175B and 530B)."""
     _, t, p, batch, b = korthikanti_models()[name]
     v = 3 if name in ("175B", "530B") else 1
     return StrategySpec(

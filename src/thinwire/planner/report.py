@@ -13,7 +13,7 @@ from thinwire.planner.strategy import StrategySpec
 
 
 def method_label(s: StrategySpec) -> str:
-    """The method's own short name (``localsgd(H=10)``); empty for the planner's layout."""
+    """The method's own short name (``localsgd(H=10)``); empty for the planner's own data parallelism."""
     if not s.method:
         return ""
     from thinwire.planner.methods import resolve
@@ -21,7 +21,7 @@ def method_label(s: StrategySpec) -> str:
     return resolve(s.method).label
 
 
-def layout(s: StrategySpec) -> str:
+def strategy_text(s: StrategySpec) -> str:
     """Compact one-line form of a strategy."""
     text = (
         f"dp={s.dp} tp={s.tp} pp={s.pp} b={s.micro_batch_size} m={s.micro_batches} "
@@ -60,7 +60,7 @@ def plan_report(model: ModelSpec, cluster: ClusterSpec, p: Prediction) -> str:
     fits = "fits" if mem.fits(cluster) else "DOES NOT FIT; try --search, --zero, --recompute, --tp/--pp"
     head = (
         f"model {model.name} ({model.params / 1e9:.3g}B params) on {cluster.name}: "
-        f"{_devices(cluster)}\nplan: {layout(p.strategy)}; global batch {p.global_batch}"
+        f"{_devices(cluster)}\nplan: {strategy_text(p.strategy)}; global batch {p.global_batch}"
     )
     mem_rows = [[k, gib(v)] for k, v in mem.as_dict().items()]
     mem_rows.append(["device capacity", gib(cluster.device_memory)])
@@ -82,7 +82,7 @@ _SEARCH_HEAD = ("#", "d", "t", "p", "b", "m", "v", "recomp", "sp", "zero", "GiB"
 
 
 def _search_row(i: int, p: Prediction) -> list[object]:
-    """One ranked plan: its layout, memory, step time and breakdown columns."""
+    """One ranked plan: its strategy, memory, step time and breakdown columns."""
     s, bd = p.strategy, p.breakdown
     return [
         i, s.dp, s.tp, s.pp, s.micro_batch_size, s.micro_batches, s.interleave, s.recompute,

@@ -7,7 +7,7 @@ The space (Narayanan et al. 2021, Sec. 3 takeaways; Korthikanti et al. 2022):
   v in {1, 2, 3, 4} with (L/p) % v == 0 and m % p == 0 when v > 1;
   recompute none / selective / full; sequence parallel on or off when t > 1;
   ZeRO 0-1 (0-3 without pipelining, as DeepSpeed allows; only 0 when d = 1).
-A plan is feasible when ``check_layout`` accepts it and its memory fits the device. MLPs and
+A plan is feasible when ``check_strategy`` accepts it and its memory fits the device. MLPs and
 counted models search only the micro-batch size (pure data parallel over all devices).
 """
 
@@ -70,7 +70,7 @@ def _micro(model: TransformerSpec, p: int, d: int, global_batch: int
 def candidates(
     model: ModelSpec, cluster: ClusterSpec, base: StrategySpec, global_batch: int
 ) -> Iterator[StrategySpec]:
-    """Every layout of the search space for ``global_batch`` (memory not yet checked); a
+    """Every strategy of the search space for ``global_batch`` (memory not yet checked); a
     method cutting the model over the workers keeps t = p = 1."""
     if not isinstance(model, TransformerSpec) or base.partitioned:
         yield from _dense(cluster.devices, base, global_batch)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from thinwire.errors import UsageError
 from thinwire.planner.comm import (
-    dp_layout,
+    dp_placement,
     inter_link,
     intra_link,
     p2p,
@@ -49,7 +49,7 @@ from thinwire.planner.specs import (
     ModelSpec,
     TransformerSpec,
 )
-from thinwire.planner.strategy import StrategySpec, check_layout
+from thinwire.planner.strategy import StrategySpec, check_strategy
 from thinwire.planner.sync import SyncCost, SyncInputs, sync_cost
 
 
@@ -143,7 +143,7 @@ def _sync(
 ) -> SyncCost:
     """Synchronisation of ``psi`` parameters per replica."""
     pb = param_bytes(s, cluster)
-    local, nodes = dp_layout(cluster, s)
+    local, nodes = dp_placement(cluster, s)
     codec_rate = cluster.memory_bandwidth * cluster.memory_efficiency
     links = (intra_link(cluster), inter_link(cluster, bandwidth))
     x = SyncInputs(psi, pb.grad, pb.weight, local, nodes, *links, codec_rate)
@@ -260,7 +260,7 @@ def predict(
     model: ModelSpec, cluster: ClusterSpec, s: StrategySpec, inter_bandwidth: float | None = None
 ) -> Prediction:
     """Memory, bytes and step time of ``s``; ``inter_bandwidth`` overrides the network's."""
-    check_layout(model, cluster, s)
+    check_strategy(model, cluster, s)
     if isinstance(model, TransformerSpec):
         bd, traffic, sync = _transformer(model, cluster, s, inter_bandwidth)
         useful = model.flops_per_step(s.global_batch())

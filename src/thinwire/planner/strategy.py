@@ -7,7 +7,7 @@ stages 0-3, offload), a fused attention kernel (SDPA / FlashAttention: no attent
 stored), and the methods thinwire trains instead of a gradient all-reduce (``method``: a spec of
 the method registry, :mod:`thinwire.planner.methods`).
 
-``check_layout`` validates a strategy against a model and a cluster (degrees dividing the
+``check_strategy`` validates a strategy against a model and a cluster (degrees dividing the
 device count, TP inside a node, layers divisible by p*v, ...) with one-line UsageErrors.
 """
 
@@ -114,7 +114,7 @@ class StrategySpec:
         resolve(self.method)  # raises for an unknown method or option
         if self.zero:
             raise UsageError(f"--method {self.method} synchronises on its own; ZeRO shards the "
-                             "planner's data-parallel layout: drop --zero or --method")
+                             "planner's own data parallelism: drop --zero or --method")
 
     @property
     def devices(self) -> int:
@@ -139,7 +139,7 @@ class StrategySpec:
         return partitioned(resolve(self.method))
 
 
-def check_layout(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> None:
+def check_strategy(model: ModelSpec, cluster: ClusterSpec, s: StrategySpec) -> None:
     """Raise UsageError unless ``s`` can run ``model`` on ``cluster`` (memory is checked apart)."""
     n = cluster.devices
     if s.devices != n:

@@ -1,9 +1,9 @@
-"""How replicas synchronise, per step: the planner's data-parallel layout, or a method of thinwire.
+"""How replicas synchronise, per step: the planner's own data parallelism, or a method of thinwire.
 
 Bytes and seconds per device per optimizer step, for Psi parameters held by each replica,
 g bytes per gradient element and n data-parallel workers.
 
-The planner's own layout (``method`` empty; Rajbhandari et al. 2020 for ZeRO):
+The planner's own data parallelism (``method`` empty; Rajbhandari et al. 2020 for ZeRO):
 - ZeRO 0: all-reduce of g*Psi bytes; wire 2(n-1)/n g*Psi per worker (ring);
 - ZeRO 1/2: reduce-scatter of gradients + all-gather of w-byte weights (same volume);
 - ZeRO 3: per micro-batch, all-gather weights forward and backward + reduce-scatter gradients
@@ -13,7 +13,7 @@ A method of thinwire's registry (:mod:`thinwire.planner.methods`):
 1. its steady-state ledger bytes per step come from its own traffic function over the model's
    layout (thinwire's ledger: fp32 gradients and parameters);
 2. rank 0's calls are timed on the cluster's links: an all-reduce of the call's mean payload as
-   the layout's all-reduce (ring or tree, hierarchical across nodes), an all-gather likewise,
+   its all-reduce (ring or tree, hierarchical across nodes), an all-gather likewise,
    a point-to-point exchange (n-1) alpha + wire bytes x beta on the link it crosses;
 3. a codec costs ``codec_passes`` passes over the g*Psi gradient bytes of each exchange at
    memory bandwidth, and is used only where it pays: its exchange time plus codec time below
@@ -73,7 +73,7 @@ class SyncInputs:
 
 
 def _dp_time(x: SyncInputs, s: StrategySpec, payload: float) -> float:
-    """Seconds of the layout's gradient exchange of ``payload`` bytes (ZeRO as configured)."""
+    """Seconds of its gradient exchange of ``payload`` bytes (ZeRO as configured)."""
     if s.zero == 0:
         return allreduce(payload, x.local, x.nodes, x.intra, x.inter)
     weights = payload * x.weight_bytes / x.grad_bytes
@@ -84,8 +84,8 @@ def _dp_time(x: SyncInputs, s: StrategySpec, payload: float) -> float:
     return rs + ag
 
 
-def _layout_sync(x: SyncInputs, s: StrategySpec) -> SyncCost:
-    """The planner's data-parallel layout (module docstring)."""
+def _planner_dp_sync(x: SyncInputs, s: StrategySpec) -> SyncCost:
+    """The planner's own data parallelism (module docstring)."""
     payload = x.params * x.grad_bytes
     wire = ring_wire_factor(s.dp) * payload
     if s.zero == 3:
@@ -129,7 +129,7 @@ def sync_cost(model: ModelSpec, x: SyncInputs, s: StrategySpec) -> SyncCost:
     if s.dp <= 1:
         return NO_SYNC
     if not s.method:
-        return _layout_sync(x, s)
+        return _planner_dp_sync(x, s)
     coded = _method_sync(model, x, s, codec=True)
     if not coded.compressed:
         return coded

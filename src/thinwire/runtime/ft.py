@@ -27,6 +27,9 @@ Listening addresses: the lighthouse, the manager's RPC server and the process gr
 listen on ``host`` (127.0.0.1 on one machine). torchft's ``Manager`` binds its RPC server to
 every interface; :class:`Replica` binds it to ``host`` instead (the only change made to
 torchft's behaviour).
+
+One concept, one file (over 400 lines): thinwire's communication over torchft's quorum (the
+lighthouse, a replica group and its ledgered transport and communicator).
 """
 
 from __future__ import annotations
@@ -216,8 +219,6 @@ class Replica:
         self.comm = ManagedComm(self.manager, ledger=self.ledger, device=self.device)
         self.recoveries = 0
         self.index = replica_index(replica_id)
-        self.members: list[int] = []
-        """The replica indices of the current quorum (read at :meth:`begin`)."""
 
     def attach(self, key: str, state_dict: Callable[[], Any],
                load_state_dict: Callable[[Any], None]) -> None:
@@ -230,22 +231,32 @@ class Replica:
         """Committed steps so far (the quorum's step: a recovered member takes its peer's)."""
         return int(self.manager.current_step())
 
-    def begin(self) -> None:
-        """Step 1: form this step's quorum (and recover, when behind)."""
+    def begin(self, *, shrink_only: bool = False) -> None:
+        """Step 1: form this step's quorum (and recover, when behind). ``shrink_only``: the
+        quorum holds only members of the previous one (torchft's option: a worker waiting to
+        join is left for a later quorum), for closing a round the members began together."""
         before = self.step
         try:
-            self.manager.start_quorum(timeout=timedelta(seconds=self._quorum_timeout))
+            self.manager.start_quorum(timeout=timedelta(seconds=self._quorum_timeout),
+                                      shrink_only=shrink_only)
         except Exception as exc:  # torchft raises its RPC errors as RuntimeError
             raise FaultToleranceError(_quorum_problem(exc, self.min_workers,
                                                       self._quorum_timeout)) from None
         if self.step != before:
             self.recoveries += 1
         self.ledger.step = self.step
-        # the quorum's members by index (one small control all-gather; a failure here fails
-        # the step's vote like any other)
-        ids = self.comm.all_gather(torch.tensor([self.index], dtype=torch.int64,
-                                                device=self.device), tag=CONTROL)
-        self.members = sorted(int(i) for i in ids)
+
+    def members(self) -> list[int]:
+        """The live quorum's members in rank order, each named by the number its
+        ``replica_id`` ends in (torchft's own rule for a replica group's global ranks, read
+        off the process group's last configuration: no message)."""
+        self.manager.wait_quorum()
+        ranks = getattr(self.pg, "_global_ranks", None)
+        if not ranks or len(ranks) != self.comm.world_size:
+            raise FaultToleranceError(
+                "fault tolerance: the quorum's members are unknown (the process group kept no "
+                "global ranks); use a torchft with ProcessGroupWrapper.configure(global_ranks)")
+        return [int(r) for r in ranks]
 
     def commit(self) -> bool:
         """Step 3: the quorum's vote on this step (apply it only when True)."""
@@ -429,14 +440,61 @@ class ManagedComm(Comm):
 
     def _unsupported(self, name: str) -> Any:
         raise FaultToleranceError(
-            f"ManagedComm.{name}: point-to-point exchanges are not carried over a torchft "
-            "quorum yet; use a codec with an all-reduce, all-gather or all-to-all exchange")
+            f"ManagedComm.{name}: not carried over a torchft quorum yet; send tensors of one "
+            "dtype")
+
+    def agree(self, ok: bool, *, tag: str = CONTROL) -> bool:
+        """True on every live member only if every member passes ``ok`` and none saw an error
+        (one all-reduce of a flag, run even when this member already failed, so its peers
+        learn it); a failed call is False."""
+        flag = torch.tensor([1.0 if ok and self.manager.errored() is None else 0.0],
+                            device=self._device_for_new())
+        n = self.world_size
+        if n == 1:
+            return bool(flag.item() == 1.0)
+        from torch.distributed.distributed_c10d import AllreduceOptions, ReduceOp
+
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.SUM  # type: ignore[assignment]
+        t0 = time.perf_counter()
+        try:
+            self.pg.allreduce([flag], opts).wait()
+        except Exception as exc:
+            self.manager.report_error(exc)
+            return False
+        self._log("all_reduce", nbytes(flag), "all", time.perf_counter() - t0, tag,
+                  device=str(flag.device))
+        return bool(flag.item() == float(n)) and self.manager.errored() is None
+
+    def exchange(self, sends: Sequence[tuple[int, torch.Tensor]],
+                 recvs: Sequence[tuple[int, torch.Tensor]], *, tag: str = "") -> None:
+        """Point-to-point messages over the live quorum (ranks are the quorum's): all posted,
+        then waited; a failure is reported to the manager (the round's agreement then fails)
+        and the remaining messages are not waited for. Bytes exact, one entry a message."""
+        dev = self._check("exchange", tag, [t for _, t in [*sends, *recvs]])
+        if self.manager.errored():
+            return
+        t0 = time.perf_counter()
+        works = []
+        try:
+            works += [self.pg.send([t.contiguous()], d, 0) for d, t in sends]
+            works += [self.pg.recv([t], s, 0) for s, t in recvs]
+        except Exception as exc:
+            self.manager.report_error(exc)
+            return
+        for w in works:
+            if not self._wait(w):
+                return
+        dt = time.perf_counter() - t0
+        for d, t in sends:
+            self._log("send", nbytes(t), f"dst={d}", dt, tag, exact=(nbytes(t), 0), device=dev)
+        for s, t in recvs:
+            self._log("recv", nbytes(t), f"src={s}", dt, tag, exact=(0, nbytes(t)), device=dev)
 
     def send(self, tensor: torch.Tensor, dst: int, *, tag: str = "") -> None:
-        self._unsupported("send")
+        self.exchange([(dst, tensor)], [], tag=tag)
 
     def recv(self, tensor: torch.Tensor, src: int, *, tag: str = "") -> torch.Tensor:
-        return self._unsupported("recv")  # type: ignore[no-any-return]
+        self.exchange([], [(src, tensor)], tag=tag)
+        return tensor
 
-    def exchange(self, sends: Any, recvs: Any, *, tag: str = "") -> None:
-        self._unsupported("exchange")

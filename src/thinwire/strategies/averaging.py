@@ -78,6 +78,7 @@ class PeriodicSync:
         self._pre: Any = None
         self._inner: torch.optim.Optimizer | None = None
         self._round: dict[str, Any] | None = None  # the round-start state while a round is open
+        self._members: list[int] = []  # the round's quorum, by replica number
 
     def _hook_on(self, optimizer: torch.optim.Optimizer) -> None:
         self._inner = optimizer
@@ -102,6 +103,7 @@ class PeriodicSync:
         if self.replica is None or self._round is not None:
             return
         self.replica.begin()
+        self._members = self.replica.members()
         self.on_quorum()
         self._round = copy.deepcopy(self._full_state())
 
@@ -118,7 +120,7 @@ class PeriodicSync:
             self.begin_round()
         kept = self.replica.commit()
         saved, self._round = self._round, None
-        self.history.append((self.clock, list(self.replica.members), kept))
+        self.history.append((self.clock, list(self._members), kept))
         if not kept:
             assert saved is not None
             self._load_full(saved)

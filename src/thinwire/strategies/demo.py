@@ -80,6 +80,7 @@ class DeMo(torch.optim.Optimizer):
         self.clock = 0
         self.history: list[tuple[int, list[int], bool]] = []
         self._open = False
+        self._members: list[int] = []
         if replica is not None:
             replica.attach("demo", self._ft_state, self._ft_load)
 
@@ -89,6 +90,7 @@ class DeMo(torch.optim.Optimizer):
         if self.replica is None or self._open:
             return
         self.replica.begin()
+        self._members = self.replica.members()
         self._open = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -116,7 +118,7 @@ class DeMo(torch.optim.Optimizer):
         self.begin_round()  # a step() without zero_grad() first
         kept = bool(self.replica.commit())
         self._open = False
-        self.history.append((self.clock, list(self.replica.members), kept))
+        self.history.append((self.clock, list(self._members), kept))
         if not kept:
             for p, m in momenta.items():
                 self.state[p]["momentum"].copy_(m)

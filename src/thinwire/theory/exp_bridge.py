@@ -263,9 +263,10 @@ def run_config_for(spec: BridgeSpec, method: str, shard: str, lr: float, seed: i
     }
     if shard == "skew":
         o["data.skew"] = 1.0
-    if method == "ist":
+    if method == "ist":  # the published algorithm the theory analyses: disjoint, state reset
         o.update({"method.local_steps": spec.local_steps, "method.scale": spec.ist_scale,
-                  "method.deployment": "central"})
+                  "method.deployment": "central", "method.overlap": 1,
+                  "method.optimizer_state": "reset"})
     else:
         o["method.period"] = spec.local_steps
     o.update(spec.extra)

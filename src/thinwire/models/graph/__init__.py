@@ -5,7 +5,9 @@ which tensor elements each unit indexes. For a model built from stock torch modu
 plan follows from the model's dataflow, and :func:`derive_adapter` finds it from one example
 input (the user's real batch; no shape is ever guessed):
 
-1. **Trace.** ``torch.fx`` records the forward as a graph (symbolic tracing; where the forward
+1. **Trace.** The forward is called as the training loop calls it: the example's positional
+   and keyword arguments (``model(input_ids=x, attention_mask=m)``). ``torch.fx`` records it
+   as a graph (symbolic tracing; where the forward
    branches on a shape, such as ``if x.dim() != 4``, fx's meta tracer, whose proxies carry the
    example's shapes). torch.fx first: it keeps a call of a module as one node naming the module
    (``nn.MultiheadAttention``, a whole ``nn.TransformerEncoderLayer``, timm's ``Attention``),
@@ -25,8 +27,9 @@ input (the user's real batch; no shape is ever guessed):
    merges), ``transpose``/``permute`` and reductions over other dimensions pass a group on;
    norms that follow (``BatchNorm*``, ``InstanceNorm*``, ``GroupNorm`` in whole groups,
    ``LayerNorm`` and ``RMSNorm`` over one dimension) index their parameters and running
-   statistics with it; a depthwise convolution keeps its input's group (its ``groups`` follows
-   the width a subnet holds). What each module kind, function and method does is one entry of
+   statistics with it; a grouped convolution (ResNeXt's paths) carries its input's group with
+   a unit of whole paths, its ``groups`` following the paths a subnet holds (a depthwise one:
+   the width held). What each module kind, function and method does is one entry of
    the rule table (:mod:`~thinwire.models.graph.rules`), which a user extends for a module of
    their own with :func:`register_rule`.
 3. **Join and poison.** Both sides of an addition or multiplication hold the same channels, so
@@ -44,7 +47,8 @@ input (the user's real batch; no shape is ever guessed):
    becomes a :class:`~thinwire.models.adapter.Cut` (``per_unit`` = base x elements per channel,
    ``segments`` = 3 for a packed q|k|v projection).
 5. **Residual blocks** (``residual="blocks"``, ResIST): a submodule whose output is the sum of
-   its input and a branch (an identity shortcut) is a unit of the ``dealt`` group named after
+   its input and a branch (an identity shortcut; a pre-norm transformer block's two additions;
+   the block may read other values, a mask or positions) is a unit of the ``dealt`` group named after
    its parent (consecutive blocks of a stage); a subnet skips the blocks it does not hold (their
    forward is the identity for the round), every tensor of a block travels whole with it, and
    everything else is shared.

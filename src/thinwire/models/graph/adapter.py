@@ -26,6 +26,7 @@ class _Attention:
     held: int
     in_factor: float = 1.0
     head_factor: float = 1.0
+    name: str = ""  # the module's, for its errors
 
 
 def attention_forward(m: nn.MultiheadAttention, cut: _Attention, query: torch.Tensor,
@@ -61,8 +62,10 @@ def attention_forward(m: nn.MultiheadAttention, cut: _Attention, query: torch.Te
         if mask is None:
             continue
         if mask.dim() == 3:
-            raise UsageError("IST cuts attention heads; a per-head 3-D attn_mask cannot follow "
-                             "the cut: pass a 2-D mask or shared=(the attention's name,)")
+            raise UsageError(f"IST cuts the heads of {cut.name or 'an attention'} "
+                             f"({type(m).__name__}); its per-head 3-D attn_mask cannot follow "
+                             f"the cut: pass a 2-D mask, or shared=({cut.name!r},) to keep it "
+                             "whole")
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(mask, float("-inf"))
         else:
@@ -128,7 +131,7 @@ class GraphAdapter(ISTAdapter):
             m = modules[name]
             m.__dict__.pop("forward", None)
             if held is not None and units(group) < self.plan.group(group).size:
-                cut = _Attention(group, hd, units(group))
+                cut = _Attention(group, hd, units(group), name=name)
                 self._cuts[name] = cut
                 m.forward = functools.partial(attention_forward, m, cut)  # type: ignore[method-assign]
         for group, names in self.blocks.items():
@@ -173,9 +176,12 @@ class _Reset:
         setattr(self.cut, self.attr, 1.0)
 
 
-def _identity(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    del args, kwargs
-    return x
+def _identity(*args: Any, **kwargs: Any) -> Any:
+    """A skipped block's forward: its stream, the first argument (a keyword one where it is
+    passed by name, as ``hidden_states=``), unchanged."""
+    if args:
+        return args[0]
+    return next(v for v in kwargs.values() if isinstance(v, torch.Tensor))
 
 
 def _dtype(x: torch.Tensor) -> str:

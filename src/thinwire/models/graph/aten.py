@@ -87,7 +87,7 @@ def layer_norm(p: Context, n: fx.Node, out: Any) -> Ann:
         for t in (w, b):
             if t is not None:
                 p.groups.use(gid, Use(t, 0, inner))
-        p.groups.layer_norms[_owner(w)] = gid
+        p.groups.layer_norms[_owner(w)] = (gid, inner)
         return dict(a)
     for d in inside:
         p.groups.poison(a[d][0])

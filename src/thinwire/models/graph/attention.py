@@ -118,7 +118,7 @@ def _norm_on(p: Context, name: str, ln: nn.LayerNorm, stream: Ann, last: int) ->
     if last in stream:
         for t, _ in ln.named_parameters(recurse=False):
             p.groups.use(stream[last][0], Use(f"{name}.{t}", 0))
-        p.groups.layer_norms[name] = stream[last][0]
+        p.groups.layer_norms[name] = (stream[last][0], stream[last][1])
 
 
 def _stack(p: Context, name: str, m: nn.Module, a: Ann, rank: int, memory: Ann | None) -> Ann:

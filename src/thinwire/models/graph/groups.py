@@ -43,13 +43,15 @@ class Graph:
     parent: list[int] = field(default_factory=list)
     uses: dict[int, list[Use]] = field(default_factory=dict)
     scaled: list[tuple[str, int]] = field(default_factory=list)
-    layer_norms: dict[str, int] = field(default_factory=dict)
-    group_norms: dict[str, int] = field(default_factory=dict)
-    batch_norms: dict[str, int] = field(default_factory=dict)
+    # norm module -> (group, elements per channel along the normalised dimension)
+    layer_norms: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    group_norms: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    batch_norms: dict[str, tuple[int, Any]] = field(default_factory=dict)
     attentions: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (heads, hd)
-    # (module, attribute, group, channels per element): an attribute a subnet sets to the
-    # width it holds (a depthwise convolution's ``groups``, an attention's head count)
-    follows: list[tuple[str, str, int, int]] = field(default_factory=list)
+    # (module, attribute, group, value per channel): an attribute a subnet sets to the width
+    # it holds (a grouped convolution's ``groups``, an attention's head count); the value per
+    # channel may be a Fraction (a convolution group spans several channels)
+    follows: list[tuple[str, str, int, Any]] = field(default_factory=list)
 
     def new(self, width: int, origin: str) -> int:
         self.groups.append(Group(width, origin))
@@ -127,7 +129,7 @@ class Graph:
     def use(self, g: int, u: Use) -> None:
         self.uses.setdefault(self.find(g), []).append(u)
 
-    def follow(self, module: str, attr: str, g: int, per: int = 1) -> None:
+    def follow(self, module: str, attr: str, g: int, per: Fraction | int = 1) -> None:
         """``module.attr`` is ``per`` x the channels of ``g`` a subnet holds."""
         self.follows.append((module, attr, g, per))
 

@@ -18,6 +18,29 @@ from thinwire.models.graph.groups import Ann, Graph, Use, poison_ann
 from thinwire.models.graph.rules import ADDITIVE, function_rule, method_rule, module_rule
 
 
+class RunFailed(Exception):
+    """The example failed to run through node ``op`` of module ``where`` (fields, not args:
+    fx's interpreter rewrites an exception's first argument)."""
+
+    def __init__(self, where: str, op: str, text: str) -> None:
+        super().__init__(text)
+        self.where, self.op, self.text = where, op, text
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:160].strip() if text else type(e).__name__
+
+
+def _op_name(n: fx.Node) -> str:
+    if n.op == "call_module":
+        return "the module's forward"
+    if n.op == "call_method":
+        return f"the tensor method {n.target}"
+    name = getattr(n.target, "__name__", None) or str(n.target)
+    return f"{name}" if not isinstance(n.target, torch._ops.OpOverload) else str(n.target)
+
+
 def _align(ann: Ann, shape: Sequence[int], out_rank: int) -> Ann:
     """An operand's annotation in the broadcast output's dimensions (right-aligned)."""
     shift = out_rank - len(shape)
@@ -58,7 +81,10 @@ class Propagation(fx.Interpreter):
             poison_ann(self.g, self.ann.get(x))
 
     def run_node(self, n: fx.Node) -> Any:
-        out = super().run_node(n)
+        try:
+            out = super().run_node(n)
+        except Exception as e:  # noqa: BLE001 - the example does not run: named in one line
+            raise RunFailed(self._where(n), _op_name(n), first_line(e)) from None
         if isinstance(out, torch.Tensor):
             self.shapes[n] = tuple(out.shape)
         try:
@@ -67,6 +93,12 @@ class Propagation(fx.Interpreter):
             self.poison_inputs(n)
             self.ann[n] = {}
         return out
+
+    def _where(self, n: fx.Node) -> str:
+        """The innermost module that made node ``n``, with its class."""
+        name = str(n.target) if n.op == "call_module" else (self.module_path(n) or [""])[-1]
+        module = self.owners.get(name) if name else None
+        return f"{name} ({type(module).__name__})" if module is not None else name
 
     def module_path(self, n: fx.Node) -> list[str]:
         """The modules (outermost first) whose forward made node ``n`` (an exported graph)."""

@@ -28,6 +28,9 @@ A user registers a rule for a module of their own with :func:`register_rule`::
 
 Function rules (:func:`register_function_rule`, keyed by the callable) and method rules
 (:func:`register_method_rule`, keyed by the method's name) take ``(p, node, out)``.
+
+One concept, one file (over 400 lines): the rule table, every built-in rule beside the
+registration a user extends it with.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, cast
 
 import torch
@@ -187,8 +191,7 @@ def conv1d_transposed(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> An
 
 def conv(p: Context, n: fx.Node, m: nn.Conv1d, name: str, out: Any) -> Ann:
     """Output channels are a new group (filters, bias), the input's channels index the filters'
-    input channels. A depthwise convolution (``groups`` = in = out channels) keeps its input's
-    group, and a subnet sets its ``groups`` and channel counts to the channels it holds."""
+    input channels. A grouped convolution (``groups`` > 1) is cut by :func:`grouped_conv`."""
     a = _input(p, n)[1]
     for d in a:
         if d != 1:
@@ -198,18 +201,46 @@ def conv(p: Context, n: fx.Node, m: nn.Conv1d, name: str, out: Any) -> Ann:
         if 1 in a:
             p.consume(name, a[1][0], a[1][1], f"{name}.weight", 1)
         return {1: (p.new_group(m.out_channels, name, uses), 1)}
-    if m.groups == m.in_channels == m.out_channels and 1 in a:  # depthwise
-        gid, inner = a[1]
-        for u in uses:
-            p.groups.use(gid, u)
-        for attr in ("groups", "in_channels", "out_channels"):
-            p.groups.follow(name, attr, gid, int(inner))
-        return {1: (gid, inner)}
-    if 1 in a:
-        p.groups.poison(a[1][0])
-    gid = p.new_group(m.out_channels, name, uses)
-    p.groups.poison(gid)
-    return {1: (gid, 1)}
+    return grouped_conv(p, m, name, a)
+
+
+def grouped_conv(p: Context, m: Any, name: str, a: Ann) -> Ann:
+    """A grouped convolution (ResNeXt's cardinality, RegNet's group width; Xie et al., CVPR
+    2017, "Aggregated Residual Transformations"; Howard et al., 2017, MobileNets, the depthwise
+    case ``groups`` = in channels):
+
+    1. A unit is whole convolution groups: a group's ``in / groups`` input channels and its
+       ``out / groups`` filters. The input's channel group is the unit group (its unit spans a
+       multiple of ``in / groups`` channels), and the output carries the same group with
+       ``out / in`` times the elements per channel: the layers before and after follow it.
+    2. The filters' rows (and the bias) of a held group travel; their ``in / groups`` columns
+       are the group's own and are never cut.
+    3. A subnet sets ``groups``, ``in_channels`` and ``out_channels`` to the groups it holds,
+       with the same channels per group. A depthwise convolution (one channel per group) keeps
+       its input's channels: ``groups`` follows the held width.
+
+    An input whose channels are not cut (the model's input, a stream kept whole) leaves the
+    convolution whole: its output group is not cut either."""
+    uses = [Use(f"{name}.weight", 0)] + ([Use(f"{name}.bias", 0)] if m.bias is not None else [])
+    if 1 not in a:
+        gid = p.new_group(m.out_channels, name, uses)
+        p.groups.poison(gid)
+        return {1: (gid, 1)}
+    gid, inner = a[1]
+    per_in = Fraction(m.in_channels // m.groups)   # input elements of one convolution group
+    ratio = Fraction(m.out_channels, m.in_channels)
+    span = per_in / Fraction(inner)               # channels of the group per convolution group
+    root = p.groups.find(gid)
+    g = p.groups.groups[root]
+    g.base = math.lcm(g.base, span.numerator)     # a unit: whole convolution groups
+    widened = Fraction(inner) * ratio
+    out_inner = int(widened) if widened.denominator == 1 else widened
+    for u in uses:
+        p.groups.use(gid, Use(u.tensor, 0, out_inner))
+    p.groups.follow(name, "groups", gid, Fraction(1) / span)
+    p.groups.follow(name, "in_channels", gid, Fraction(inner))
+    p.groups.follow(name, "out_channels", gid, Fraction(out_inner))
+    return {1: (gid, out_inner)}
 
 
 def channel_norm(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> Ann:
@@ -226,12 +257,12 @@ def channel_norm(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> Ann:
             b for b, v in m.named_buffers(recurse=False) if v.dim() == 1]:
         p.groups.use(gid, Use(f"{name}.{t}", 0, inner))
     if isinstance(m, nn.GroupNorm):
-        per = m.num_channels // m.num_groups
+        span = Fraction(m.num_channels // m.num_groups) / Fraction(inner)  # channels a group
         root = p.groups.find(gid)
-        p.groups.groups[root].base = math.lcm(p.groups.groups[root].base, per)
-        p.groups.group_norms[name] = gid
+        p.groups.groups[root].base = math.lcm(p.groups.groups[root].base, span.numerator)
+        p.groups.group_norms[name] = (gid, inner)
     else:
-        p.groups.batch_norms[name] = gid
+        p.groups.batch_norms[name] = (gid, inner)
     return {1: (gid, inner)}
 
 
@@ -247,7 +278,7 @@ def layer_norm(p: Context, n: fx.Node, m: Any, name: str, out: Any) -> Ann:
         gid, inner = a[rank - 1]
         for t, _ in m.named_parameters(recurse=False):
             p.groups.use(gid, Use(f"{name}.{t}", 0, inner))
-        p.groups.layer_norms[name] = gid
+        p.groups.layer_norms[name] = (gid, inner)
         return dict(a)
     for d in inside:
         p.groups.poison(a[d][0])
@@ -318,7 +349,67 @@ def is_elementwise(m: nn.Module) -> bool:
     return rule is not None and rule.apply is elementwise
 
 
-def _register_builtin() -> None:
+# --- rules of functions and tensor methods --------------------------------------------------------
+def _same(p: Context, n: fx.Node, out: Any) -> Ann:
+    return dict(p.annotation(n.args[0]))
+
+
+def _binary(p: Context, n: fx.Node, out: Any) -> Ann:
+    return p.binary(n, n.args[:2], out)
+
+
+def _pool_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    a = p.annotation(n.args[0])
+    return {1: a[1]} if 1 in a else {}
+
+
+def _flatten_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    x = n.args[0]
+    start = n.args[1] if len(n.args) > 1 else n.kwargs.get("start_dim", 0)
+    end = n.args[2] if len(n.args) > 2 else n.kwargs.get("end_dim", -1)
+    return p.flatten(p.annotation(x), p.shape(x), int(cast(int, start)), int(cast(int, end)))
+
+
+def _transpose_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    x = n.args[0]
+    return p.transpose(p.annotation(x), int(cast(int, n.args[1])), int(cast(int, n.args[2])),
+                       len(p.shape(x)))
+
+
+def _nothing(p: Context, n: fx.Node, out: Any) -> Ann:
+    return {}
+
+
+def _reshape_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    if not isinstance(out, torch.Tensor):
+        p.poison_inputs(n)
+        return {}
+    x = n.args[0]
+    return p.reshape(p.annotation(x), p.shape(x), tuple(out.shape))
+
+
+def _reduce_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    if not isinstance(out, torch.Tensor):
+        p.poison_inputs(n)
+        return {}
+    x = n.args[0]
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    keep = bool(n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False))
+    return p.reduce(p.annotation(x), len(p.shape(x)), dims, keep)
+
+
+def _permute_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    x = n.args[0]
+    rank = len(p.shape(x))
+    dims = n.args[1] if len(n.args) == 2 and isinstance(n.args[1], (tuple, list)) else \
+        n.args[1:]
+    order = [int(cast(int, d)) % rank for d in cast(Any, dims)]
+    a = p.annotation(x)
+    return {i: a[d] for i, d in enumerate(order) if d in a}
+
+
+def _register_modules() -> None:
+    """The built-in module rules (the table a user extends with :func:`register_rule`)."""
     kind: type
     for kind in (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU,
                  nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Mish, nn.Softplus, nn.Identity,
@@ -345,92 +436,46 @@ def _register_builtin() -> None:
         register_rule(kind, transformer, leaf=True)
     register_rule("timm.layers.attention.Attention", fused_qkv_attention, leaf=True)
 
-    # functions and tensor methods
-    def same(p: Context, n: fx.Node, out: Any) -> Ann:
-        return dict(p.annotation(n.args[0]))
 
-    def binary(p: Context, n: fx.Node, out: Any) -> Ann:
-        return p.binary(n, n.args[:2], out)
-
-    def pool_fn(p: Context, n: fx.Node, out: Any) -> Ann:
-        a = p.annotation(n.args[0])
-        return {1: a[1]} if 1 in a else {}
-
-    def flatten_call(p: Context, n: fx.Node, out: Any) -> Ann:
-        x = n.args[0]
-        start = n.args[1] if len(n.args) > 1 else n.kwargs.get("start_dim", 0)
-        end = n.args[2] if len(n.args) > 2 else n.kwargs.get("end_dim", -1)
-        return p.flatten(p.annotation(x), p.shape(x), int(cast(int, start)),
-                         int(cast(int, end)))
-
-    def transpose(p: Context, n: fx.Node, out: Any) -> Ann:
-        x = n.args[0]
-        return p.transpose(p.annotation(x), int(cast(int, n.args[1])),
-                           int(cast(int, n.args[2])), len(p.shape(x)))
-
-    def nothing(p: Context, n: fx.Node, out: Any) -> Ann:
-        return {}
-
-    def reshape(p: Context, n: fx.Node, out: Any) -> Ann:
-        if not isinstance(out, torch.Tensor):
-            p.poison_inputs(n)
-            return {}
-        x = n.args[0]
-        return p.reshape(p.annotation(x), p.shape(x), tuple(out.shape))
-
-    def reduce(p: Context, n: fx.Node, out: Any) -> Ann:
-        if not isinstance(out, torch.Tensor):
-            p.poison_inputs(n)
-            return {}
-        x = n.args[0]
-        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
-        keep = bool(n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False))
-        return p.reduce(p.annotation(x), len(p.shape(x)), dims, keep)
-
+def _register_calls() -> None:
+    """The built-in rules of functions and tensor methods (:func:`register_function_rule`,
+    :func:`register_method_rule`)."""
     for fn in ELEMENTWISE_FUNCS:
-        register_function_rule(fn, same)
+        register_function_rule(fn, _same)
     for fn in (operator.add, operator.iadd, operator.sub, operator.isub, operator.mul,
                operator.imul, operator.truediv, operator.itruediv, torch.add, torch.sub,
                torch.mul, torch.div):
-        register_function_rule(fn, binary)
+        register_function_rule(fn, _binary)
     for fn in (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d,
                F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
                F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.max_pool1d, F.max_pool2d,
                F.max_pool3d):
-        register_function_rule(fn, pool_fn)
-    register_function_rule(torch.flatten, flatten_call)
+        register_function_rule(fn, _pool_call)
+    register_function_rule(torch.flatten, _flatten_call)
     register_function_rule(operator.getitem, lambda p, n, out: p.getitem(n, out))
     register_function_rule(F.scaled_dot_product_attention, lambda p, n, out: p.attend(n))
-    register_function_rule(torch.transpose, transpose)
-    register_function_rule(getattr, nothing)
+    register_function_rule(torch.transpose, _transpose_call)
+    register_function_rule(torch.permute, _permute_call)
+    register_function_rule(getattr, _nothing)
     for name in ("size", "dim", "numel"):
-        register_method_rule(name, nothing)
+        register_method_rule(name, _nothing)
     for name in ("relu", "sigmoid", "tanh", "contiguous", "clone", "float", "double", "half",
                  "bfloat16", "to", "type_as", "neg", "exp", "abs", "detach", "relu_",
                  "sigmoid_", "tanh_"):
-        register_method_rule(name, same)
+        register_method_rule(name, _same)
     for name in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_"):
-        register_method_rule(name, binary)
-    def permute(p: Context, n: fx.Node, out: Any) -> Ann:
-        x = n.args[0]
-        rank = len(p.shape(x))
-        dims = n.args[1] if len(n.args) == 2 and isinstance(n.args[1], (tuple, list)) else \
-            n.args[1:]
-        order = [int(cast(int, d)) % rank for d in cast(Any, dims)]
-        a = p.annotation(x)
-        return {i: a[d] for i, d in enumerate(order) if d in a}
-
-    register_method_rule("permute", permute)
-    register_function_rule(torch.permute, permute)
-    register_method_rule("flatten", flatten_call)
-    register_method_rule("transpose", transpose)
+        register_method_rule(name, _binary)
+    register_method_rule("permute", _permute_call)
+    register_method_rule("flatten", _flatten_call)
+    register_method_rule("transpose", _transpose_call)
     for name in ("view", "reshape"):
-        register_method_rule(name, reshape)
+        register_method_rule(name, _reshape_call)
     for name in ("mean", "sum", "amax", "amin"):
-        register_method_rule(name, reduce)
+        register_method_rule(name, _reduce_call)
 
 
-_register_builtin()
+_register_modules()
+_register_calls()
 
 ADDITIVE = {operator.add, operator.iadd, operator.sub, operator.isub, torch.add, torch.sub,
             "add", "add_", "sub", "sub_"}

@@ -8,11 +8,12 @@ import inspect
 import io
 import logging
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
+import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 from torch import fx, nn
 from torch.fx.experimental import meta_tracer
@@ -59,8 +60,22 @@ class _MetaTracer(_Leaves, meta_tracer.MetaTracer):
         self.shared, self.failed_at = set(shared), None
 
 
-def example_args(example_input: Any) -> tuple[Any, ...]:
-    return tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+def example_call(example_input: Any, example_kwargs: Mapping[str, Any] | None = None
+                 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The forward's (positional, keyword) arguments of an example: a tensor (the one
+    argument), a tuple or list (the positional arguments) or a dict (keyword arguments, as
+    ``model(input_ids=x, attention_mask=m)``), and ``example_kwargs`` beside any of them."""
+    kwargs = dict(example_kwargs or {})
+    if isinstance(example_input, Mapping):
+        clash = sorted(set(example_input) & set(kwargs))
+        if clash:
+            raise UsageError(f"IST example keywords {clash} are given twice (example_input and "
+                             "example_kwargs); pass each once")
+        return (), {**dict(example_input), **kwargs}
+    if example_input is None:
+        return (), kwargs
+    args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    return args, kwargs
 
 
 def call_kwargs(model: nn.Module) -> dict[str, Any]:
@@ -77,30 +92,35 @@ def call_kwargs(model: nn.Module) -> dict[str, Any]:
 
 @dataclass
 class Traced:
-    """A traced forward: ``gm`` runs on ``inputs`` (the example, flattened for an exported
-    graph); ``exported``: the graph is torch.export's (aten operators, parameters as
-    ``get_attr`` nodes named as in the model, each node's ``nn_module_stack`` its modules)."""
+    """A traced forward: ``gm`` runs on ``inputs`` (one value per placeholder: the example's
+    arguments in the forward's order, flattened for an exported graph); ``exported``: the graph
+    is torch.export's (aten operators, parameters as ``get_attr`` nodes named as in the model,
+    each node's ``nn_module_stack`` its modules)."""
 
     gm: fx.GraphModule
     inputs: tuple[Any, ...]
     exported: bool = False
 
 
-def trace(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]) -> Traced:
-    """1. torch.fx's symbolic tracing (no values needed), kept at module granularity; 2. where
+def trace(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+          shared: Sequence[str]) -> Traced:
+    """The forward called as ``model(*args, **kwargs)`` (``kwargs``: the user's keyword
+    arguments, and :func:`call_kwargs`'s where the user gives none of the same name), traced:
+    1. torch.fx's symbolic tracing (no values needed), kept at module granularity; 2. where
     the forward branches on a shape (``if x.dim() != 4``), fx's meta tracer, whose proxies carry
     the example's shapes; 3. where neither follows the forward (Hugging Face ``transformers``
     models: their forwards take ``**kwargs`` and decorated wrappers fx cannot enter),
     ``torch.export.export(strict=False)``, which runs the forward in Python and records aten
     operators (:mod:`thinwire.models.graph.aten` holds their rules). When all fail, one line
     names the innermost module and both tracers' reasons."""
+    kwargs = {**call_kwargs(model), **kwargs}
     try:
-        return Traced(_trace_fx(model, args, shared), args)
+        gm, inputs = _trace_fx(model, args, kwargs, shared)
+        return Traced(gm, inputs)
     except _FxFailed as fx_failed:
-        kwargs = call_kwargs(model)
         level = logging.root.manager.disable
         try:
-            logging.disable(logging.WARNING)  # export logs its failure's graph at length
+            logging.disable(logging.ERROR)  # export logs its failure at length: one line here
             # a failed export prints its partial graph to stderr: kept out of the one line
             with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
                 warnings.simplefilter("ignore")
@@ -112,8 +132,10 @@ def trace(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]) -> Tra
             raise UsageError(cannot_trace(model, where, module, reason)) from None
         finally:
             logging.disable(level)
-        flat = tuple(pytree.tree_leaves((args, kwargs)))
-        return Traced(cast(fx.GraphModule, gm), flat, exported=True)
+        spec = getattr(gm, "_in_spec", None)
+        flat = (fx_pytree.tree_flatten_spec((args, kwargs), spec) if spec is not None
+                else pytree.tree_leaves((args, kwargs)))
+        return Traced(cast(fx.GraphModule, gm), tuple(flat), exported=True)
 
 
 class _FxFailed(Exception):
@@ -125,31 +147,61 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:120].strip() if text else type(e).__name__
 
 
-def _trace_fx(model: nn.Module, args: tuple[Any, ...], shared: Sequence[str]
-              ) -> fx.GraphModule:
-    """Steps 1-2 of :func:`trace`."""
-    params = [p for p in inspect.signature(model.forward).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(args) > len(params):
-        raise UsageError(f"IST example_input has {len(args)} values, {type(model).__name__}"
-                         f".forward takes {len(params)}; pass one value per forward argument")
-    concrete = {p.name: a for p, a in zip(params, args) if not isinstance(a, torch.Tensor)}
-    concrete.update({p.name: p.default for p in params[len(args):]})
+def bind(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+         ) -> dict[str, Any]:
+    """The example's value of each named argument of ``model.forward`` (given or default);
+    one line naming the argument and the forward's own where they do not fit."""
+    sig = inspect.signature(model.forward)
+    params = list(sig.parameters.values())
+    named = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                              p.KEYWORD_ONLY)]
+    takes = ", ".join(p.name for p in named) or "nothing"
+    where = f"{type(model).__name__}.forward({takes})"
+    positional = [p for p in named if p.kind != p.KEYWORD_ONLY]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    if len(args) > len(positional) and not varargs:
+        raise UsageError(f"IST example_input has {len(args)} positional values, {where} takes "
+                         f"{len(positional)}; pass one value per forward argument")
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
+    unknown = sorted(k for k in kwargs if k not in {p.name for p in named})
+    if unknown and not var_kw:
+        raise UsageError(f"IST example keywords {unknown} are not arguments of {where}; pass "
+                         "the forward's own argument names")
+    try:
+        bound = sig.bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise UsageError(f"IST example arguments do not fit {where} ({e}); pass them as the "
+                         "training loop calls the model") from None
+    return {p.name: bound.arguments.get(p.name, p.default) for p in named}
+
+
+def _trace_fx(model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+              shared: Sequence[str]) -> tuple[fx.GraphModule, tuple[Any, ...]]:
+    """Steps 1-2 of :func:`trace`: the graph and its inputs (one per named argument of the
+    forward, in its order: fx makes a placeholder of each)."""
+    values = bind(model, args, kwargs)
+    extra = set(kwargs) - set(values)
+    if extra:  # taken by the forward's **kwargs, which fx cannot trace: torch.export's
+        raise _FxFailed("", None, f"keyword arguments {sorted(extra)} go to **kwargs")
+    if len(args) > sum(1 for k in values if k not in kwargs):  # likewise *args
+        raise _FxFailed("", None, f"{len(args)} positional arguments go to *args")
+    concrete = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    inputs = tuple(values.values())
     symbolic = _SymbolicTracer(shared)
     try:
         graph = symbolic.trace(model, concrete_args=concrete or None)
-        return fx.GraphModule(symbolic.root, graph)
+        return fx.GraphModule(symbolic.root, graph), inputs
     except Exception as e:  # noqa: BLE001 - retried with shapes, then one line
         first = e
     # the meta tracer's values are the example itself, on its own device, so that a device
     # read in the forward (torch.arange(..., device=x.device)) records the real one
-    meta_args = {p.name: a for p, a in zip(params, args) if isinstance(a, torch.Tensor)}
+    meta_args = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
     meta = _MetaTracer(shared)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             graph = meta.trace(model, meta_args=meta_args, concrete_args=concrete or None)
-        return fx.GraphModule(meta.root, graph)
+        return fx.GraphModule(meta.root, graph), inputs
     except Exception:  # noqa: BLE001 - any tracing failure is the same one-line error
         pass
     where = meta.failed_at or symbolic.failed_at or ""

@@ -18,8 +18,9 @@ The model's units come from its adapter: given (``adapter=``), or derived from t
 (:func:`~thinwire.models.graph_adapter.derive_adapter`) with ``example_input=`` or, with neither,
 from the real input of the first training forward. The defaults (the residual stream kept whole,
 overlap auto, optimizer state auto) are the measured best of ``benchmarks/ist_quality.py``
-(docs/IST.md, "Getting a good model out of IST"); ``overlap=1, optimizer_state="reset",
-residual="channels"`` is the published algorithm as the original code runs it.
+(docs/IST.md, "Getting a good model out of IST"), held in :mod:`.defaults`, which the trainer's
+``ist`` method reads too; ``overlap=1, optimizer_state="reset", residual="channels"`` is the
+published algorithm as the original code runs it.
 
 The model object is the subnet: IST swaps the *data* of the model's own parameters for the
 subnet's slices, so the optimizer (which holds the same parameter objects), schedulers and
@@ -60,12 +61,14 @@ This module is the round's lifecycle (the hooks and steps 1-4); the concepts it 
 beside it: :mod:`.layout` (where a cut tensor's elements lie), :mod:`.store` (what a rank stores
 and the owner's side of an exchange), :mod:`.subnet` (the worker's side), :mod:`.optstate` (the
 optimizer state across repartitions) and :mod:`.assembly` (the full model).
+
+One concept, one file (over 400 lines): the public IST object and its round's lifecycle.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -75,6 +78,7 @@ from torch import nn
 from thinwire.errors import UsageError
 from thinwire.models.adapter import ISTAdapter, ISTPlan
 from thinwire.runtime.comm import Comm
+from thinwire.strategies.ist import defaults
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
 from thinwire.strategies.ist.assembly import gather_full
@@ -86,6 +90,24 @@ from thinwire.strategies.ist.store import Dealt, Overlap, Store
 DEPLOYMENTS = ("central", "sharded")
 
 OPTIMIZER_STATES = ("auto", "reset", "reindex")
+
+
+def _check_options(local_steps: int, drop_last_step: bool, deployment: str,
+                   optimizer_state: str, outer_lr: float, outer_momentum: float) -> None:
+    """One line for each option of :class:`IST` out of its range."""
+    if local_steps < 1:
+        raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
+    if drop_last_step and local_steps < 2:
+        raise UsageError("IST drop_last_step discards the K-th update of each round; it "
+                         f"needs local_steps >= 2, got {local_steps}")
+    if deployment not in DEPLOYMENTS:
+        raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
+    if optimizer_state not in OPTIMIZER_STATES:
+        raise UsageError(f"IST optimizer_state {optimizer_state!r}: use auto, reset or reindex")
+    if not (outer_lr > 0 and 0 <= outer_momentum < 1):
+        raise UsageError(f"IST outer_lr {outer_lr} / outer_momentum {outer_momentum}: "
+                         "use outer_lr > 0 and 0 <= outer_momentum < 1 (1 and 0: no "
+                         "outer optimizer)")
 
 
 class IST:
@@ -110,8 +132,12 @@ class IST:
             real input (the model is whole until then).
         drop_last_step: the original code's round: the K-th step's update is discarded (the
             pieces go back as they were after K - 1 steps); needs K >= 2.
-        example_input: a batch of the model's input (a tensor, or a tuple of the forward's
-            positional arguments) to derive the adapter from; never needed with ``adapter``.
+        example_input: a batch of the model's input to derive the adapter from: a tensor, a
+            tuple of the forward's positional arguments, or a dict of its keyword arguments
+            (``{"input_ids": x, "attention_mask": m}`` for a loop that calls
+            ``model(input_ids=x, attention_mask=m)``); never needed with ``adapter``.
+        example_kwargs: keyword arguments beside a positional ``example_input``
+            (``model(x, attention_mask=m)``).
         overlap: how many workers hold each unit of a cut group (1, IST: disjoint subnets; r:
             each worker holds r of the round's n groups, a subnet of r/n of every cut layer, and
             an element trained by several workers ends at the mean of their copies; n: every
@@ -128,26 +154,16 @@ class IST:
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
                  Sequence[torch.optim.Optimizer], *, comm: Comm | None = None,
                  local_steps: int = 10, seed: int = 0, deployment: str = "central",
-                 scale: str | None = None, optimizer_state: str = "auto",
+                 scale: str | None = None, optimizer_state: str = defaults.OPTIMIZER_STATE,
                  adapter: ISTAdapter | None = None, tag: str = "subnet",
                  drop_last_step: bool = False, example_input: Any = None,
-                 residual: str = "whole", embeddings: str = "shared",
-                 shared: Sequence[str] = (), overlap: int = 0, outer_lr: float = 1.0,
+                 example_kwargs: Mapping[str, Any] | None = None,
+                 residual: str = defaults.RESIDUAL, embeddings: str = "shared",
+                 shared: Sequence[str] = (), overlap: int = defaults.OVERLAP,
+                 outer_lr: float = 1.0,
                  outer_momentum: float = 0.0) -> None:
-        if local_steps < 1:
-            raise UsageError(f"IST local_steps must be >= 1, got {local_steps}")
-        if drop_last_step and local_steps < 2:
-            raise UsageError("IST drop_last_step discards the K-th update of each round; it "
-                             f"needs local_steps >= 2, got {local_steps}")
-        if deployment not in DEPLOYMENTS:
-            raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
-        if optimizer_state not in OPTIMIZER_STATES:
-            raise UsageError(f"IST optimizer_state {optimizer_state!r}: use auto, reset or "
-                             "reindex")
-        if not (outer_lr > 0 and 0 <= outer_momentum < 1):
-            raise UsageError(f"IST outer_lr {outer_lr} / outer_momentum {outer_momentum}: "
-                             "use outer_lr > 0 and 0 <= outer_momentum < 1 (1 and 0: no "
-                             "outer optimizer)")
+        _check_options(local_steps, drop_last_step, deployment, optimizer_state, outer_lr,
+                       outer_momentum)
         self.model = model
         self.optimizers = ([optimizers] if isinstance(optimizers, torch.optim.Optimizer)
                            else list(optimizers))
@@ -177,12 +193,13 @@ class IST:
         self._hooks: list[Any] = []
         self._kept: dict[str, list[torch.Tensor]] | None = None
         self.adapter: ISTAdapter | None = None
-        if isinstance(example_input, (list, tuple)) and not example_input:
+        if isinstance(example_input, (list, tuple, Mapping)) and not example_input \
+                and not example_kwargs:
             raise UsageError(f"IST example_input={example_input!r} is empty: pass a batch of "
-                             "the model's input (a tensor, or a tuple of the forward's "
-                             "arguments)")
-        if adapter is None and example_input is not None:
-            adapter = self._derived(example_input)
+                             "the model's input (a tensor, a tuple of the forward's "
+                             "arguments or a dict of its keyword arguments)")
+        if adapter is None and (example_input is not None or example_kwargs):
+            adapter = self._derived(example_input, example_kwargs)
         if adapter is not None:
             self._setup(adapter)
         self._attach()
@@ -198,11 +215,12 @@ class IST:
         assert self.adapter is not None, "IST: the adapter is set up at the first forward"
         return self.adapter
 
-    def _derived(self, example_input: Any) -> ISTAdapter:
+    def _derived(self, example_input: Any, example_kwargs: Mapping[str, Any] | None = None
+                 ) -> ISTAdapter:
         from thinwire.models.graph_adapter import derive_adapter
 
         return derive_adapter(self.model, example_input, min_units=max(2, self.n),
-                              **self._derive)
+                              example_kwargs=example_kwargs, **self._derive)
 
     def _setup(self, adapter: ISTAdapter) -> None:
         """The plan known: check it against the model, slice this rank's store out of the
@@ -291,12 +309,8 @@ class IST:
 
     # --- hooks ---------------------------------------------------------------------------------
     def _pre_forward(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if self.adapter is None and module.training:
-            if kwargs:
-                raise UsageError("IST derives the model's plan from its first forward's "
-                                 "positional arguments; this forward passes keywords "
-                                 f"{sorted(kwargs)}: pass example_input= to IST")
-            self._setup(self._derived(args))
+        if self.adapter is None and module.training:  # the first forward's own arguments
+            self._setup(self._derived(tuple(args), kwargs))
         if self.adapter is None:  # evaluated before training: the model is still whole
             return
         if not module.training:

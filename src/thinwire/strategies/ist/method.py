@@ -26,6 +26,12 @@ fall on multiples of lcm(K, H)). Measured (docs/benchmarks/ist.md, "IST's time t
 accuracy"): the earlier the switch, the better the hybrid ends, and none reaches DP's converged
 accuracy as soon as local SGD alone; the default tolerance (0.5 points) switches early.
 
+Defaults: the recommended configuration, the same as ``thinwire.IST``'s and read from the same
+place (:mod:`~thinwire.strategies.ist.defaults`): ``overlap = 0`` (auto, each unit on
+max(1, workers // 2) workers) and ``optimizer_state = auto`` (the model family's), the measured
+best of ``benchmarks/ist_quality.py``. The published algorithm is ``method.overlap = 1`` and
+``method.optimizer_state = reset`` (``--method ist:overlap=1,optimizer_state=reset``).
+
 The original code's behaviour, for exact comparisons with it (docs/IST.md, "Deviations"):
 ``method.drop_last_step`` (its round sends the subnet back after K - 1 updates; the K-th is
 lost) and ``method.shards = whole`` (every worker samples the whole training set, in the same
@@ -37,6 +43,9 @@ the shared tensors' updates are averaged with one all-reduce. With ``optimizer_s
 reindex`` every parameter element carries its per-element optimizer state along, except on the
 way down in round 0, when no state exists yet. The switch of the hybrid schedule sends every
 rank's stored slices to every other rank once, then local SGD's averages follow.
+
+One concept, one file (over 400 lines): the ist method (its options, checks, label, strategy
+and traffic formula), as every method lives in one module.
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ from thinwire.strategies.base import (
     memory_of,
 )
 from thinwire.strategies.entry import MethodEntry, ModelDefaults, Subnets
+from thinwire.strategies.ist import defaults
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist.optstate import reindexes
 from thinwire.strategies.ist.partition import partition_groups, resolve_overlap
@@ -79,16 +89,16 @@ class Options:
                      "statistics), dropout (inverted dropout), eval (the full model's "
                      "partitioned blocks scaled at evaluation, ResIST) or none",
                      choices=("auto", "batchnorm", "dropout", "eval", "none"))
-    optimizer_state: str = opt("reset", "optimizer state at repartition: reset (fresh each "
-                               "round, as published), reindex (it travels with the subnet) or "
+    optimizer_state: str = opt(defaults.OPTIMIZER_STATE, "optimizer state at repartition: "
                                "auto (the model's: reset for the resnet, reindex otherwise; "
-                               "thinwire.IST's default)",
+                               "the recommended default, as thinwire.IST's), reset (fresh each "
+                               "round, as published) or reindex (it travels with the subnet)",
                                choices=("auto", "reset", "reindex"))
-    overlap: int = opt(1, "workers holding each unit of a cut group: 1 (disjoint subnets, as "
-                       "published) to the number of workers (everyone holds everything); 0: "
-                       "auto, max(1, workers // 2), every subnet about half the model's cut "
-                       "units (thinwire.IST's default; docs/IST.md, 'Getting a good model out "
-                       "of IST')")
+    overlap: int = opt(defaults.OVERLAP, "workers holding each unit of a cut group: 0, auto "
+                       "(the recommended default, as thinwire.IST's): max(1, workers // 2), "
+                       "every subnet about half the model's cut units (docs/IST.md, 'Getting "
+                       "a good model out of IST'); 1: disjoint subnets, as published; up to "
+                       "the number of workers (everyone holds everything)")
     outer_lr: float = opt(1.0, "outer SGD on each round's change of the stored model (DiLoCo's "
                           "outer step); 1 with outer_momentum 0: none")
     outer_momentum: float = opt(0.0, "Nesterov momentum of the outer step (0: none)")
@@ -214,16 +224,21 @@ def _check(cfg: Any) -> None:
 
 
 def _label(o: Options) -> str:
+    """What runs: K, the deployment and every option that departs from the published algorithm
+    (:data:`~thinwire.strategies.ist.defaults.PUBLISHED`), so the default reads
+    ``ist(K=auto,central,auto,overlap=auto)`` and ``ist:overlap=1,optimizer_state=reset``
+    reads ``ist(K=auto,central)``."""
     hybrid = f"->localsgd@{o.switch_at}" if o.switch_at else ""
     if o.switch_patience:
         hybrid = f"->localsgd@plateau(P={o.switch_patience},tol={o.switch_tol:g})"
     if hybrid and o.period != 10:
         hybrid += f"(H={o.period})"
     scale = f",{o.scale}-scale" if o.scale != "auto" else ""
-    state = f",{o.optimizer_state}" if o.optimizer_state != "reset" else ""
+    published = defaults.PUBLISHED
+    state = f",{o.optimizer_state}" if o.optimizer_state != published["optimizer_state"] else ""
     drop = ",drop-last" if o.drop_last_step else ""
     whole = ",whole-data" if o.shards == "whole" else ""
-    overlap = f",overlap={o.overlap or 'auto'}" if o.overlap != 1 else ""
+    overlap = f",overlap={o.overlap or 'auto'}" if o.overlap != published["overlap"] else ""
     outer = (f",outer={o.outer_lr:g}/{o.outer_momentum:g}"
              if (o.outer_lr, o.outer_momentum) != (1.0, 0.0) else "")
     k = o.local_steps or "auto"
@@ -460,12 +475,14 @@ class ISTEntry(MethodEntry, ModelDefaults, Subnets):
 
 
 METHOD = ISTEntry(
-    name="ist", summary="Independent Subnetwork Training: disjoint subnets, K local steps a round",
+    name="ist", summary="Independent Subnetwork Training: subnets dealt afresh each round (each "
+                        "unit on half the workers by default), K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
     regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
-           "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST is 15.7x faster than DP "
-           "and 2.6x faster than local SGD (python benchmarks/thin_wire.py, as root; "
+           "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST in its published form "
+           "(ist:overlap=1,optimizer_state=reset) is 15.7x faster than DP and 2.6x faster "
+           "than local SGD (python benchmarks/thin_wire.py, as root; "
            "docs/benchmarks/testbed.md, 'Thin-wire testbed'); at equal samples the defaults of "
            "thinwire.IST come within 2.5 points of DP's accuracy on converged tasks "
            "(python benchmarks/ist_quality.py)")

@@ -10,6 +10,7 @@ reason where no C++ compiler is found.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -19,19 +20,22 @@ import pytest
 import torch
 
 from thinwire import kernels
-from thinwire.compression import QSGD, Compressor, Int8, RandK, ScaledSign, TopK
+from thinwire.compression import QSGD, Compressor, ErrorFeedback, Int8, RandK, ScaledSign, TopK
+from thinwire.compression.fp4 import FP4
+from thinwire.compression.sparse import _approx_plan
 from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
 
 HAVE = kernels.available()
 needs_kernels = pytest.mark.skipif(not HAVE, reason="no C++ compiler: compiled kernels unbuilt")
 PATHS = [pytest.param("0", id="torch"),
          pytest.param("1", id="compiled", marks=needs_kernels)]
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def codecs() -> list[Compressor]:
-    return [TopK(0.01), TopK(0.3), RandK(0.01), RandK(0.05, scale=False), Int8(), Int8(100),
-            ScaledSign(), QSGD(16), QSGD(127), QSGD(300)]
+    return [TopK(0.01), TopK(0.3), TopK(0.01, approx=True), TopK(0.002, approx=True),
+            RandK(0.01), RandK(0.05, scale=False), Int8(), Int8(100), ScaledSign(), QSGD(16),
+            QSGD(127), QSGD(300), FP4(), FP4(7), FP4(100_000)]
 
 
 def round_trip(c: Compressor, x: torch.Tensor, path: str, threads: int
@@ -56,6 +60,7 @@ def test_compiled_codecs_equal_the_pure_paths_bit_for_bit_on_1_2_4_threads(d: in
     g = torch.Generator().manual_seed(d)
     x = torch.randn(d, generator=g) ** 3
     x[:: 7] = 0.5
+    x[3:: 11] = -0.0  # fp4's sign of zero
     for c in codecs():
         ref = round_trip(c, x, "0", 1)
         for threads in (1, 2, 4):
@@ -67,8 +72,9 @@ def test_compiled_codecs_equal_the_pure_paths_bit_for_bit_on_1_2_4_threads(d: in
 
 @needs_kernels
 def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
-    """Chunks whose x / scale are exact half-integers (scale 1): the compiled kernel's
-    multiply by 1 / scale is checked near half-integers and redone with the division there."""
+    """Chunks whose x / scale are exact half-integers (scale 1): both paths divide by the
+    scale and round half to even, so a kernel that multiplied by 1 / scale instead (or rounded
+    half away from zero) would fail here."""
     ties = torch.tensor([127.0] + [k + 0.5 for k in range(-63, 63)] * 4)
     x = ties.repeat(9)
     ref = round_trip(Int8(127), x, "0", 1)
@@ -76,6 +82,27 @@ def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
     assert got[0] == ref[0] and torch.equal(got[1], ref[1])
     q, _ = Int8(127).encode(x[:127], 0)
     assert q[1:].tolist() == [round(k + 0.5) for k in range(-63, 63)]  # Python: half to even
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fp4_rounds_to_the_nearest_power_of_two_at_and_beside_each_midpoint(path: str) -> None:
+    """fp4's codes at its boundaries (2^-7 and the midpoints 0.75 2^(c - 7)), exactly there and
+    one float either side, against the rule counted in Python: how many boundaries |x| / s
+    reaches (the kernel counts comparisons, the torch path reads exponent bits)."""
+    from thinwire.compression.fp4 import BOUNDS, VALUES
+    ms = [0.0, 1.0]
+    for b in BOUNDS:
+        ms += [b, math.nextafter(b, 0.0), math.nextafter(b, 2.0)]
+    ms = [float(torch.tensor(m, dtype=torch.float32)) for m in ms]  # as float32
+    x = torch.tensor(ms + [-m for m in ms], dtype=torch.float32)  # chunk of absmax 1
+    c = FP4(x.numel())
+    with kernels.forced(path):
+        packed, scale = c.encode(x, 0)
+        y = c.decode((packed, scale), x.numel(), 0)
+    nib = torch.stack([packed >> 4, packed & 15], 1).reshape(-1)[:x.numel()].tolist()
+    want = [sum(abs(v) >= b for b in BOUNDS) + 8 * (math.copysign(1, v) < 0) for v in x.tolist()]
+    assert nib == want
+    assert y.tolist() == [VALUES[n] for n in want]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -94,6 +121,105 @@ def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
         s = ScaledSign().decode(ScaledSign().encode(x, 0), x.numel(), 0)
         assert torch.allclose(s.abs(), x.abs().mean().expand_as(s), rtol=1e-6)
         assert torch.equal(s > 0, x >= 0)
+
+
+def skewed(d: int, k: int, sampled: float) -> torch.Tensor:
+    """An input whose strided sample misleads approximate top-k's thresholds: every sampled
+    entry is ``sampled``, the rest a ramp of distinct magnitudes in (0, 1]."""
+    plan = _approx_plan(d, k)
+    assert plan is not None
+    x = torch.linspace(1e-3, 1.0, d) * torch.where(torch.arange(d) % 3 == 0, -1.0, 1.0)
+    x[::plan[0]] = sampled
+    return x
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("sampled", [2.0, 1e-6, None], ids=["top-up", "strong-excess", "random"])
+def test_approximate_topk_sends_exactly_k_and_the_same_bits_on_every_path(
+        path: str, sampled: float | None) -> None:
+    """Step 1'b's branches, each forced by the input: a sample above everything else (only the
+    sampled entries pass, fewer than k: the lowest free indices top up), a sample below everything (every
+    entry strong: the excess dropped evenly), and a plain one (weak ones dropped). The count is
+    k, the indices ascend and carry their own values, and every path and thread count agrees
+    with the torch code that runs on any device."""
+    d, ratio = 300_001, 0.05 if sampled == 2.0 else 0.01  # k above the sample's size
+    c = TopK(ratio, approx=True)
+    k = math.ceil(ratio * d)
+    x = (skewed(d, k, sampled) if sampled is not None
+         else torch.randn(d, generator=torch.Generator().manual_seed(3)) ** 3)
+    reference = c.encode(x.double(), 0)[1].long()  # the any-device torch code
+    for threads in (1, 2, 4):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with kernels.forced(path):
+                values, idx = c.encode(x, 0)
+        finally:
+            torch.set_num_threads(before)
+        assert idx.numel() == k and bool(torch.all(idx[1:] > idx[:-1]))
+        assert torch.equal(idx.long(), reference)
+        assert torch.equal(values, x[idx.long()])
+    got = set(reference.tolist())
+    kept = len(set(x.abs().topk(k).indices.tolist()) & got) / k
+    if sampled == 2.0:  # the lowest free indices topped up what passed
+        assert {0, 1, 2} <= got and kept < 1
+    elif sampled == 1e-6:  # every entry strong: k of them, spread evenly over x
+        gaps = reference[1:] - reference[:-1]
+        assert int(gaps.min()) >= d // k - 1 and int(gaps.max()) <= d // k + 1
+    else:  # only weak candidates dropped: every strong one (|x| >= t_hi) is sent
+        stride, _, want_hi = _approx_plan(d, k) or (1, 0, 0)
+        sample = x.abs()[::stride]
+        t_hi = torch.kthvalue(sample, sample.numel() - want_hi + 1).values
+        strong = set((x.abs() >= t_hi).nonzero().squeeze(1).tolist())
+        assert len(strong) < k and strong <= got and kept > 0.5
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_approximate_topk_with_error_feedback_delays_what_it_does_not_send(path: str) -> None:
+    """Error feedback carries what approximate top-k leaves out: after each step the residual
+    is exactly the corrected input off the sent coordinates (and zero on them), and over any
+    number of steps the decoded updates plus the residual add up to the inputs, exactly
+    (inputs on a grid of 2^-10 whose sums float32 holds without rounding)."""
+    d, steps = 200_003, 6
+    ef = ErrorFeedback(TopK(0.01, approx=True))
+    g = torch.Generator().manual_seed(5)
+    total_in = torch.zeros(d)
+    total_out = torch.zeros(d)
+    with kernels.forced(path):
+        for step in range(steps):
+            x = torch.randint(-4096, 4097, (d,), generator=g).float() / 1024
+            before = ef.residuals.get(0, torch.zeros(d)).clone()
+            values, idx = ef.encode(x, step)
+            corrected = x + before
+            decoded = ef.decode((values, idx), d, step)
+            sent = torch.zeros(d, dtype=torch.bool)
+            sent[idx.long()] = True
+            assert torch.equal(decoded[sent], corrected[sent])
+            assert torch.equal(ef.residuals[0][sent], torch.zeros(int(sent.sum())))
+            assert torch.equal(ef.residuals[0][~sent], corrected[~sent])
+            total_in += x
+            total_out += decoded
+            assert torch.equal(total_out + ef.residuals[0], total_in)
+
+
+def test_qsgd_counter_stream_is_uniform_and_draws_each_block_alone() -> None:
+    """QSGD's CPU uniforms (CounterUniform): a block drawn on its own equals the same elements
+    of a longer draw, and the 24-bit draws are uniform (a chi-square test on 256 cells at
+    2^20 draws, far from its 1e-6 tail) with neighbours uncorrelated."""
+    import numpy as np
+
+    from thinwire.compression.quantize import CounterUniform, counter_keys
+    keys = counter_keys(0, 7, 2, 1)
+    n = 1 << 20
+    whole = np.empty(n, np.float32)
+    CounterUniform(keys, n).fill(0, whole)
+    part = np.empty(1 << 16, np.float32)
+    CounterUniform(keys, 1 << 16).fill(3 << 16, part)
+    assert np.array_equal(part, whole[3 << 16: 4 << 16])
+    counts = np.bincount((whole * 256).astype(np.int64), minlength=256)
+    chi2 = float(((counts - n / 256) ** 2 / (n / 256)).sum())
+    assert chi2 < 400  # 255 degrees of freedom: P(chi2 > 400) < 1e-8
+    assert abs(float(np.corrcoef(whole[:-1], whole[1:])[0, 1])) < 0.01
 
 
 def slide_step(layer: SLIDELayer, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,

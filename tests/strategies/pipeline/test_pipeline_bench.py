@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness import DATA
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_benchmark_calibrates_and_predicts_a_pipeline_step(tmp_path):

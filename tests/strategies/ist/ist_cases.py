@@ -1,4 +1,4 @@
-"""Small models of every IST adapter for the invariant tests (tests/ist/test_ist_invariants.py).
+"""Small models of every IST adapter for the invariant tests (tests/strategies/ist/test_ist_invariants.py).
 
 Each :class:`Case` builds a tiny model identically on every rank, its adapter, the batch of a
 (rank, step) and the loss: the fully connected stack (Yuan et al.), the GPT (heads and FFN
@@ -223,6 +223,45 @@ class ResidualCNN(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
 
 
+class ResNeXtBlock(nn.Module):
+    """A ResNeXt bottleneck (Xie et al., CVPR 2017): 1x1 in, a grouped 3x3 (``groups`` paths of
+    ``c_mid / groups`` channels, each widened ``expand`` times), 1x1 out, plus the identity.
+    ``norm=False``: the grouped convolution has a bias and no BatchNorm after it (a bias before
+    a BatchNorm gets no gradient)."""
+
+    def __init__(self, c: int, c_mid: int, groups: int, expand: int = 1,
+                 norm: bool = True) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c_mid, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_mid)
+        self.conv2 = nn.Conv2d(c_mid, c_mid * expand, 3, padding=1, groups=groups, bias=not norm)
+        self.bn2: nn.Module = nn.BatchNorm2d(c_mid * expand) if norm else nn.Identity()
+        self.conv3 = nn.Conv2d(c_mid * expand, c, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = F.relu(self.bn2(self.conv2(h)))
+        return F.relu(x + self.bn3(self.conv3(h)))
+
+
+class ResNeXtNet(nn.Module):
+    """A stem, two ResNeXt blocks (4 paths of 4 channels widened to 8; 8 paths of 2, with a
+    bias and no norm after them), a head."""
+
+    def __init__(self, classes: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(16), nn.ReLU())
+        self.block1 = ResNeXtBlock(16, 16, groups=4, expand=2)
+        self.block2 = ResNeXtBlock(16, 16, groups=8, norm=False)
+        self.head = nn.Linear(16, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block2(self.block1(self.stem(x)))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
 class Conv1dNet(nn.Module):
     """A Conv1d feature extractor over sequences of 3 channels, then a Linear chain."""
 
@@ -369,6 +408,8 @@ GRAPH_CASES: dict[str, Case] = {
                   _cnn_images),
     "g_cnn_blocks": Case("g_cnn_blocks", lambda: _momentum_zero(_seeded(lambda: ResNet18(2))),
                          derived(_r18_images, residual="blocks"), _r18_images),
+    "g_resnext": Case("g_resnext", lambda: _momentum_zero(_seeded(ResNeXtNet)),
+                      derived(_cnn_images), _cnn_images),
     "g_conv1d": Case("g_conv1d", lambda: _momentum_zero(_seeded(Conv1dNet)), derived(_seq3),
                      _seq3),
     "g_encoder": Case("g_encoder", lambda: _seeded(EncoderClassifier), derived(_cls_tokens),
@@ -404,7 +445,9 @@ def subnet_of(model: nn.Module, adapter: Any, held: dict[str, np.ndarray]) -> nn
 def zeroed_unheld(model: nn.Module, plan: Any, held: dict[str, np.ndarray]
                   ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A copy of ``model`` with every element of an unheld unit zeroed (running variances
-    kept: a zero channel then normalises to zero), and the copy's tensors by name."""
+    kept: a zero channel then normalises to zero), and the copy's tensors by name. A residual
+    block's parameters travel whole with it (``t.unit``): an unheld block's are all zeroed,
+    which makes a block whose branch ends in a norm or a projection the identity."""
     import copy
 
     from thinwire.strategies.ist.elements import element_index
@@ -422,4 +465,7 @@ def zeroed_unheld(model: nn.Module, plan: Any, held: dict[str, np.ndarray]
                 view[c.dim] = -1
                 if not t.buffer or "running_mean" in t.name:
                     x.mul_(mask.view(view).to(x.dtype))
+            if t.unit is not None and not t.buffer and t.unit[1] not in set(
+                    held[t.unit[0]].tolist()):
+                x.zero_()
     return out, tensors

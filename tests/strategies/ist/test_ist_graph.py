@@ -28,6 +28,7 @@ from ist_cases import (
     EncoderClassifier,
     ResidualCNN,
     ResNet18,
+    ResNeXtNet,
     state,
     subnet_of,
     zeroed_unheld,
@@ -121,6 +122,45 @@ def test_derived_channels_of_a_residual_cnn() -> None:
     assert {g.name: g.size for g in plan.groups} == {"stem.0": 8, "conv1": 8, "wide": 4}
 
 
+def test_grouped_convolutions_are_cut_by_whole_groups() -> None:
+    """ResNeXt's cardinality: a unit is one path of a grouped convolution, its input channels
+    (the 1x1 before it: 4 rows of block1.conv1, 2 of block2.conv1) and its filters (8 rows of
+    block1.conv2, which widens each path 2x; 2 of block2.conv2), the BatchNorms between and the
+    1x1 after (columns); a filter's own input channels (dim 1) are never cut, the stream stays
+    whole; a subnet's convolution runs ``groups`` = the paths it holds."""
+    model = ResNeXtNet()
+    adapter = derive_adapter(model, torch.randn(2, 1, 8, 8), min_units=2)
+    plan = adapter.plan
+    cuts = {t.name: [(c.group, c.dim, c.per_unit) for c in t.cuts] for t in plan.tensors}
+    assert [(g.name, g.size) for g in plan.groups] == [("block1.conv1", 4), ("block2.conv1", 8)]
+    assert sum(1 for c in cuts.values() if c) == 19  # 11 in block1, 8 in block2
+    g1, g2 = "block1.conv1", "block2.conv1"
+    assert cuts["block1.conv1.weight"] == [(g1, 0, 4)]
+    assert cuts["block1.conv2.weight"] == [(g1, 0, 8)] and "block1.conv2.bias" not in cuts
+    assert cuts["block1.bn2.running_var"] == [(g1, 0, 8)]
+    assert cuts["block1.conv3.weight"] == [(g1, 1, 8)]
+    assert cuts["block2.conv2.weight"] == cuts["block2.conv2.bias"] == [(g2, 0, 2)]
+    assert cuts["block2.conv3.weight"] == [(g2, 1, 2)]
+    assert cuts["stem.0.weight"] == cuts["block1.bn3.weight"] == cuts["head.weight"] == []
+    assert plan.scaled_inputs == (("block1.conv3", g1), ("block2.conv3", g2))
+    sub = subnet_of(model, adapter, {g1: np.array([0, 2, 3]), g2: np.array([1, 6])})
+    assert (sub.block1.conv2.groups, sub.block1.conv2.in_channels,
+            sub.block1.conv2.out_channels, sub.block1.bn2.num_features) == (3, 12, 24, 24)
+    assert (sub.block2.conv2.groups, sub.block2.conv2.in_channels) == (2, 4)
+    assert sub(torch.randn(2, 1, 8, 8)).shape == (2, 3)
+
+
+def test_a_grouped_convolution_on_a_whole_input_stays_whole() -> None:
+    """A grouped convolution whose input channels are not cut (here the model's input) cannot
+    hold a subset of its paths: it is shared, and the layers it feeds are cut as usual."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, groups=4), nn.ReLU(), nn.Conv2d(8, 6, 1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(6 * 16, 2))
+    plan = derive_adapter(model, torch.randn(2, 4, 6, 6)).plan
+    cuts = {t.name: [(c.group, c.dim, c.per_unit) for c in t.cuts] for t in plan.tensors}
+    assert cuts["0.weight"] == [] and cuts["2.weight"] == [("2", 0, 1)]
+    assert cuts["5.weight"] == [("2", 1, 16)]
+
+
 # --- a subnet's forward is the full model's restricted to the units held ------------------------
 def _restricted(model: nn.Module, plan: ISTPlan, held: dict[str, np.ndarray],
                 factors: dict[str, float]) -> nn.Module:
@@ -138,7 +178,8 @@ def _restricted(model: nn.Module, plan: ISTPlan, held: dict[str, np.ndarray],
     return out
 
 
-@pytest.mark.parametrize("name", ["g_mlp", "g_gpt", "g_cnn", "g_encoder", "g_transformer"])
+@pytest.mark.parametrize("name", ["g_mlp", "g_gpt", "g_cnn", "g_resnext", "g_encoder",
+                                  "g_transformer"])
 def test_subnet_forward_equals_the_restricted_full_model(name: str) -> None:
     """Tolerance: the subnet sums fewer terms in another order (float32 reassociation, ~1e-6
     here); a wrong cut, a missing factor or a head of the wrong width is off by O(1)."""
@@ -305,3 +346,79 @@ def test_a_forward_that_fixes_a_cut_width_is_caught_at_derivation() -> None:
     plan = derive_adapter(_FixedHeads(), torch.randn(2, 5, 8), shared=("q",)).plan
     assert all(not t.cuts for t in plan.tensors if t.name.startswith(("q.", "k.", "v.")))
     assert [g.name for g in plan.groups] == ["proj"]
+
+
+def test_the_module_that_fixes_a_width_is_named() -> None:
+    """The subnet check names the innermost module whose forward failed, and the fixes."""
+    with pytest.raises(UsageError) as e:
+        derive_adapter(nn.Sequential(_FixedHeads()), torch.randn(2, 5, 8))
+    msg = str(e.value)
+    assert "\n" not in msg and "the forward of 0 (_FixedHeads) fails" in msg
+    assert "shared=('0',)" in msg and "register a rule" in msg
+
+
+def test_an_example_that_does_not_run_names_the_module_and_the_op() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(6, 2))
+    with pytest.raises(UsageError) as e:
+        derive_adapter(model, torch.randn(3, 4))
+    msg = str(e.value)
+    assert "\n" not in msg and "2 (Linear) failed (mat1 and mat2" in msg
+    assert "pass the model's own input batch" in msg
+
+
+class _Masked(nn.Module):
+    """A forward with a keyword argument: ``model(x, scale=s)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        h = F.relu(self.fc1(x))
+        return self.fc2(h if scale is None else h * scale)
+
+
+def test_keyword_example_inputs_reach_the_tracer() -> None:
+    """A dict of keyword arguments, or ``example_kwargs`` beside the positional ones, is traced
+    as the loop calls the model: a per-sample scale leaves the hidden neurons cut; a
+    per-channel one, a user's tensor over the cut channels, keeps them whole (so the keyword
+    was traced, not left at its default). A keyword the forward does not take, or one given
+    twice, is one line naming it and the fix."""
+    model, x, s = _Masked(), torch.randn(3, 4), torch.rand(3, 1)
+    plan = derive_adapter(model, x).plan
+    assert [(g.name, g.size) for g in plan.groups] == [("fc1", 8)]
+    assert derive_adapter(model, {"x": x, "scale": s}).plan == plan
+    assert derive_adapter(model, x, example_kwargs={"scale": s}).plan == plan
+    with pytest.raises(UsageError, match="no unit to cut"):
+        derive_adapter(model, x, example_kwargs={"scale": torch.rand(1, 8)})
+    with pytest.raises(UsageError) as e:
+        derive_adapter(model, {"x": x, "scales": s})
+    assert "\n" not in str(e.value) and "keywords ['scales'] are not arguments of " \
+        "_Masked.forward(x, scale)" in str(e.value)
+    with pytest.raises(UsageError, match="given twice"):
+        derive_adapter(model, {"x": x, "scale": s}, example_kwargs={"scale": s})
+
+
+class _HeadMasked(nn.Module):
+    """nn.MultiheadAttention called with a per-head (3-D) mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(4, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        mask = torch.zeros(x.shape[0] * 2, x.shape[1], x.shape[1])
+        return self.head(self.attn(h, h, h, attn_mask=mask)[0].mean(1))
+
+
+def test_a_per_head_mask_on_cut_heads_is_refused_naming_the_attention() -> None:
+    with pytest.raises(UsageError) as e:
+        derive_adapter(_HeadMasked(), torch.randn(3, 5, 4))
+    msg = str(e.value)
+    assert "\n" not in msg and "heads of attn (MultiheadAttention)" in msg
+    assert "shared=('attn',)" in msg
+    plan = derive_adapter(_HeadMasked(), torch.randn(3, 5, 4), shared=("attn",)).plan
+    assert [g.name for g in plan.groups] == ["head.0"]

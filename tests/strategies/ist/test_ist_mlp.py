@@ -6,6 +6,8 @@ ranks; the user-loop tests drive :class:`thinwire.IST` around plain torch object
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -88,7 +90,7 @@ def test_partition_identical_on_every_rank() -> None:
 
 
 # --- bitwise properties ---------------------------------------------------------------------------
-# through the trainer's strategy; tests/ist/test_ist_invariants.py covers every adapter at
+# through the trainer's strategy; tests/strategies/ist/test_ist_invariants.py covers every adapter at
 # n = 2 and 4 in both deployments through the public IST, so three cases suffice here
 @pytest.mark.parametrize("n,deployment,norm", [(2, "central", "batch"), (4, "sharded", "batch"),
                                                (4, "central", "none")])
@@ -182,6 +184,69 @@ def test_ledger_equals_the_traffic_formula(n: int, deployment: str) -> None:
         recv = sum(v["recv"] for v in ops.values())
         payload = sum(v["payload"] for v in ops.values())
         assert (sent, recv, payload) == (want.sent[r], want.recv[r], want.payload[r]), r
+
+
+def _defaults(comm: Comm, published: bool) -> dict:
+    """Two rounds of the trainer's ``ist`` with no overlap or optimizer-state option (or the
+    published form's), SGD with momentum: one state tensor per parameter."""
+    base = {"method.name": "ist", "model.hidden": "16,12", "model.norm": "none",
+            "method.local_steps": "3", "train.steps": "6", "train.eval_every": "3",
+            "runtime.workers": str(comm.world_size), "train.lr": "0.1", "train.momentum": "0.9",
+            "data.name": "teacher"}
+    if published:
+        base.update({"method.overlap": "1", "method.optimizer_state": "reset"})
+    cfg = load(None, base)
+    model = build_mlp(D, (16, 12), C, norm="none", seed=0)
+    strat = build_strategy(cfg, comm, torch.device("cpu"), TASK, model)
+    for step in range(6):
+        strat.train_step(batch(comm.rank, step), step)
+    ops = comm.ledger.by_op()
+    return {"overlap": strat.ist.overlap, "reindex": strat.ist.reindex,
+            "bytes": tuple(sum(v[k] for v in ops.values()) for k in ("sent", "recv", "payload"))}
+
+
+@pytest.mark.parametrize("published", [False, True])
+def test_the_trainers_defaults_are_the_recommended_configuration(published: bool) -> None:
+    """``thinwire train --method ist`` with no option runs what ``thinwire.IST`` runs by default
+    (4 workers: every unit on 2 of them; an MLP's optimizer state dealt with its units), and
+    ``ist:overlap=1,optimizer_state=reset`` the published algorithm; each rank's ledger equals
+    the traffic formula of the options it ran (the momentum travels only where it is dealt)."""
+    n = 4
+    out = run_workers(_defaults, n, published)
+    assert {(o["overlap"], o["reindex"]) for o in out} == ({(1, False)} if published
+                                                            else {(2, True)})
+    plan = linear_stack(build_mlp(D, (16, 12), C, norm="none", seed=0)).plan
+    o = Options(local_steps=3, **({"overlap": 1, "optimizer_state": "reset"} if published
+                                  else {}))
+    want = ist_traffic(plan, o, n, 6, seed=0, optimizer_states=1)
+    for r in range(n):
+        assert out[r]["bytes"] == (want.sent[r], want.recv[r], want.payload[r]), r
+    if not published:
+        reset = ist_traffic(plan, dataclasses.replace(o, optimizer_state="reset"), n, 6,
+                            seed=0, optimizer_states=1)
+        assert want.sent[0] > reset.sent[0]  # the momentum rides with the pieces
+
+
+def test_one_place_holds_the_defaults_of_the_trainer_and_of_thinwire_ist() -> None:
+    """strategies/ist/defaults.py: ``Options()`` and ``IST(...)``'s signature read the same
+    values; the labels name what departs from the published form."""
+    import inspect
+
+    from thinwire.strategies.ist import defaults
+    from thinwire.strategies.ist.method import METHOD
+
+    sig = inspect.signature(IST).parameters
+    o = Options()
+    assert (o.overlap, o.optimizer_state) == (sig["overlap"].default,
+                                              sig["optimizer_state"].default)
+    assert (o.overlap, o.optimizer_state) == (defaults.OVERLAP, defaults.OPTIMIZER_STATE)
+    assert sig["residual"].default == defaults.RESIDUAL == "whole"
+    published = Options(**defaults.PUBLISHED)  # type: ignore[arg-type]
+    assert (published.overlap, published.optimizer_state) == (1, "reset") != (o.overlap,
+                                                                               o.optimizer_state)
+    assert METHOD.label(o) == "ist(K=auto,central,auto,overlap=auto)"
+    assert METHOD.label(published) == "ist(K=auto,central)"
+    assert defaults.PUBLISHED_SPEC == "ist:overlap=1,optimizer_state=reset"
 
 
 def test_sharded_bytes_spread_evenly() -> None:

@@ -1,0 +1,497 @@
+"""IST that keeps training when a worker dies: rounds on a torchft quorum, no restart.
+
+Independent Subnetwork Training (Yuan et al., VLDB 2022; Shulgin & Richtarik, ICML 2024) with
+its rounds on torchft's quorum (:class:`~thinwire.runtime.ft.Replica`): a worker lost mid-round
+loses only its round, and the units are dealt over the workers alive at the next round. In a
+user's loop, one process per worker, exactly as :class:`~thinwire.strategies.ist.core.IST`::
+
+    ist = FaultTolerantIST(model, optimizer, replica_id="worker3", lighthouse=ADDRESS,
+                           workers=4, min_workers=2, example_input=x, local_steps=10)
+    for x, y in loader:                  # the round's batches: a pure function of ist.round
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()                 # every K-th step closes a round
+    ist.finish()                         # the full model on every live worker
+
+Central deployment, the stored model on ``keepers`` workers (default 2): every keeper holds the
+whole model (rank 0's store of central IST) and applies the same write-back to it, so the copies
+stay equal bit for bit, and losing every keeper but one loses nothing.
+
+Round r:
+  1. begin (the round's first forward): torchft forms the quorum; a worker that joined is
+     behind and receives a live peer's boundary state (the round, the keepers, the tensors every
+     subnet shares and the optimizer's state names and scalars: :meth:`_ft_state`), over the
+     ledger's ``recovery`` tag. The live workers, named by the numbers their ``replica_id`` ends
+     in, are read off the quorum (no message): sorted, they are the round's workers 0..m-1;
+  2. keepers lost since the last round are replaced by the first live non-keepers (in that
+     order), each sent the whole stored model (and its optimizer-state slices) by the first
+     live keeper, tagged ``recovery``; none left: the job ends with one line;
+  3. the partition of round r is drawn over the m live workers (``partition_groups(groups, m,
+     seed, r, overlap)``, overlap 0 resolved against m), so every live worker computes the
+     same one; the first live keeper sends each worker its subnet (tag ``subnet``); every
+     member then agrees (:meth:`~thinwire.runtime.ft.ManagedComm.agree`), and a failed
+     agreement (a worker lost during the scatter) repeats steps 1-3 on a new quorum;
+  4. K optimizer steps of the user's loop, no messages;
+  5. close (after the K-th step): a quorum of the round's workers still alive (torchft's
+     ``shrink_only``: a worker waiting to join waits for the next round); each sends its
+     trained pieces to every live keeper, and the deltas of the shared tensors are all-gathered;
+     every member agrees; a failed agreement repeats step 5 with the survivors (nothing was
+     written yet);
+  6. agreed: the vote commits the round (torchft's step = rounds closed); every keeper writes
+     back the live workers' pieces in worker order, as central IST does: a lost worker's units
+     keep their round-start values (with overlap > 1, the mean of their live holders; dealt
+     units, the mean of their live holders' updates); every member sets the shared tensors to
+     base + (sum of the live workers' deltas, in worker order) / (live workers).
+
+Why not sharded: a sharded owner stores 1/n of every layer and nobody else does, so a lost
+owner loses those units' trained values for good; making it safe means a second copy of every
+shard and a re-shard over the live set at every change, which is what ``keepers`` does for
+the central store. ``deployment="sharded"`` is refused in one line. The outer optimizer's
+momentum (``outer_lr``/``outer_momentum``) is refused too: it is not yet carried to new
+keepers.
+
+One concept, one file (over 400 lines): IST's round on a torchft quorum (its live sets, keepers,
+agreement and a joiner's state).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from thinwire.errors import UsageError
+from thinwire.models.adapter import ISTAdapter
+from thinwire.runtime.comm import Comm
+from thinwire.runtime.ft import RECOVERY, FaultToleranceError, Replica
+from thinwire.strategies.ist import pieces as pc
+from thinwire.strategies.ist import subnet as sn
+from thinwire.strategies.ist.core import IST
+from thinwire.strategies.ist.elements import View
+from thinwire.strategies.ist.partition import resolve_overlap
+from thinwire.strategies.ist.store import Dealt, Overlap
+
+__all__ = ["FaultTolerantIST", "replica_number"]
+
+
+def replica_number(replica_id: str) -> int:
+    """The number a worker's ``replica_id`` ends in (torchft's rule); one line when none."""
+    digits = len(replica_id) - len(replica_id.rstrip("0123456789"))
+    if not digits:
+        raise FaultToleranceError(f"FaultTolerantIST replica_id {replica_id!r} ends in no "
+                                  "number; give each worker an id ending in a distinct number "
+                                  "(e.g. worker3)")
+    return int(replica_id[-digits:])
+
+
+class FaultTolerantIST(IST):
+    """IST over a torchft quorum (module docstring, steps 1-6).
+
+    ``workers``: the configured number of workers (the most a round may have: the adapter's
+    cut groups need at least that many units); ``keepers``: how many live workers store the
+    whole model; ``replica_id`` (ending in a distinct number), ``lighthouse``,
+    ``min_workers``, ``timeout``, ``quorum_timeout``, ``host``: as for
+    :class:`~thinwire.runtime.ft.Replica`; the other arguments as for :class:`IST`, with the
+    plan known up front (``example_input`` or ``adapter``: a joining worker's state is read
+    before its first forward). :attr:`log` holds (round, workers at its start, workers that
+    closed it) per closed round; :attr:`comm` is the live quorum's communicator (its ledger
+    holds every byte, recovery under ``recovery``).
+    """
+
+    def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
+                 Sequence[torch.optim.Optimizer], *, replica_id: str, lighthouse: str,
+                 workers: int, min_workers: int = 1, keepers: int = 2,
+                 deployment: str = "central", adapter: ISTAdapter | None = None,
+                 example_input: Any = None, overlap: int = 0, outer_lr: float = 1.0,
+                 outer_momentum: float = 0.0, timeout: float = 30.0,
+                 quorum_timeout: float = 60.0, host: str = "127.0.0.1",
+                 **kwargs: Any) -> None:
+        if deployment != "central":
+            raise FaultToleranceError(
+                f"FaultTolerantIST deployment {deployment!r}: a lost sharded owner's slices "
+                "exist nowhere else; use deployment='central' (its store is kept whole on "
+                "`keepers` workers)")
+        if (outer_lr, outer_momentum) != (1.0, 0.0):
+            raise FaultToleranceError(
+                "FaultTolerantIST: outer_lr/outer_momentum keep momentum a new keeper does not "
+                "receive yet; leave them at 1 and 0")
+        if adapter is None and example_input is None:
+            raise FaultToleranceError(
+                "FaultTolerantIST needs the model's plan before its first quorum: pass "
+                "example_input= (a batch of the model's input) or adapter=")
+        if keepers < 1 or workers < 1:
+            raise FaultToleranceError(f"FaultTolerantIST workers={workers} keepers={keepers}: "
+                                      "give at least 1 of each")
+        if not 0 <= overlap <= workers:
+            raise UsageError(f"IST overlap {overlap}: use 1 to the number of workers "
+                             f"({workers}), or 0 (auto: half the live workers)")
+        self.number = replica_number(replica_id)
+        self.workers = workers
+        self.keepers_wanted = keepers
+        self._overlap_arg = overlap
+        self._keepers: list[int] = []
+        self._order: list[int] = []
+        self._members: list[int] = []
+        self.log: list[tuple[int, list[int], list[int]]] = []
+        self.joined_at: int | None = None
+        self.replica = Replica(replica_id, lighthouse, min_workers=min_workers,
+                               state_dict=self._ft_state, load_state_dict=self._ft_load,
+                               host=host, timeout=timeout, quorum_timeout=quorum_timeout,
+                               device=next(model.parameters()).device)
+        # set up as one worker storing everything (central IST's rank 0): every worker builds
+        # the same model from the seed, so each starts as a keeper candidate
+        try:
+            super().__init__(model, optimizers, comm=Comm.local(ledger=self.replica.ledger),
+                             deployment="central", adapter=adapter,
+                             example_input=example_input, overlap=1, **kwargs)
+            for g in self.plan.groups:
+                if g.kind == "disjoint" and g.size < workers:
+                    raise UsageError(f"IST cuts {g.name} ({g.size} units) into {workers} "
+                                     f"subnets; use >= {workers} units there or fewer workers")
+        except BaseException:
+            self.replica.close()  # no torchft thread or server outlives a refused set-up
+            raise
+        self.comm = self.replica.comm
+        self._store_view = self.view
+
+    def _derived(self, example_input: Any, example_kwargs: Mapping[str, Any] | None = None
+                 ) -> ISTAdapter:
+        from thinwire.models.graph_adapter import derive_adapter
+
+        return derive_adapter(self.model, example_input, min_units=max(2, self.workers),
+                              example_kwargs=example_kwargs, **self._derive)
+
+    # --- the state a joining worker receives (step 1) ------------------------------------------
+    def _shared(self) -> list[Any]:
+        return [t for t in self.plan.tensors if t.shared]
+
+    def _ft_state(self) -> dict[str, Any]:
+        keys = self.opt_state.travelling()
+        return {"round": self.round, "keepers": list(self._keepers),
+                "keys": list(self.opt_state.keys),
+                "scalars": {k: v for k, v in self.opt_state.scalars.items()
+                            if isinstance(v, (torch.Tensor, int, float))},
+                "shared": {t.name: [x.clone() for x in self._store.stored(t, keys)]
+                           for t in self._shared()}}
+
+    def _ft_load(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        self._keepers = [int(k) for k in state["keepers"]]
+        self.opt_state.keys = tuple(state["keys"])
+        self.opt_state.scalars = dict(state["scalars"])
+        self.joined_at = self.round
+        self._thin()
+        if self.opt_state.keys and self.opt_state.reindex:
+            self._store.start_state(self.opt_state.keys)
+        keys = self.opt_state.travelling()
+        with torch.no_grad():
+            for t in self._shared():
+                for x, y in zip(self._store.stored(t, keys), state["shared"][t.name]):
+                    x.copy_(y)
+
+    # --- what a worker stores ------------------------------------------------------------------
+    @property
+    def keeper(self) -> bool:
+        """Whether this worker stores the whole model (a keeper)."""
+        return self.number in self._keepers
+
+    @property
+    def keepers(self) -> list[int]:
+        """The workers storing the whole model, by replica number (the first sends subnets)."""
+        return list(self._keepers)
+
+    def _thin(self) -> None:
+        """Not a keeper: drop the stored cut slices (only the shared tensors stay)."""
+        st = self._store
+        for t in self.plan.tensors:
+            if t.shared or t.name not in st.slices:
+                continue
+            if t.unit is not None:
+                st.slices.pop(t.name)
+                st.state.pop(t.name, None)
+                continue
+            dim = t.cuts[0].dim
+            st.slices[t.name] = st.slices[t.name].narrow(dim, 0, 0).clone()
+            for k, x in st.state.get(t.name, {}).items():
+                st.state[t.name][k] = x.narrow(dim, 0, 0).clone()
+
+    def _cut_params(self) -> list[Any]:
+        return [t for t in self.plan.tensors if not t.shared and not t.buffer]
+
+    def _store_numel(self) -> int:
+        """Elements of the whole store a new keeper receives (cut slices, then their state)."""
+        keys = self.opt_state.travelling()
+        return (self._store.owned_numel(0)
+                + sum(t.numel for t in self._cut_params()) * len(keys))
+
+    def _store_payload(self) -> torch.Tensor:
+        keys = self.opt_state.travelling()
+        st = self._store
+        state = [st.state[t.name][k].reshape(-1) for t in self._cut_params() for k in keys]
+        return self._store_view.flat([st.owned_flat(), *state])
+
+    def _load_store_payload(self, flat: torch.Tensor) -> None:
+        """A new keeper: the whole store from a keeper's payload (central: an owner's slice of
+        every tensor is the whole tensor)."""
+        st, keys = self._store, self.opt_state.travelling()
+        full = {t.name: torch.empty(t.shape, device=self.device,
+                                    dtype=self._tensors[t.name].dtype)
+                for t in self.plan.tensors if not t.shared}
+        owned = st.owned_numel(0)
+        with torch.no_grad():
+            st.unpack_owner(0, flat[:owned], full)
+            st.slices.update(full)
+            at = owned
+            for t in self._cut_params():
+                st.state.setdefault(t.name, {})
+                for k in keys:
+                    x = st.slices[t.name]
+                    st.state[t.name][k] = flat[at:at + t.numel].view(t.shape).to(x.dtype).clone()
+                    at += t.numel
+
+    # --- steps 1-3 -----------------------------------------------------------------------------
+    def _rank_of(self, number: int) -> int:
+        return self._members.index(number)
+
+    def _live_keepers(self) -> list[int]:
+        live = [k for k in self._keepers if k in self._members]
+        if not live:
+            raise FaultToleranceError(
+                f"fault tolerance: every worker storing the model (keepers {self._keepers}) "
+                f"was lost in round {self.round}; the last checkpoint is intact: restart from "
+                "it, and give FaultTolerantIST more keepers")
+        return live
+
+    def begin_round(self) -> None:
+        """Steps 1-3 (module docstring)."""
+        if self.finished:
+            raise UsageError("IST has finished (the model is whole again); build a new IST")
+        if self.active:
+            return
+        self._ready("began a round")
+        while True:
+            self.replica.begin()
+            self._members = self.replica.members()
+            self.round = self.replica.step
+            if not self._keepers:  # the first round: every worker holds the seed's model
+                self._keepers = sorted(self._members)[:self.keepers_wanted]
+                if not self.keeper:
+                    self._thin()
+            live = self._live_keepers()
+            order = sorted(self._members)
+            want = min(self.keepers_wanted, len(order)) - len(live)
+            new = [x for x in order if x not in live][:max(0, want)]
+            ok = self._recover_keepers(live[0], new)
+            if ok and self._scatter(order, live[0]):
+                self._keepers = live + new
+                break
+            if self.number in new:
+                self._thin()
+
+    def _recover_keepers(self, primary: int, new: list[int]) -> bool:
+        """Step 2: the whole store from the first live keeper to each new keeper."""
+        if not new:
+            return True
+        sends, recvs = [], []
+        if self.number == primary:
+            payload = self._store_payload()
+            sends = [(self._rank_of(k), payload) for k in new]
+        elif self.number in new:
+            buf = torch.empty(self._store_numel(), device=self.device, dtype=self.wire)
+            recvs = [(self._rank_of(primary), buf)]
+        self.comm.exchange(sends, recvs, tag=RECOVERY)
+        ok = self.replica.manager.errored() is None
+        if ok and recvs:
+            self._load_store_payload(recvs[0][1])
+        return ok
+
+    def _scatter(self, order: list[int], primary: int) -> bool:
+        """Step 3: the round's partition over the live workers, each one's subnet from the
+        first live keeper, the model's tensors swapped for the subnet's; True when every
+        member agrees the scatter went through."""
+        m, me = len(order), order.index(self.number)
+        self.n, self.rank = m, me
+        self.overlap = min(resolve_overlap(self._overlap_arg, m), m)
+        held = self._partition(self.round)
+        view = View(self.plan, pc.Ownership(self.plan, m, "central"), me, self.device,
+                    self.wire)
+        keys = self.opt_state.travelling()
+        sends, recvs = [], []
+        if self.number == primary:
+            sends = [(self._rank_of(order[w]), self._store.extract(held, w, keys))
+                     for w in range(m) if w != me and view.piece_size(held, 0, w, keys)]
+        elif size := view.piece_size(held, 0, me, keys):
+            recvs = [(self._rank_of(primary), torch.empty(size, device=self.device,
+                                                          dtype=self.wire))]
+        self.comm.exchange(sends, recvs, tag=self.tag)
+        if not self.replica.comm.agree(True):
+            return False
+        self.held, self.view, self._order = held, view, order
+        sub = sn.allocate(view, held, self._store, self._tensors, keys)
+        if self.number == primary and view.piece_size(held, 0, me, keys):
+            sn.load(view, held, sub, 0, self._store.extract(held, me, keys), keys)
+        for _, buf in recvs:
+            sn.load(view, held, sub, 0, buf, keys)
+        with torch.no_grad():
+            for name, xs in sub.items():
+                self._tensors[name].data = xs[0]
+        self.opt_state.install(self._tensors, sub)
+        self._adapter().configure(self.model, {g: u[me] for g, u in held.items()})
+        self._install_scaling()
+        self.active = True
+        self.in_round = 0
+        return True
+
+    # --- steps 5-6 -----------------------------------------------------------------------------
+    def end_round(self) -> None:
+        """Steps 5-6 (module docstring)."""
+        if not self.active:
+            raise UsageError("IST.end_round() outside a round")
+        self._harvest_state_keys()
+        sub = self._kept if self._kept is not None else self._subnet()
+        self._kept = None
+        order, held, view = self._order, self.held, self.view
+        keys = self.opt_state.travelling()
+        mine = sn.take(view, held, sub, 0, keys)
+        while True:
+            self.replica.begin(shrink_only=True)
+            self._members = self.replica.members()
+            if any(x not in order for x in self._members):
+                raise FaultToleranceError(
+                    f"fault tolerance: round {self.round} closed with workers "
+                    f"{self._members}, not all of which began it ({order}); torchft's "
+                    "shrink_only quorum should have excluded a joiner")
+            live = [x for x in order if x in self._members]
+            keepers = self._live_keepers()
+            sends = ([(self._rank_of(k), mine) for k in keepers if k != self.number]
+                     if mine.numel() else [])
+            recvs = ([(x, torch.empty(size, device=self.device, dtype=self.wire))
+                      for x in live if x != self.number
+                      and (size := view.piece_size(held, 0, order.index(x), keys))]
+                     if self.keeper else [])
+            self.comm.exchange([(d, t) for d, t in sends],
+                               [(self._rank_of(x), b) for x, b in recvs], tag=self.tag)
+            shared = self._gather_shared(sub, keys, live)
+            if self.replica.comm.agree(shared is not None) and self.replica.commit():
+                break
+        assert shared is not None
+        with torch.no_grad():
+            if self.keeper:
+                got = dict(recvs)
+                got[self.number] = mine
+                dealt: Dealt = {}
+                ov: Overlap | None = {} if self.overlap > 1 else None
+                for x in live:
+                    if x in got:
+                        self._store.write_back(held, order.index(x), got[x], keys, dealt, ov)
+                self._store.average_dealt(dealt, keys)
+                if ov is not None:
+                    self._store.average_overlap(ov, keys)
+            self._apply_shared(sub, keys, shared, len(live))
+        self._keepers = keepers
+        self.log.append((self.round, list(order), live))
+        self._end_common()
+
+    def _gather_shared(self, sub: sn.Subnet, keys: Sequence[str], live: list[int]
+                       ) -> list[torch.Tensor] | None:
+        """Every live worker's deltas of the shared floating-point tensors, in worker order
+        (an all-gather: the sum is then taken in one order on every member, a pure function
+        of the live set); None when the gather failed."""
+        deltas = [(x - base).reshape(-1) for t in self._shared()
+                  for base, x in zip(self._store.stored(t, keys), sub[t.name])
+                  if base.is_floating_point()]
+        if not deltas:
+            return []
+        flat = self._store_view.flat(deltas)
+        got = self.comm.all_gather(flat, tag="shared")
+        if self.replica.manager.errored() is not None:
+            return None
+        by_number = dict(zip(self._members, got))
+        return [by_number[x] for x in live]
+
+    def _apply_shared(self, sub: sn.Subnet, keys: Sequence[str], shared: list[torch.Tensor],
+                      live: int) -> None:
+        """Shared tensors at base + (sum of the live workers' deltas) / live; integer buffers
+        take this worker's own values, as in :class:`IST`."""
+        total = None
+        for d in shared:
+            total = d.clone() if total is None else total.add_(d)
+        at = 0
+        for t in self._shared():
+            for base, x in zip(self._store.stored(t, keys), sub[t.name]):
+                if not base.is_floating_point():
+                    base.copy_(x)
+                    continue
+                assert total is not None
+                base.add_(total[at:at + base.numel()].view_as(base).to(base.dtype),
+                          alpha=1.0 / live)
+                at += base.numel()
+
+    # --- the full model ------------------------------------------------------------------------
+    def full_tensors(self) -> dict[str, torch.Tensor] | None:
+        """Every tensor whole, on a keeper (no message; None elsewhere), at a round boundary."""
+        self._ready("was asked for the full model")
+        if self.active:
+            raise UsageError(f"IST: the full model was asked for mid-round (step {self.in_round}"
+                             f" of {self.K} of round {self.round}); ask at a round boundary")
+        if not self.keeper:
+            return None
+        st = self._store
+        full = {t.name: torch.empty(t.shape, device=self.device,
+                                    dtype=self._tensors[t.name].dtype)
+                for t in self.plan.tensors if not t.shared}
+        st.unpack_owner(0, st.owned_flat(), full)
+        full.update({t.name: st.slices[t.name].clone() for t in self._shared()})
+        return full
+
+    def full_model(self, to: int = 0, *, tag: str = "control") -> nn.Module | None:
+        """The full model on every keeper (a copy; None on other workers), with no message: a
+        keeper stores it whole. ``to`` and ``tag`` are :class:`IST`'s, unused here."""
+        del to, tag
+        full = self.full_tensors()
+        if full is None:
+            return None
+        self._detach()
+        try:
+            clone = copy.deepcopy(self.model)
+        finally:
+            self._attach()
+        tensors = self._model_tensors(clone)
+        with torch.no_grad():
+            for name, x in full.items():
+                tensors[name].data = x
+        self._configure_full(clone)
+        return clone
+
+    def finish(self, *, tag: str = "switch") -> nn.Module:
+        """The user's model becomes the full model on every live worker: the first live keeper
+        broadcasts its store over the last quorum (one line if a worker is lost meanwhile)."""
+        self._ready("was asked to finish")
+        self._live_keepers()
+        primary = [k for k in self._keepers if k in self._members][0]
+        flat = (self._store.owned_flat() if self.number == primary else
+                torch.empty(self._store.owned_numel(0), device=self.device, dtype=self.wire))
+        self.comm.broadcast(flat, src=self._rank_of(primary), tag=tag)
+        if self.replica.manager.errored() is not None:
+            raise FaultToleranceError("fault tolerance: a worker was lost while the full model "
+                                      "was sent; a keeper still stores it (full_model())")
+        full = {t.name: torch.empty(t.shape, device=self.device,
+                                    dtype=self._tensors[t.name].dtype)
+                for t in self.plan.tensors if not t.shared}
+        self._store.unpack_owner(0, flat, full)
+        full.update({t.name: self._store.slices[t.name].clone() for t in self._shared()})
+        self._detach()
+        with torch.no_grad():
+            for name, x in full.items():
+                self._tensors[name].data = x
+        self._configure_full(self.model)
+        self.finished = True
+        return self.model
+
+    def close(self) -> None:
+        """Remove IST's hooks, leave the quorum (torchft's threads and servers stop)."""
+        super().close()
+        self.replica.close()
