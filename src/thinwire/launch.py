@@ -171,12 +171,8 @@ def launch_replicas(run_dir: Path, workers: int, *, min_workers: int,
     4. returns every worker's :class:`Exit` when at least one finished (code 0); else raises
        :class:`WorkerFailed` with the first recorded line (bad input first, then the quorum's).
     Ctrl-C or SIGTERM stops every worker and raises :class:`Interrupted`."""
-    import subprocess
-
     from thinwire.runtime.ft import Lighthouse
-    from thinwire.worker import FT_LIGHTHOUSE_ENV, FT_WORKER_ENV
 
-    config_path = Path(run_dir) / "config.toml"
     errors = Path(tempfile.mkdtemp(prefix=f"thinwire-replicas-{os.getpid()}-"))
     procs: list[Any] = []
     logs: list[Any] = []
@@ -196,16 +192,9 @@ def launch_replicas(run_dir: Path, workers: int, *, min_workers: int,
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, on_signal)
             base = {**os.environ, **quiet, **(env or {}), LAUNCHER_PID_ENV: str(os.getpid()),
-                    **_default_env(), FT_LIGHTHOUSE_ENV: lh.address}
-            for i in range(workers):
-                out = Path(run_dir) / f"worker{i}"
-                out.mkdir(exist_ok=True)
-                logs.append(open(out / "output.log", "wb"))  # noqa: SIM115 - closed below
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", module, str(config_path)], stdin=subprocess.DEVNULL,
-                    stdout=logs[-1], stderr=subprocess.STDOUT,
-                    env={**base, FT_WORKER_ENV: str(i), "RANK": str(i),
-                         "TORCHELASTIC_ERROR_FILE": str(errors / f"{i}.json")}))
+                    **_default_env()}
+            _spawn_replicas(Path(run_dir), workers, module, base, lh.address, errors, procs,
+                            logs)
             codes = [p.wait() for p in procs]
     finally:
         for p in procs:
@@ -224,6 +213,25 @@ def launch_replicas(run_dir: Path, workers: int, *, min_workers: int,
     first = min(exits, key=lambda e: (order.get(e.kind, 3), e.worker))
     raise WorkerFailed(f"worker {first.worker} failed: {first.describe()}", rank=first.worker,
                        exitcode=first.code, cause=first.message, kind=first.kind or "exit")
+
+
+def _spawn_replicas(run_dir: Path, workers: int, module: str, base: Mapping[str, str],
+                    lighthouse: str, errors: Path, procs: list[Any], logs: list[Any]) -> None:
+    """Step 2 of :func:`launch_replicas`: each started process and its log file are appended
+    to ``procs`` and ``logs`` at once, so the caller's cleanup reaches every one."""
+    import subprocess
+
+    from thinwire.worker import FT_LIGHTHOUSE_ENV, FT_WORKER_ENV
+
+    for i in range(workers):
+        out = run_dir / f"worker{i}"
+        out.mkdir(exist_ok=True)
+        logs.append(open(out / "output.log", "wb"))  # noqa: SIM115 - the caller closes it
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", module, str(run_dir / "config.toml")],
+            stdin=subprocess.DEVNULL, stdout=logs[-1], stderr=subprocess.STDOUT,
+            env={**base, FT_LIGHTHOUSE_ENV: lighthouse, FT_WORKER_ENV: str(i), "RANK": str(i),
+                 "TORCHELASTIC_ERROR_FILE": str(errors / f"{i}.json")}))
 
 
 def _exit_of(worker: int, code: int, error_file: Path) -> Exit:

@@ -50,6 +50,9 @@ With one fragment, no delay, alpha 0 and no codec, this is the DiLoCo above bit 
     # Streaming: 4 strided fragments, 5 steps of overlap, 4-bit outer gradients
     thinwire.DiLoCo(model, inner, outer, sync_every=100, fragments=4, delay=5,
                     codec=thinwire.build_codec("fp4"))
+
+One concept, one file (over 400 lines): DiLoCo's outer loop (plain, Streaming, over a torchft
+quorum) with its method entry, options and traffic formula.
 """
 
 from __future__ import annotations
