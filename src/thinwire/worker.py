@@ -326,7 +326,7 @@ def _train_replica(cfg: Any, run_dir: Path) -> int:
     from thinwire.errors import UsageError
     from thinwire.ft_trainer import FaultTolerantTrainer
     from thinwire.runtime import dist as rt
-    from thinwire.runtime.ft import Replica
+    from thinwire.runtime.ft import FaultToleranceError, Replica
     from thinwire.runtime.ledger import Ledger
 
     lighthouse, index = os.environ.get(FT_LIGHTHOUSE_ENV, ""), os.environ.get(FT_WORKER_ENV, "")
@@ -338,9 +338,15 @@ def _train_replica(cfg: Any, run_dir: Path) -> int:
                                                      // cfg.runtime.workers))
     device = rt.pick_device(cfg.runtime, int(index))
     t = cfg.runtime.timeout_s
-    replica = Replica(f"worker{index}", lighthouse, min_workers=cfg.runtime.min_workers,
-                      host=os.environ.get(FT_HOST_ENV, "127.0.0.1"), timeout=t,
-                      quorum_timeout=t, device=device, ledger=Ledger(int(index)))
+    try:
+        replica = Replica(f"worker{index}", lighthouse, min_workers=cfg.runtime.min_workers,
+                          host=os.environ.get(FT_HOST_ENV, "127.0.0.1"), timeout=t,
+                          quorum_timeout=t, device=device, ledger=Ledger(int(index)))
+    except (RuntimeError, OSError) as exc:  # torchft's connection errors
+        raise FaultToleranceError(
+            f"fault tolerance: worker {index} cannot join the lighthouse at {lighthouse} "
+            f"({_one_line(str(exc))[:200]}); start it first, or check {FT_LIGHTHOUSE_ENV}"
+        ) from None
     try:
         trainer = _build_trainer(FaultTolerantTrainer, cfg, replica, device, run_dir)
         trainer.run()
