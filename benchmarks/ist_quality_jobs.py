@@ -4,7 +4,8 @@
 kept whole, optimizer state auto: dealt with its units except for convolutional models, overlap
 auto: max(1, n // 2), K = 10) and shows the old
 defaults (the stream cut, disjoint subnets) beside them, at 2 and 4 workers; ``target`` runs
-every model with the defaults against plain training, DP, local SGD and DiLoCo at equal samples.
+every model with the defaults against plain training, DP, local SGD and DiLoCo at equal samples;
+``dealt`` cuts only the heads or only the FFN neurons of the attention models.
 """
 
 from __future__ import annotations
@@ -151,3 +152,41 @@ def norms() -> Groups:
 
 
 TABLES["norms"] = norms
+
+
+def _layers(model: str, n_layers: int = 2) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The submodules that hold a model's attention and its FFN, every layer: the ``shared``
+    names that keep the heads (first) or the FFN neurons (second) whole."""
+    if model == "encoder":  # nn.TransformerEncoder, one traced node: its rule honours shared
+        return (tuple(f"encoder.layers.{i}.self_attn" for i in range(n_layers)),
+                tuple(f"encoder.layers.{i}.{f}" for i in range(n_layers)
+                      for f in ("linear1", "linear2")))
+    # thinwire's GPT is traced into its Linears: its attention's and FFN's own layers are named
+    # (shared=("blocks.0.attn",) fails to derive: the meta tracer its forward needs records
+    # the kept module's inner calls)
+    return (tuple(f"blocks.{i}.attn.{f}" for i in range(n_layers) for f in ("q", "k", "v", "proj")),
+            tuple(f"blocks.{i}.mlp.{f}" for i in range(n_layers) for f in ("fc1", "fc2")))
+
+
+def dealt() -> Groups:
+    """What is dealt on the attention models, at 2 and 4 workers: IST's defaults (heads and FFN
+    neurons both cut, the stream whole) against cutting only the heads (every FFN kept whole
+    with ``shared=``) and only the FFN neurons (every self-attention kept whole). The encoder
+    over 3 seeds, thinwire's GPT (300 steps of 16 windows) over 1."""
+    gpt: dict[str, Any] = {"batch": 16, "steps": 300}
+    groups: Groups = []
+    for n in (2, 4):
+        jobs: list[Job] = []
+        for m, kw, seeds in (("encoder", {}, SEEDS), ("gpt", gpt, (0,))):
+            attention, ffn = _layers(m)
+            jobs += _seeds([Job(m, "plain", **kw), Job(m, "dp", **kw),
+                            Job(m, "ist", label="ist defaults (heads and FFN cut)", **kw),
+                            Job(m, "ist", label="heads cut, FFN whole", ist={"shared": ffn},
+                                **kw),
+                            Job(m, "ist", label="FFN cut, attention whole",
+                                ist={"shared": attention}, **kw)], seeds)
+        groups.append((n, jobs))
+    return groups
+
+
+TABLES["dealt"] = dealt

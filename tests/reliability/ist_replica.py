@@ -18,10 +18,10 @@ import argparse
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import torch
+from ft_replica import wait_for  # beside this file: the run as a script puts it on the path
 
 K = 2
 HIDDEN = 12
@@ -37,17 +37,6 @@ def batch(index: int, round_: int, step: int) -> tuple[torch.Tensor, torch.Tenso
     g = torch.Generator().manual_seed(10_000 * index + 100 * round_ + step)
     x = torch.randn(8, 4, generator=g)
     return x, torch.randn(8, 3, generator=g)
-
-
-def wait_for(out: Path, names: list[str], limit: float = 60) -> bool:
-    deadline = time.monotonic() + limit
-    for name in names:
-        while not (out / name).exists():
-            if time.monotonic() > deadline:
-                print(f"{name} never appeared", file=sys.stderr)
-                return False
-            time.sleep(0.05)
-    return True
 
 
 def main() -> int:

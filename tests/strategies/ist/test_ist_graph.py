@@ -314,6 +314,34 @@ def test_untraceable_module_is_one_line_naming_it_and_shared_is_the_escape_hatch
     assert cuts["hidden.weight"] == ["hidden"] and cuts["out.weight"] == ["hidden"]
 
 
+def test_shared_reaches_inside_a_transformer_layer() -> None:
+    """An nn.TransformerEncoder is one traced node cut by its rule: ``shared`` naming a layer's
+    self_attn keeps that layer's heads whole (its FFN neurons still cut), naming linear1 keeps
+    its FFN whole (its heads still cut), naming the layer keeps both, for that layer alone."""
+    x = torch.randint(0, 9, (3, 6))
+
+    def cuts(shared: tuple[str, ...]) -> dict[str, list[str]]:
+        plan = derive_adapter(EncoderClassifier(), x, shared=shared).plan
+        return {t.name: [c.group for c in t.cuts] for t in plan.tensors}
+
+    every = cuts(())
+    for i in (0, 1):
+        assert every[f"encoder.layers.{i}.self_attn.in_proj_weight"] != []
+        assert every[f"encoder.layers.{i}.linear1.weight"] != []
+    heads_whole = cuts(("encoder.layers.0.self_attn",))
+    assert heads_whole["encoder.layers.0.self_attn.in_proj_weight"] == []
+    assert heads_whole["encoder.layers.0.self_attn.out_proj.weight"] == []
+    assert heads_whole["encoder.layers.0.linear1.weight"] != []
+    assert heads_whole["encoder.layers.1.self_attn.in_proj_weight"] != []
+    ffn_whole = cuts(("encoder.layers.0.linear1",))
+    assert ffn_whole["encoder.layers.0.linear1.weight"] == []
+    assert ffn_whole["encoder.layers.0.linear2.weight"] == []
+    assert ffn_whole["encoder.layers.0.self_attn.in_proj_weight"] != []
+    layer_whole = cuts(("encoder.layers.0",))
+    assert all(v == [] for k, v in layer_whole.items() if k.startswith("encoder.layers.0."))
+    assert layer_whole["encoder.layers.1.linear1.weight"] != []
+
+
 def test_a_model_with_nothing_to_cut_is_refused_and_bad_options_are_one_line() -> None:
     with pytest.raises(UsageError, match="no unit to cut"):
         derive_adapter(nn.Sequential(nn.Linear(4, 3)), torch.randn(2, 4))

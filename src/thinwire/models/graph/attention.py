@@ -2,7 +2,9 @@
 ``nn.MultiheadAttention`` cuts heads (``in_proj_weight`` rows in 3 segments of ``head_dim``,
 ``out_proj`` columns); ``nn.TransformerEncoderLayer`` / ``DecoderLayer`` / ``Encoder`` /
 ``Decoder`` / ``Transformer`` are kept one node each and cut per layer into heads and FFN
-neurons, their ``d_model`` a residual stream."""
+neurons, their ``d_model`` a residual stream. A submodule of such a node named in ``shared``
+(a layer's ``self_attn``, ``linear1`` or ``linear2``, a norm, or the whole layer) keeps the units
+it indexes whole, as ``shared`` does for a module the tracer calls on its own."""
 
 from __future__ import annotations
 
@@ -66,9 +68,15 @@ def _attention(p: Context, n: fx.Node, name: str, m: nn.MultiheadAttention) -> A
     return [_attention_out(p, name, m, rank), {}]
 
 
+def _kept(p: Context, layer: str, *subs: str) -> bool:
+    """The user keeps the layer, or one of its submodules ``subs``, whole (``shared``)."""
+    return layer in p.shared or any(f"{layer}.{s}" in p.shared for s in subs)
+
+
 def _layer(p: Context, name: str, m: nn.Module, d_ann: Ann, rank: int,
            memory: Ann | None) -> Ann:
-    """One encoder/decoder layer: heads and FFN neurons; d_model in and out the same."""
+    """One encoder/decoder layer: heads and FFN neurons; d_model in and out the same. A group
+    whose module is named in ``shared`` (or the whole layer) is poisoned: not cut."""
     last = rank - 1
     attn = [("self_attn", d_ann)]
     if isinstance(m, nn.TransformerDecoderLayer):
@@ -84,7 +92,9 @@ def _layer(p: Context, name: str, m: nn.Module, d_ann: Ann, rank: int,
     stream = dict(d_ann)
     for sub, a in attn:
         mha = getattr(m, sub)
-        _attention_groups(p, f"{name}.{sub}", mha, a, rank)
+        heads = _attention_groups(p, f"{name}.{sub}", mha, a, rank)
+        if heads is not None and _kept(p, name, sub, f"{sub}.out_proj"):
+            p.groups.poison(heads)
         out = _attention_out(p, f"{name}.{sub}", mha, rank)
         stream = _join_stream(p, stream, out, last)
     lin1: Any = m.linear1  # type: ignore[union-attr]
@@ -95,6 +105,8 @@ def _layer(p: Context, name: str, m: nn.Module, d_ann: Ann, rank: int,
                     [Use(f"{name}.linear1.weight", 0), Use(f"{name}.linear1.bias", 0)]
                     if lin1.bias is not None else [Use(f"{name}.linear1.weight", 0)])
     p.consume(f"{name}.linear2", ffn, 1, f"{name}.linear2.weight", 1)
+    if _kept(p, name, "linear1", "linear2"):
+        p.groups.poison(ffn)
     out2 = {last: (p.new_group(lin2.out_features, f"{name}.linear2",
                              [Use(f"{name}.linear2.weight", 0)] +
                              ([Use(f"{name}.linear2.bias", 0)]
@@ -104,6 +116,8 @@ def _layer(p: Context, name: str, m: nn.Module, d_ann: Ann, rank: int,
         ln = getattr(m, norm, None)
         if ln is not None:
             _norm_on(p, f"{name}.{norm}", ln, stream, last)
+    if last in stream and _kept(p, name, "norm1", "norm2", "norm3"):
+        p.groups.poison(stream[last][0])
     return stream
 
 
@@ -128,6 +142,8 @@ def _stack(p: Context, name: str, m: nn.Module, a: Ann, rank: int, memory: Ann |
     norm = getattr(m, "norm", None)
     if isinstance(norm, nn.LayerNorm):
         _norm_on(p, f"{name}.norm", norm, stream, rank - 1)
+        if rank - 1 in stream and f"{name}.norm" in p.shared:
+            p.groups.poison(stream[rank - 1][0])
     return stream
 
 

@@ -16,6 +16,7 @@ class Context(Protocol):
 
     ann: dict[fx.Node, Any]
     owners: dict[str, Any]  # the traced model's modules by name
+    shared: set[str]  # the submodules the user keeps whole (``derive_adapter``'s ``shared``)
 
     def module_path(self, n: fx.Node) -> list[str]:
         """The modules (outermost first) whose forward made ``n`` (an exported graph)."""

@@ -462,8 +462,11 @@ class IST:
         boundary. A copy: training goes on in the user's model. ``tag`` labels the traffic in
         the ledger (``control``, evaluation, is kept out of the method's totals)."""
         full = self._gather_full([to], tag)
-        if full is None:
-            return None
+        return None if full is None else self._model_from(full)
+
+    def _model_from(self, full: dict[str, torch.Tensor]) -> nn.Module:
+        """A copy of the user's model holding ``full`` (the full tensors by name), configured
+        as evaluated."""
         self._detach()
         try:
             clone = copy.deepcopy(self.model)

@@ -56,7 +56,6 @@ agreement and a joiner's state).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -452,19 +451,7 @@ class FaultTolerantIST(IST):
         keeper stores it whole. ``to`` and ``tag`` are :class:`IST`'s, unused here."""
         del to, tag
         full = self.full_tensors()
-        if full is None:
-            return None
-        self._detach()
-        try:
-            clone = copy.deepcopy(self.model)
-        finally:
-            self._attach()
-        tensors = self._model_tensors(clone)
-        with torch.no_grad():
-            for name, x in full.items():
-                tensors[name].data = x
-        self._configure_full(clone)
-        return clone
+        return None if full is None else self._model_from(full)
 
     def finish(self, *, tag: str = "switch") -> nn.Module:
         """The user's model becomes the full model on every live worker: the first live keeper
