@@ -1,10 +1,11 @@
 """The training loop over a torchft quorum (``--runtime.fault_tolerance torchft``).
 
 A run that keeps training when a worker dies, for the methods whose entry says
-``fault_tolerant`` (localsgd, diloco with its Streaming options and codecs, sparseloco, demo):
-the outer loop of torchft's ``LocalSGD``/``DiLoCo`` (Douillard et al., "DiLoCo", 2023; torchft's
-``Manager``), on thinwire's wrappers (:mod:`thinwire.strategies.averaging`, steps a-c; DeMo's
-optimizer, every step an outer step). The strategy's ``quorum`` is the object that opens each
+``fault_tolerant`` (dp with its all-reduce and all-gather codecs, localsgd, diloco with its
+Streaming options and codecs, sparseloco, demo): the outer loop of torchft's
+``LocalSGD``/``DiLoCo`` (Douillard et al., "DiLoCo", 2023; torchft's ``Manager``), on thinwire's
+wrappers (:mod:`thinwire.strategies.averaging`, steps a-c; DeMo's optimizer and dp's
+:class:`~thinwire.strategies.fault.FaultTolerantDP`, every step an outer step). The strategy's ``quorum`` is the object that opens each
 round's quorum and records it. Each
 worker process is one replica group (:class:`~thinwire.runtime.ft.Replica`, index ``I`` of
 ``runtime.workers``, started by :func:`thinwire.launch.launch_replicas` or by hand on another
@@ -16,14 +17,16 @@ machine). What differs from :class:`~thinwire.trainer.Trainer`:
 2. data: worker ``I`` reads shard ``I`` of ``runtime.workers`` at every step, whoever else is
    alive (the batch is a pure function of seed, shard and step): a lost worker's shard is not
    read while it is gone, a worker that joins (or rejoins under its index) reads its own shard
-   from the step it joins at; a refused round's batches are not read again;
+   from the step it joins at; a refused round's batches are not read again (dp runs a refused
+   step again: its clock counts committed steps);
 3. before each step the round's quorum is opened (``begin_round``): a joining worker receives
    a live peer's state there, its step count included, and the loop goes on from that step;
 4. no collective outside a round, so a lost worker cannot stall one: every live worker
    evaluates its own model (all hold the same one after an outer step) and logs into
    ``RUN_DIR/workerI/`` (metrics, ``summary.json``, ``model.pt``); the checkpoint is written
    by the quorum's rank 0 of the last outer step alone, as a one-worker checkpoint (the
-   shared model, outer state and that worker's inner optimizer);
+   shared model, outer state and that worker's inner optimizer); a step the quorum's clock did
+   not count (dp's refused step, run again) is neither evaluated nor checkpointed;
 5. each worker's summary adds ``fault_tolerance``: every outer step's (step, live workers,
    kept), the steps at which it joined and recovered; the launcher writes the run's
    ``summary.json`` from the lowest surviving worker's, naming the workers lost and the step.
@@ -32,8 +35,9 @@ A method joins by setting ``fault_tolerant=True`` in its registry entry and givi
 strategy a ``quorum`` (built from ``Context.replica``): an object with ``begin_round()``
 (form the round's quorum, a joiner recovering there; nothing if one is open), ``clock`` (the
 job's step count, a joiner's taken from its peer) and ``history`` (each outer step's
-``(clock, live workers, kept)``). :class:`~thinwire.strategies.averaging.PeriodicSync` and
-:class:`~thinwire.strategies.demo.DeMo` are the two so far.
+``(clock, live workers, kept)``). :class:`~thinwire.strategies.averaging.PeriodicSync`,
+:class:`~thinwire.strategies.demo.DeMo` and :class:`~thinwire.strategies.fault.FaultTolerantDP`
+are the three so far.
 """
 
 from __future__ import annotations
@@ -105,8 +109,17 @@ class FaultTolerantTrainer(Trainer):
         """No barrier: a worker may be gone, or join later."""
 
     # --- 4.: evaluation, checkpoints and files of this worker alone ----------------------------
+    def _counted(self, done: int) -> bool:
+        """Whether the step ending at ``done`` counted (dp's refused step is run again)."""
+        return int(self.strategy.quorum.clock) == done
+
+    def _checkpoint_due(self, done: int) -> bool:
+        return self._counted(done) and super()._checkpoint_due(done)
+
     def _evaluate(self, step: int, wall: float, *, final: bool = False,
                   record: bool = True) -> dict[str, float]:
+        if record and not self._counted(step):
+            return {}
         model = self.strategy.model
         result = self.task.evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device,
                                     batch_size=eval_rows(self.ds.num_classes))

@@ -232,7 +232,7 @@ def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
 @pytest.mark.parametrize("over,needle", [
     ({"method.name": "ist"}, "method ist cannot run over a torchft quorum yet"),
     ({"method.name": "pipeline", "runtime.workers": "2"}, "method pipeline cannot run"),
-    ({"method.name": "dp"}, "methods that can: "),
+    ({"method.name": "tensor"}, "methods that can: dp, localsgd"),
     ({"method.name": "localsgd", "runtime.max_restarts": "1"}, "runtime.max_restarts"),
     ({"method.name": "localsgd", "runtime.min_workers": "5"}, "runtime.min_workers"),
     ({"method.name": "localsgd", "run.resume": "true"}, "without --runtime.fault_tolerance"),

@@ -29,6 +29,15 @@ stay each rank's own; in training mode they feed nothing the forward computes, a
 the ones it evaluates and saves, are the same either way). What is left outside the ledger is
 DDP's broadcast of the rebuilt bucket assignment, once a process (a few bytes a parameter).
 
+Over a torchft quorum (``--runtime.fault_tolerance torchft``, ``Context.replica``): no DDP; the
+step is :class:`~thinwire.strategies.fault.FaultTolerantDP`'s (1. the step's quorum, a joiner
+recovering there; 2. the gradients flattened into one tensor and averaged over the live
+workers through the codec's all-reduce or all-gather; 3. the vote; 4. kept, the optimizer
+steps; dropped, the trainer runs the same step again on the next quorum). Every codec whose
+exchange is an all-reduce or an all-gather; ``exchange=scatter`` and ``[memory] zero`` are
+refused in one line (:func:`_check`). The checkpoint is the model and optimizer (one worker's:
+the codec's residuals are per rank, docs/FAULT_TOLERANCE.md).
+
 Resume: a new process starts DDP from its first-iteration bucket again. So that the step after a
 resume sees the buckets of the uninterrupted run (a codec with a scale per bucket or draws over
 its positions, such as int8, fp4, QSGD or rand-k, would otherwise encode a differently laid out
@@ -61,7 +70,9 @@ from thinwire.strategies.base import (
     Context,
     MemoryReport,
     ReplicatedStrategy,
+    lr_at,
     make_optimizer,
+    set_lr,
 )
 from thinwire.strategies.entry import Bucketed, Compressed, MethodEntry, Rescalable
 from thinwire.strategies.memory import (
@@ -137,6 +148,15 @@ class DataParallelStrategy(ReplicatedStrategy):
         self.sharded = zero >= 2
         self._rebuild_pending = False
         self.plain_state = PlainState()  # the plain hook's (no codec)
+        self.ft: Any = None
+        if ctx.replica is not None:  # over a torchft quorum: FaultTolerantDP's step
+            from thinwire.strategies.fault import FaultTolerantDP
+
+            self.ddp = self.model
+            self.ft = FaultTolerantDP(self.model, self.opt, replica=ctx.replica,
+                                      codec=ctx.options.compressor, seed=self.cfg.train.seed,
+                                      clip_norm=self.cfg.train.clip_norm)
+            return
         if self.sharded:
             from thinwire.models import MODELS
 
@@ -163,11 +183,32 @@ class DataParallelStrategy(ReplicatedStrategy):
         else:
             self.ddp = self.model
 
+    @property
+    def quorum(self) -> Any:
+        """Over a torchft quorum, what opens each step's quorum and records it
+        (``thinwire.ft_trainer``): the :class:`~thinwire.strategies.fault.FaultTolerantDP`."""
+        return self.ft
+
     def train_step(self, batch: Batch, step: int) -> float:
+        if self.ft is not None:
+            return self._quorum_step(batch, step)
         if self._rebuild_pending:
             self._rebuild_pending = False
             self._rebuild_buckets(batch)
         return self.standard_step(self.ddp, self.opt, batch, step)
+
+    def _quorum_step(self, batch: Batch, step: int) -> float:
+        """One step over the quorum (module docstring): the schedule's learning rate, forward,
+        backward, then the live average, the vote and (kept) the optimizer step."""
+        x, y = batch
+        set_lr(self.opt, lr_at(self.cfg.train, step))
+        self.model.train()
+        self.ft.zero_grad()
+        with self.meter.measure():
+            loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        self.ft.step()
+        return float(loss.detach())
 
     def _rebuild_buckets(self, batch: Batch) -> None:
         """Let DDP rebuild its buckets in a resumed process before the first real step:
@@ -241,6 +282,8 @@ class DataParallelStrategy(ReplicatedStrategy):
         # exchange (a background thread for exchange=scatter) ends first.
         if self.hook_state is not None:
             self.hook_state.compressor.close()
+        if self.ft is not None:
+            self.ft.codec.close()  # the replica is the worker's: it closes it
         self.ddp = self.model
         gc.collect()
 
@@ -299,11 +342,23 @@ def traffic(layout: Layout, options: Options, workers: int, steps: int, seed: in
 
 
 def _check(cfg: Any) -> None:
-    """``[memory]`` with this method's options: FSDP2 (ZeRO-2/3) takes no gradient codec."""
+    """``[memory]`` with this method's options: FSDP2 (ZeRO-2/3) takes no gradient codec; over
+    a torchft quorum, neither ``[memory] zero`` nor a codec exchanged by an all-to-all."""
     codec = cfg.method.options.compressor
     check(cfg.memory.zero < 2 or codec == "none", "memory.zero",
           f"FSDP2 reduces gradients with its own reduce-scatter, a codec ({codec}) needs "
           "DDP's hook; use --memory.zero 1 with a compressor, or drop the compressor")
+    if cfg.runtime.fault_tolerance == "none":
+        return
+    check(cfg.memory.zero == 0, "memory.zero",
+          "dp over a torchft quorum keeps the whole optimizer on every worker (a lost owner "
+          "would lose its shard); drop --memory.zero or --runtime.fault_tolerance")
+    if codec != "none":
+        from thinwire.compression import build
+
+        check(type(build(codec)).__name__ != "ScatteredExchange", "method.compressor",
+              f"{codec} exchanges with an all-to-all, which dp over a torchft quorum does not "
+              "carry yet; drop exchange=scatter")
 
 
 def _label(o: Options) -> str:
@@ -362,7 +417,7 @@ METHOD = DataParallelEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallelStrategy", options=Options,
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
-    check_model=_check_model)
+    check_model=_check_model, fault_tolerant=True)
 
 __all__ = ["METHOD", "DataParallelStrategy", "DataParallelEntry", "Options", "allreduce_hook",
            "bucket_traffic", "buckets"]

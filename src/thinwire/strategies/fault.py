@@ -35,6 +35,12 @@ gradient mass, at most one step's compression error of one worker).
 
 The codec's shared randomness is drawn at the committed step (``step_index``), so the members
 of a quorum, a recovered one included, draw alike.
+
+In the trainer (``thinwire train --method dp --runtime.fault_tolerance torchft``) the strategy
+builds it on the run's :class:`~thinwire.runtime.ft.Replica` (``replica=``, torchft's
+``Manager`` shape) and the trainer opens each step's quorum with :meth:`begin_round`;
+:attr:`clock` (the committed steps) and :attr:`history` (each step's ``(clock, live workers,
+kept)``) are what it records.
 """
 
 from __future__ import annotations
@@ -65,16 +71,20 @@ class FaultTolerantDP:
     ``model`` and ``optimizer`` are the user's; ``codec`` a codec spec or
     :class:`~thinwire.compression.base.Compressor` ("none": plain fp32 averaging);
     ``replica_id``, ``lighthouse``, ``min_workers``, ``timeout``, ``quorum_timeout``, ``host``
-    as for :class:`~thinwire.runtime.ft.Replica`. :attr:`comm` is the communicator (its
-    ``ledger`` holds every call, recovery tagged ``recovery``); :attr:`step_index` the
-    committed steps; :attr:`live` the live world size of the last step.
+    as for :class:`~thinwire.runtime.ft.Replica`, or ``replica``: a replica built already (its
+    seat is this object's; the others are then not given). ``clip_norm`` > 0 clips the
+    averaged gradient's norm before the optimizer steps (as ``clip_grad_norm_`` after DDP's
+    average). :attr:`comm` is the communicator (its ``ledger`` holds every call, recovery
+    tagged ``recovery``); :attr:`step_index` the committed steps; :attr:`live` the live world
+    size of the last step.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                 replica_id: str, lighthouse: str, min_workers: int = 1,
-                 codec: str | Compressor = "none", seed: int = 0, timeout: float = 30.0,
-                 quorum_timeout: float = 60.0, host: str = "127.0.0.1",
-                 device: torch.device | str | None = None) -> None:
+                 replica_id: str | None = None, lighthouse: str | None = None,
+                 min_workers: int = 1, codec: str | Compressor = "none", seed: int = 0,
+                 timeout: float = 30.0, quorum_timeout: float = 60.0, host: str = "127.0.0.1",
+                 device: torch.device | str | None = None, replica: Replica | None = None,
+                 clip_norm: float = 0.0) -> None:
         self.model = model
         self.optimizer = optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -87,15 +97,26 @@ class FaultTolerantDP:
             raise FaultToleranceError(
                 f"FaultTolerantDP: codec {self.codec.describe()} exchanges with an all-to-all, "
                 "not carried over a torchft quorum yet; drop exchange=scatter")
-        self.replica = Replica(replica_id, lighthouse, min_workers=min_workers,
-                               state_dict=self._state, load_state_dict=self._load,
-                               host=host, timeout=timeout, quorum_timeout=quorum_timeout,
-                               device=dev)
-        self.replica_id = replica_id
+        if replica is None:
+            if replica_id is None or lighthouse is None:
+                raise FaultToleranceError("FaultTolerantDP: give replica_id and lighthouse, or "
+                                          "a replica")
+            replica = Replica(replica_id, lighthouse, min_workers=min_workers, host=host,
+                              timeout=timeout, quorum_timeout=quorum_timeout, device=dev)
+        elif replica_id is not None or lighthouse is not None:
+            raise FaultToleranceError("FaultTolerantDP: give a replica or replica_id and "
+                                      "lighthouse, not both")
+        self.replica = replica
+        self.replica.attach("dp", self._state, self._load)
+        self.replica_id = replica.replica_id
         self.comm = self.replica.comm
+        self.clip_norm = clip_norm
         self.live = 0
         self.committed = 0
         self.dropped = 0
+        self.history: list[tuple[int, list[int], bool]] = []
+        self._open = False
+        self._members: list[int] = []
 
     # --- state a joining worker receives -------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -114,20 +135,46 @@ class FaultTolerantDP:
         """Committed steps so far: the index of the step the loop runs next."""
         return self.replica.step
 
+    @property
+    def clock(self) -> int:
+        """The job's step count (the trainer's), a joiner's taken from its peer: the committed
+        steps (a dropped step is run again)."""
+        return self.step_index
+
+    def state_dict(self) -> dict[str, Any]:
+        """The codec's state (this rank's residuals included) and the step counts."""
+        return {"codec": self.codec.state_dict(), "step": self.step_index,
+                "committed": self.committed, "dropped": self.dropped}
+
     # --- the step --------------------------------------------------------------------------
-    def zero_grad(self) -> None:
-        """Step 1: the quorum (a joining worker recovers here), then the gradients cleared."""
+    def begin_round(self) -> None:
+        """Step 1: this step's quorum (a joining worker recovers here); nothing if one is open."""
+        if self._open:
+            return
         self.replica.begin()
+        self._members = self.replica.members()
+        self._open = True
         self.live = self.comm.world_size
         # private randomness (QSGD's rounding) differs across the live ranks
         codec: Any = self.codec
         while codec is not None:
             codec.rank = self.comm.rank
             codec = getattr(codec, "inner", None)
+
+    def zero_grad(self) -> None:
+        """Step 1: the quorum (:meth:`begin_round`), then the gradients cleared."""
+        self.begin_round()
         self.optimizer.zero_grad(set_to_none=True)
 
     def step(self) -> bool:
         """Steps 2-4: average over the live quorum, vote, apply or drop; True when applied."""
+        self.begin_round()  # a step() without zero_grad() first
+        kept = self._step()
+        self._open = False
+        self.history.append((self.step_index + (0 if kept else 1), list(self._members), kept))
+        return kept
+
+    def _step(self) -> bool:
         grads = grads_of(self.params)
         before = {k: v.clone() for k, v in self.codec.state_dict().items()}
         flat = flatten(grads)
@@ -143,6 +190,8 @@ class FaultTolerantDP:
                 if p.grad is None:
                     p.grad = g
             unflatten_into(mean.reshape(-1), [p.grad for p in self.params])  # type: ignore[misc]
+            if self.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, self.clip_norm)
             self.optimizer.step()
             self.committed += 1
             return True
