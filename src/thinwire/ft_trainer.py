@@ -35,9 +35,13 @@ A method joins by setting ``fault_tolerant=True`` in its registry entry and givi
 strategy a ``quorum`` (built from ``Context.replica``): an object with ``begin_round()``
 (form the round's quorum, a joiner recovering there; nothing if one is open), ``clock`` (the
 job's step count, a joiner's taken from its peer) and ``history`` (each outer step's
-``(clock, live workers, kept)``). :class:`~thinwire.strategies.averaging.PeriodicSync`,
-:class:`~thinwire.strategies.demo.DeMo` and :class:`~thinwire.strategies.fault.FaultTolerantDP`
-are the three so far.
+``(clock, live workers, kept)``, and where a round may close with fewer workers than began it,
+a fourth item: those that began it). :class:`~thinwire.strategies.averaging.PeriodicSync`,
+:class:`~thinwire.strategies.demo.DeMo`, :class:`~thinwire.strategies.fault.FaultTolerantDP`
+and :class:`~thinwire.strategies.ist.fault.FaultTolerantIST` are the four so far. Two optional
+parts, for a method whose workers do not all hold the model (IST): the quorum's
+``writes_checkpoint`` (default: the quorum's rank 0 writes it) and the strategy's
+``live_model(final)`` (the model this worker evaluates, None for none; default its ``model``).
 """
 
 from __future__ import annotations
@@ -120,7 +124,10 @@ class FaultTolerantTrainer(Trainer):
                   record: bool = True) -> dict[str, float]:
         if record and not self._counted(step):
             return {}
-        model = self.strategy.model
+        own = getattr(self.strategy, "live_model", None)
+        model = self.strategy.model if own is None else own(final)
+        if model is None:  # this worker holds no whole model at this step
+            return {}
         result = self.task.evaluate(model, self.ds.x_test, self.ds.y_test, device=self.device,
                                     batch_size=eval_rows(self.ds.num_classes))
         if final:
@@ -134,8 +141,9 @@ class FaultTolerantTrainer(Trainer):
         return dict(result)
 
     def _save(self, step: int, wall: float) -> None:
-        if self.comm.rank != 0:  # the last outer step's quorum rank 0 (the round is closed)
-            return
+        writes = getattr(self.strategy.quorum, "writes_checkpoint", None)
+        if (self.comm.rank != 0) if writes is None else not writes:
+            return  # the last outer step's quorum rank 0 (the round is closed), or its keeper
         state = {"strategy": self.strategy.state_dict(),
                  "trainer": {"wall_s": wall, **self._counters(), "label": label(self.cfg)}}
         checkpoint.save_rank(self.run_dir, step, 0, state)
@@ -153,8 +161,9 @@ class FaultTolerantTrainer(Trainer):
         summary["fault_tolerance"] = {
             "worker": self.index, "joined_at": self.joined_at,
             "recoveries": self.replica.recoveries,
-            "outer_steps": [{"step": s, "live": live, "kept": kept}
-                            for s, live, kept in wrapper.history]}
+            "outer_steps": [{"step": h[0], "live": h[1], "kept": h[2],
+                             **({"began": h[3]} if len(h) > 3 else {})}
+                            for h in wrapper.history]}
         return summary
 
 
@@ -178,7 +187,7 @@ def compose_summary(run_dir: Path, exits: list[Any]) -> dict[str, Any]:
     for e in exits:
         if e.code == 0:
             continue
-        seen = [o["step"] for o in ft["outer_steps"] if e.worker in o["live"]]
+        seen = [o["step"] for o in ft["outer_steps"] if e.worker in o.get("began", o["live"])]
         lost.append({"worker": e.worker, "step": seen[-1] if seen else 0,
                      "ended": e.describe()})
     ft["survivors"] = survivors

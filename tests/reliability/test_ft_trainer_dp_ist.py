@@ -140,3 +140,69 @@ def test_what_dp_cannot_carry_on_the_quorum_is_refused_in_one_line(
                                "runtime.fault_tolerance": "torchft", **over})
     msg = str(info.value)
     assert "\n" not in msg and needle in msg, msg
+
+
+def test_ist_loses_a_keeper_mid_round_and_one_joins(tmp_path: Path) -> None:
+    """ist (central, K = 4, a 64-12-10 MLP without norms, plain SGD), 4 workers configured,
+    min_workers 2: workers 0-2 begin; worker 1 (a keeper, with worker 0) SIGKILLs itself inside
+    step 5, the second step of round 1. Workers 0 and 2 close round 1 without it (its units
+    keep their round-start values), worker 2 becomes a keeper from worker 0's copy, round 2 is
+    dealt over {0, 2}; worker 3 starts once worker 0 began step 8 and joins the round starting
+    at 12 (worker 0 holds there until it is heartbeating), recovering the round's boundary
+    state over the ledger's ``recovery`` kind. No worker restarts; the summary names worker 1,
+    lost in the round that closed at step 8; workers 0, 2 and the joiner end with the same
+    full model, equal bit for bit to the one-process reference of IST's rule on the recorded
+    live sets (tests/reliability/test_ist_fault_tolerance.py's, on this network and these
+    batches); losing worker 1 changes it by more than 1e-3."""
+    from test_ist_fault_tolerance import _reference
+
+    run, cfg = make_run(tmp_path, {"method.name": "ist", "method.local_steps": "4",
+                                   "model.hidden": "12", "model.norm": "none"}, 4, 2)
+    summary = run_job(run, cfg, start="0,1,2", kill="1:5", join="3:8:12")
+    ft = summary["fault_tolerance"]
+    assert ft["survivors"] == [0, 2, 3], ft
+    assert ft["lost"] == [{"worker": 1, "step": 8, "ended": "killed by SIGKILL"}], ft
+    rounds = [(r["step"] // 4 - 1, r["began"], r["live"]) for r in ft["outer_steps"]]
+    assert rounds == [(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 2]), (2, [0, 2], [0, 2]),
+                      (3, [0, 2, 3], [0, 2, 3]), (4, [0, 2, 3], [0, 2, 3])], rounds
+    joiner = json.loads((run / "worker3" / "summary.json").read_text())["fault_tolerance"]
+    assert joiner["joined_at"] == 12 and joiner["recoveries"] == 1
+    got = json.loads((run / "ledger.rank3.json").read_text())["by_op"]["recv:recovery"]
+    assert got["recv"] > 0, got
+    final = {i: final_params(run, i, cfg) for i in (0, 2, 3)}
+    for i in (2, 3):
+        assert all(torch.equal(x, y) for x, y in zip(final[0], final[i])), i
+    ds = load_data(cfg)
+    streams = {w: make_stream(cfg, ds, w, 4) for w in range(4)}
+
+    def ref(log: list[tuple[int, list[int], list[int]]]) -> list[torch.Tensor]:
+        return _reference(log, cfg.train.lr, 0, build=lambda: build_model(cfg, ds),
+                          batch=lambda w, r, s: streams[w].batch(4 * r + s),
+                          loss=task_for(ds).loss, local_steps=4)
+
+    expected = ref(rounds)
+    for x, y in zip(final[0], expected):
+        assert torch.equal(x, y), (x - y).abs().max()
+    whole = ref([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *rounds[2:]])
+    assert max((x - y).abs().max().item() for x, y in zip(expected, whole)) > 1e-3
+    assert checkpoint.complete_steps(run) == [20]  # written by worker 0, the first keeper
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"method.deployment": "sharded"}, "method.deployment"),
+    ({"method.outer_lr": "0.7"}, "method.outer_lr"),
+    ({"method.switch_at": "40"}, "method.switch_at"),
+    ({"method.local_steps": "4", "train.eval_every": "10"}, "train.eval_every"),
+])
+def test_what_ist_cannot_carry_on_the_quorum_is_refused_in_one_line(
+        over: dict[str, str], needle: str) -> None:
+    from method_cases import MLP
+
+    from thinwire.errors import UsageError
+
+    with pytest.raises(UsageError) as info:
+        config_mod.load(None, {**MLP, "method.name": "ist", "runtime.workers": "3",
+                               "train.steps": "40", "runtime.fault_tolerance": "torchft",
+                               **over})
+    msg = str(info.value)
+    assert "\n" not in msg and needle in msg, msg

@@ -56,7 +56,11 @@ CUT = (0, 0, 1, None)
 
 
 def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: int,
-               momentum: float = 0.0) -> list[torch.Tensor]:
+               momentum: float = 0.0, *, build: Callable[[], torch.nn.Module] = ist_replica.build,
+               batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]] =
+               ist_replica.batch,
+               loss: Callable[..., torch.Tensor] = torch.nn.functional.mse_loss,
+               local_steps: int = ist_replica.K) -> list[torch.Tensor]:
     """IST's rule on the same live sets, one process, written out for the 4-12-3 MLP: round r
     deals the hidden units over the workers that began it (sorted), each worker that closed it
     trains its subnet (rows of W1 and b1, columns of W2, the whole b2; the hidden output scaled
@@ -64,36 +68,39 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
     mean of the copies that came back (none: unchanged), b2 its base plus the sum of the
     closers' deltas, in worker order, over their number. With momentum the buffers are dealt
     with their units (``reindex``): fresh in round 0, stored (zero where nobody trained) from
-    its end on, and written back by the same rule."""
-    copies = [[p.detach().clone() for p in ist_replica.build().parameters()]]
+    its end on, and written back by the same rule. ``build``, ``batch`` (worker, round, local
+    step), ``loss`` and ``local_steps``: another one-hidden-layer network with biases (W1, b1, W2, b2),
+    its batches, loss and local steps (the trainer's test: 64-12-10 on digits)."""
+    copies = [[p.detach().clone() for p in build().parameters()]]
+    width, fan_in, fan_out = copies[0][0].shape[0], copies[0][0].shape[1], copies[0][2].shape[0]
     for r, began, closed in log:
         order = sorted(began)
         m = len(order)
-        held = partition_groups([("0", ist_replica.HIDDEN, "disjoint")], m, 0, r,
+        held = partition_groups([("0", width, "disjoint")], m, 0, r,
                                 min(resolve_overlap(overlap, m), m))["0"]
-        count = torch.zeros(ist_replica.HIDDEN, dtype=torch.int32)
+        count = torch.zeros(width, dtype=torch.int32)
         trained: list[tuple[torch.Tensor, list[list[torch.Tensor]]]] = []
         for i, x in enumerate(order):
             if x not in closed:
                 continue
             u = torch.as_tensor(held[i], dtype=torch.long)
-            sub = torch.nn.Sequential(torch.nn.Linear(4, len(u)), torch.nn.ReLU(),
-                                      torch.nn.Linear(len(u), 3))
+            sub = torch.nn.Sequential(torch.nn.Linear(fan_in, len(u)), torch.nn.ReLU(),
+                                      torch.nn.Linear(len(u), fan_out))
             params = list(sub.parameters())
             with torch.no_grad():
                 for p, base, dim in zip(params, copies[0], CUT):
                     p.copy_(base if dim is None else base.index_select(dim, u))
-            f = ist_replica.HIDDEN / len(u)
+            f = width / len(u)
             sub[2].register_forward_pre_hook(lambda _m, a, f=f: (a[0] * f, *a[1:]))
             opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
             if len(copies) > 1:
                 for p, buf, dim in zip(params, copies[1], CUT):
                     opt.state[p]["momentum_buffer"] = (
                         buf.clone() if dim is None else buf.index_select(dim, u))
-            for s in range(ist_replica.K):
-                xb, yb = ist_replica.batch(x, r, s)
+            for s in range(local_steps):
+                xb, yb = batch(x, r, s)
                 opt.zero_grad()
-                torch.nn.functional.mse_loss(sub(xb), yb).backward()
+                loss(sub(xb), yb).backward()
                 opt.step()
             count[u] += 1
             back = [[p.detach() for p in params]]

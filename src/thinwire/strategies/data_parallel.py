@@ -45,6 +45,9 @@ bucket, and the ledger would count one more first-iteration step), the first ste
 :meth:`DataParallelStrategy.load_state_dict` runs one forward and backward first with the hook silent
 (no exchange), the random state and the buffers put back after it, which lets DDP record the
 gradient-ready order and rebuild (:meth:`DataParallelStrategy._rebuild_buckets`).
+
+One concept, one file (over 400 lines): the dp method (its strategy over DDP, ZeRO or a torchft
+quorum, its bucket traffic formula and registry entry), as every method lives in one module.
 """
 
 from __future__ import annotations

@@ -86,6 +86,37 @@ def replica_number(replica_id: str) -> int:
     return int(replica_id[-digits:])
 
 
+def _refuse(deployment: str, outer_lr: float, outer_momentum: float, adapter: Any,
+            example_input: Any, keepers: int, workers: int, overlap: int, replica: Any,
+            replica_id: str | None, lighthouse: str | None) -> None:
+    """What :class:`FaultTolerantIST` cannot run, in one line each (module docstring)."""
+    if deployment != "central":
+        raise FaultToleranceError(
+            f"FaultTolerantIST deployment {deployment!r}: a lost sharded owner's slices "
+            "exist nowhere else; use deployment='central' (its store is kept whole on "
+            "`keepers` workers)")
+    if (outer_lr, outer_momentum) != (1.0, 0.0):
+        raise FaultToleranceError(
+            "FaultTolerantIST: outer_lr/outer_momentum keep momentum a new keeper does not "
+            "receive yet; leave them at 1 and 0")
+    if adapter is None and example_input is None:
+        raise FaultToleranceError(
+            "FaultTolerantIST needs the model's plan before its first quorum: pass "
+            "example_input= (a batch of the model's input) or adapter=")
+    if keepers < 1 or workers < 1:
+        raise FaultToleranceError(f"FaultTolerantIST workers={workers} keepers={keepers}: "
+                                  "give at least 1 of each")
+    if not 0 <= overlap <= workers:
+        raise UsageError(f"IST overlap {overlap}: use 1 to the number of workers "
+                         f"({workers}), or 0 (auto: half the live workers)")
+    if replica is None and (replica_id is None or lighthouse is None):
+        raise FaultToleranceError("FaultTolerantIST: give replica_id and lighthouse, or a "
+                                  "replica")
+    if replica is not None and (replica_id is not None or lighthouse is not None):
+        raise FaultToleranceError("FaultTolerantIST: give a replica or replica_id and "
+                                  "lighthouse, not both")
+
+
 class FaultTolerantIST(IST):
     """IST over a torchft quorum (module docstring, steps 1-6).
 
@@ -98,36 +129,27 @@ class FaultTolerantIST(IST):
     before its first forward). :attr:`log` holds (round, workers at its start, workers that
     closed it) per closed round; :attr:`comm` is the live quorum's communicator (its ledger
     holds every byte, recovery under ``recovery``).
+
+    ``replica``: a replica built already (the trainer's, ``thinwire.ft_trainer``) instead of
+    ``replica_id``/``lighthouse``; it is then the caller's to close. For the trainer, the
+    round's quorum is opened by :meth:`begin_round`, :attr:`clock` counts the job's steps
+    (rounds closed times K plus the steps of the open round) and :attr:`history` holds each
+    closed round's (clock, workers that closed it, kept, workers that began it).
     """
 
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
-                 Sequence[torch.optim.Optimizer], *, replica_id: str, lighthouse: str,
-                 workers: int, min_workers: int = 1, keepers: int = 2,
+                 Sequence[torch.optim.Optimizer], *, replica_id: str | None = None,
+                 lighthouse: str | None = None, workers: int, min_workers: int = 1,
+                 keepers: int = 2, replica: Replica | None = None,
                  deployment: str = "central", adapter: ISTAdapter | None = None,
                  example_input: Any = None, overlap: int = 0, outer_lr: float = 1.0,
                  outer_momentum: float = 0.0, timeout: float = 30.0,
                  quorum_timeout: float = 60.0, host: str = "127.0.0.1",
                  **kwargs: Any) -> None:
-        if deployment != "central":
-            raise FaultToleranceError(
-                f"FaultTolerantIST deployment {deployment!r}: a lost sharded owner's slices "
-                "exist nowhere else; use deployment='central' (its store is kept whole on "
-                "`keepers` workers)")
-        if (outer_lr, outer_momentum) != (1.0, 0.0):
-            raise FaultToleranceError(
-                "FaultTolerantIST: outer_lr/outer_momentum keep momentum a new keeper does not "
-                "receive yet; leave them at 1 and 0")
-        if adapter is None and example_input is None:
-            raise FaultToleranceError(
-                "FaultTolerantIST needs the model's plan before its first quorum: pass "
-                "example_input= (a batch of the model's input) or adapter=")
-        if keepers < 1 or workers < 1:
-            raise FaultToleranceError(f"FaultTolerantIST workers={workers} keepers={keepers}: "
-                                      "give at least 1 of each")
-        if not 0 <= overlap <= workers:
-            raise UsageError(f"IST overlap {overlap}: use 1 to the number of workers "
-                             f"({workers}), or 0 (auto: half the live workers)")
-        self.number = replica_number(replica_id)
+        _refuse(deployment, outer_lr, outer_momentum, adapter, example_input, keepers, workers,
+                overlap, replica, replica_id, lighthouse)
+        self.number = replica_number(replica.replica_id if replica is not None
+                                     else str(replica_id))
         self.workers = workers
         self.keepers_wanted = keepers
         self._overlap_arg = overlap
@@ -136,10 +158,13 @@ class FaultTolerantIST(IST):
         self._members: list[int] = []
         self.log: list[tuple[int, list[int], list[int]]] = []
         self.joined_at: int | None = None
-        self.replica = Replica(replica_id, lighthouse, min_workers=min_workers,
-                               state_dict=self._ft_state, load_state_dict=self._ft_load,
-                               host=host, timeout=timeout, quorum_timeout=quorum_timeout,
-                               device=next(model.parameters()).device)
+        self._owns_replica = replica is None
+        if replica is None:
+            replica = Replica(str(replica_id), str(lighthouse), min_workers=min_workers,
+                              host=host, timeout=timeout, quorum_timeout=quorum_timeout,
+                              device=next(model.parameters()).device)
+        self.replica = replica
+        self.replica.attach("ist", self._ft_state, self._ft_load)
         # set up as one worker storing everything (central IST's rank 0): every worker builds
         # the same model from the seed, so each starts as a keeper candidate
         try:
@@ -151,7 +176,8 @@ class FaultTolerantIST(IST):
                     raise UsageError(f"IST cuts {g.name} ({g.size} units) into {workers} "
                                      f"subnets; use >= {workers} units there or fewer workers")
         except BaseException:
-            self.replica.close()  # no torchft thread or server outlives a refused set-up
+            if self._owns_replica:  # no torchft thread or server outlives a refused set-up
+                self.replica.close()
             raise
         self.comm = self.replica.comm
         self._store_view = self.view
@@ -478,7 +504,30 @@ class FaultTolerantIST(IST):
         self.finished = True
         return self.model
 
+    # --- what the trainer records (thinwire.ft_trainer) ----------------------------------------
+    @property
+    def clock(self) -> int:
+        """The job's step count: rounds closed times K, plus the open round's steps (a joiner
+        takes the round from its peer)."""
+        return self.round * self.K + (self.in_round if self.active else 0)
+
+    @property
+    def history(self) -> list[tuple[int, list[int], bool, list[int]]]:
+        """Each closed round's (clock at its close, workers that closed it, kept: always,
+        workers that began it)."""
+        return [((r + 1) * self.K, list(closed), True, list(began))
+                for r, began, closed in self.log]
+
+    @property
+    def writes_checkpoint(self) -> bool:
+        """Whether this worker writes the run's checkpoint: the first live keeper (it stores
+        the whole model)."""
+        live = [k for k in self._keepers if k in self._members]
+        return bool(live) and live[0] == self.number
+
     def close(self) -> None:
-        """Remove IST's hooks, leave the quorum (torchft's threads and servers stop)."""
+        """Remove IST's hooks, leave the quorum (torchft's threads and servers stop) when
+        the replica is this object's own."""
         super().close()
-        self.replica.close()
+        if self._owns_replica:
+            self.replica.close()

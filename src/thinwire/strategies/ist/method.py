@@ -44,6 +44,16 @@ reindex`` every parameter element carries its per-element optimizer state along,
 way down in round 0, when no state exists yet. The switch of the hybrid schedule sends every
 rank's stored slices to every other rank once, then local SGD's averages follow.
 
+Over a torchft quorum (``--runtime.fault_tolerance torchft``, ``Context.replica``): the
+Strategy wraps the model with :class:`~thinwire.strategies.ist.fault.FaultTolerantIST` instead
+(central; its steps 1-6: a worker lost mid-round loses only its round, the next round is dealt
+over the workers alive then, a joining worker receives its subnet at the next round boundary;
+the whole model on :data:`KEEPERS` workers). Every keeper evaluates its stored model; at the
+last step every live worker receives the full model (``finish``) and evaluates and exports it;
+the first live keeper writes the checkpoint (a one-worker central IST state). Refused in one
+line, as ``FaultTolerantIST`` refuses them: ``deployment = sharded``, the outer optimizer, and
+the hybrid schedule (its switch needs a message outside a round).
+
 One concept, one file (over 400 lines): the ist method (its options, checks, label, strategy
 and traffic formula), as every method lives in one module.
 """
@@ -199,10 +209,39 @@ def local_steps_of(cfg: Any) -> int:
     return local_steps(cfg.method.options, MODELS.get(cfg.model.name).ist)
 
 
+KEEPERS = 2
+"""Over a torchft quorum: the live workers storing the whole model (FaultTolerantIST's
+``keepers``): one may be lost in a round and nothing is lost."""
+
+
+def _check_quorum(cfg: Any) -> None:
+    """Over a torchft quorum, what FaultTolerantIST refuses (one line each), and the
+    evaluations and checkpoints at round boundaries."""
+    o: Options = cfg.method.options
+    check(o.deployment == "central", "method.deployment",
+          "over a torchft quorum a lost sharded owner's slices exist nowhere else; use "
+          "--method.deployment central (the model is stored whole on 2 workers)")
+    check((o.outer_lr, o.outer_momentum) == (1.0, 0.0), "method.outer_lr",
+          "over a torchft quorum the outer optimizer's momentum is not yet carried to a new "
+          "keeper; leave method.outer_lr at 1 and method.outer_momentum at 0")
+    check(not (o.switch_at or o.switch_patience), "method.switch_at",
+          "over a torchft quorum the hybrid schedule's switch is not carried yet; leave "
+          "method.switch_at and method.switch_patience at 0")
+    k = o.local_steps or local_steps_of(cfg)
+    for name, every in (("train.steps", cfg.train.steps),
+                        ("train.eval_every", cfg.train.eval_every),
+                        ("run.checkpoint_every", cfg.run.checkpoint_every)):
+        check(every % k == 0, name,
+              f"{every} is not a multiple of K = {k}: over a torchft quorum ist evaluates and "
+              f"checkpoints at round boundaries; use a multiple of {k}")
+
+
 def _check(cfg: Any) -> None:
     """The overlap against the workers; with an automatic K: the config's step alignment
-    against the model's K."""
+    against the model's K; over a torchft quorum, :func:`_check_quorum`."""
     o: Options = cfg.method.options
+    if cfg.runtime.fault_tolerance != "none":
+        _check_quorum(cfg)
     check(o.overlap <= cfg.runtime.workers, "method.overlap",
           f"{o.overlap} is more workers than the run has ({cfg.runtime.workers}); use 1 to "
           f"{cfg.runtime.workers}, or 0 for auto")
@@ -290,19 +329,51 @@ class ISTStrategy(Strategy):
         self.opt = make_optimizer(self.model.parameters(), self.cfg.train)
         adapter = adapter_for(self.cfg, model)
         self.k = local_steps(o, adapter)
+        self.ft: Any = None
+        self.ist: IST
+        self._final_state: dict[str, Any] | None = None
+        self._local_cls = LocalSGD
+        self.local: Any = None
+        if ctx.replica is not None:  # over a torchft quorum (module docstring)
+            from thinwire.strategies.ist.fault import FaultTolerantIST
+
+            self.ist = self.ft = FaultTolerantIST(
+                self.model, self.opt, replica=ctx.replica, workers=self.cfg.runtime.workers,
+                keepers=KEEPERS, local_steps=self.k, seed=self.cfg.train.seed,
+                scale=None if o.scale == "auto" else o.scale,
+                optimizer_state=o.optimizer_state, adapter=adapter,
+                drop_last_step=o.drop_last_step, overlap=o.overlap)
+            self.switch_step = 0
+            self.rule = None
+            return
         self.ist = IST(self.model, self.opt, comm=self.comm, local_steps=self.k,
                        seed=self.cfg.train.seed, deployment=o.deployment,
                        scale=None if o.scale == "auto" else o.scale,
                        optimizer_state=o.optimizer_state, adapter=adapter,
                        drop_last_step=o.drop_last_step, overlap=o.overlap,
                        outer_lr=o.outer_lr, outer_momentum=o.outer_momentum)
-        self._local_cls = LocalSGD
-        self.local: Any = None
         self.switch_step = o.switch_at  # 0: not (yet) chosen
         self.rule = PlateauRule(o.switch_patience, o.switch_tol) if o.switch_patience else None
 
     def data_shard(self) -> tuple[int, int]:
         return data_shard(self.o, self.comm.rank, self.comm.world_size)
+
+    # --- over a torchft quorum (thinwire.ft_trainer) -----------------------------------------
+    @property
+    def quorum(self) -> Any:
+        """What opens each round's quorum and records it: the FaultTolerantIST."""
+        return self.ft
+
+    def live_model(self, final: bool) -> nn.Module | None:
+        """The model this worker evaluates over the quorum: a keeper's stored model (None on
+        other workers: no message outside a round); at the end, the full model on every live
+        worker (``finish``: the first live keeper's store over the last quorum), the keeper's
+        one-worker state kept first for the checkpoint."""
+        if not final:
+            return self.ist.full_model()
+        if self.ft.writes_checkpoint:
+            self._final_state = self.ist.state_dict()
+        return self.ist.finish()
 
     def _switch(self, *, resuming: bool = False) -> None:
         """Hybrid schedule: every rank gets the full model, then local SGD continues, averaging
@@ -339,6 +410,8 @@ class ISTStrategy(Strategy):
         return self.ist.full_model(to=0, tag="control")
 
     def state_dict(self) -> dict[str, Any]:
+        if self.ft is not None and self.ist.finished:  # the store as it was before finish
+            return {"ist": self._final_state or {}, "switch_step": 0}
         if self.local is not None:
             return {"local": self.local.state_dict(), "model": self.model.state_dict(),
                     "opt": self.opt.state_dict(), "switch_step": self.switch_step}
@@ -376,6 +449,8 @@ class ISTStrategy(Strategy):
     def close(self) -> None:
         if self.local is not None:
             self.local.close()
+        if self.ft is not None:
+            self.ft.close()  # its hooks; the replica is the worker's, which closes it
 
 
 def ist_traffic(plan: ISTPlan, o: Options, workers: int, steps: int, seed: int,
@@ -479,7 +554,7 @@ METHOD = ISTEntry(
                         "unit on half the workers by default), K local steps a round",
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
-    regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
+    fault_tolerant=True, regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
            "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST in its published form "
            "(ist:overlap=1,optimizer_state=reset) is 15.7x faster than DP and 2.6x faster "
            "than local SGD (python benchmarks/thin_wire.py, as root; "
