@@ -230,7 +230,7 @@ def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
 
 
 @pytest.mark.parametrize("over,needle", [
-    ({"method.name": "ist"}, "method ist cannot run over a torchft quorum yet"),
+    ({"method.name": "hybrid"}, "method hybrid cannot run over a torchft quorum yet"),
     ({"method.name": "pipeline", "runtime.workers": "2"}, "method pipeline cannot run"),
     ({"method.name": "tensor"}, "methods that can: dp, localsgd"),
     ({"method.name": "localsgd", "runtime.max_restarts": "1"}, "runtime.max_restarts"),
