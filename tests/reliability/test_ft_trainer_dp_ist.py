@@ -192,6 +192,7 @@ def test_ist_loses_a_keeper_mid_round_and_one_joins(tmp_path: Path) -> None:
     ({"method.deployment": "sharded"}, "method.deployment"),
     ({"method.outer_lr": "0.7"}, "method.outer_lr"),
     ({"method.switch_at": "40"}, "method.switch_at"),
+    ({"method.shards": "whole"}, "method.shards"),
     ({"method.local_steps": "4", "train.eval_every": "10"}, "train.eval_every"),
 ])
 def test_what_ist_cannot_carry_on_the_quorum_is_refused_in_one_line(

@@ -52,7 +52,8 @@ the whole model on :data:`KEEPERS` workers). Every keeper evaluates its stored m
 last step every live worker receives the full model (``finish``) and evaluates and exports it;
 the first live keeper writes the checkpoint (a one-worker central IST state). Refused in one
 line, as ``FaultTolerantIST`` refuses them: ``deployment = sharded``, the outer optimizer, and
-the hybrid schedule (its switch needs a message outside a round).
+the hybrid schedule (its switch needs a message outside a round); and ``shards = whole`` (each
+worker reads its own shard over the quorum).
 
 One concept, one file (over 400 lines): the ist method (its options, checks, label, strategy
 and traffic formula), as every method lives in one module.
@@ -227,6 +228,9 @@ def _check_quorum(cfg: Any) -> None:
     check(not (o.switch_at or o.switch_patience), "method.switch_at",
           "over a torchft quorum the hybrid schedule's switch is not carried yet; leave "
           "method.switch_at and method.switch_patience at 0")
+    check(o.shards == "own", "method.shards",
+          "over a torchft quorum each worker reads its own shard (a lost worker's is not read "
+          "while it is gone); leave method.shards at own")
     k = o.local_steps or local_steps_of(cfg)
     for name, every in (("train.steps", cfg.train.steps),
                         ("train.eval_every", cfg.train.eval_every),
