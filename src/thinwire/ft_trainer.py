@@ -26,7 +26,7 @@ machine). What differs from :class:`~thinwire.trainer.Trainer`:
    ``RUN_DIR/workerI/`` (metrics, ``summary.json``, ``model.pt``); the checkpoint is written
    by the quorum's rank 0 of the last outer step alone, as a one-worker checkpoint (the
    shared model, outer state and that worker's inner optimizer); a step the quorum's clock did
-   not count (dp's refused step, run again) is neither evaluated nor checkpointed;
+   not count (dp's refused step, run again) is neither logged, evaluated nor checkpointed;
 5. each worker's summary adds ``fault_tolerance``: every outer step's (step, live workers,
    kept), the steps at which it joined and recovered; the launcher writes the run's
    ``summary.json`` from the lowest surviving worker's, naming the workers lost and the step.
@@ -117,13 +117,8 @@ class FaultTolerantTrainer(Trainer):
         """Whether the step ending at ``done`` counted (dp's refused step is run again)."""
         return int(self.strategy.quorum.clock) == done
 
-    def _checkpoint_due(self, done: int) -> bool:
-        return self._counted(done) and super()._checkpoint_due(done)
-
     def _evaluate(self, step: int, wall: float, *, final: bool = False,
                   record: bool = True) -> dict[str, float]:
-        if record and not self._counted(step):
-            return {}
         own = getattr(self.strategy, "live_model", None)
         model = self.strategy.model if own is None else own(final)
         if model is None:  # this worker holds no whole model at this step

@@ -98,6 +98,12 @@ class Trainer:
         """The step the loop runs next (a fault-tolerant trainer's joiner jumps to its peers')."""
         return step
 
+    def _counted(self, done: int) -> bool:
+        """Whether the step ending at ``done`` counted: always here (a fault-tolerant trainer's
+        refused step is run again, and neither logged, evaluated nor checkpointed)."""
+        del done
+        return True
+
     # --- resume ------------------------------------------------------------------------------
     def _resume(self) -> None:
         step = checkpoint.latest_step(self.run_dir)
@@ -144,6 +150,8 @@ class Trainer:
             acc_compute += max(dt - comm_s, 0.0)
             acc_comm += comm_s
             done = step + 1
+            if not self._counted(done):  # a refused step, run again (thinwire.ft_trainer)
+                continue
             if self.writer and (done % cfg.train.log_every == 0 or done == steps):
                 self.writer.write({"kind": "train", "step": done, "loss": loss,
                                    "lr": lr_at(cfg.train, step), "step_s": dt,

@@ -72,10 +72,12 @@ def test_dp_survives_a_worker_killed_mid_step(tmp_path: Path) -> None:
     lost at step 8 (the refused one); the survivors end equal bit for bit, and equal to the
     reference on the recorded live sets within 1e-5 (gloo sums the 3 workers' gradients of the
     first 7 steps in its own order, an ulp apart, which momentum carries on; later sums have 2
-    addends, exact in any order), while not losing the worker moves it by more than 1e-3."""
+    addends, exact in any order), while not losing the worker moves it by more than 1e-3. The
+    refused step is logged and evaluated once, after it counted; the last checkpoint holds the
+    final model."""
     run, cfg = make_run(tmp_path, {"method.name": "dp"}, 3, 2,
                         **{"train.momentum": "0.9", "run.checkpoint_every": "4",
-                           "train.eval_every": "4"})
+                           "train.eval_every": "4", "train.log_every": "4"})
     summary = run_job(run, cfg, start="0,1,2", kill="2:7")
     ft = summary["fault_tolerance"]
     assert ft["survivors"] == [0, 1]
@@ -92,12 +94,13 @@ def test_dp_survives_a_worker_killed_mid_step(tmp_path: Path) -> None:
     never_lost = dp_reference(cfg, [{"step": s, "live": [0, 1, 2], "kept": True}
                                     for s in range(1, 21)])
     assert max((x - y).abs().max().item() for x, y in zip(ref, never_lost)) > 1e-3
-    # the refused step (8, run again) is evaluated once, after it counted; the last
+    # the refused step (8, run again) is logged and evaluated once, after it counted; the last
     # checkpoint holds the final model
-    evals = [json.loads(line)["step"] for line in
-             (run / "worker0" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "eval"]
-    assert evals == [4, 8, 12, 16, 20], evals
+    records = [json.loads(line) for line in
+               (run / "worker0" / "metrics.jsonl").read_text().splitlines()]
+    for kind in ("train", "eval"):
+        logged = [r["step"] for r in records if r["kind"] == kind]
+        assert logged == [4, 8, 12, 16, 20], (kind, logged)
     assert checkpoint.complete_steps(run) == [16, 20]
     last = checkpoint.load_rank(run, 20, 0, 1)["strategy"]["model"]
     names = [n for n, _ in build_model(cfg, load_data(cfg)).named_parameters()]
