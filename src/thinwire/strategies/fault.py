@@ -107,7 +107,7 @@ class FaultTolerantDP:
             raise FaultToleranceError("FaultTolerantDP: give a replica or replica_id and "
                                       "lighthouse, not both")
         self.replica = replica
-        self.replica.attach("dp", self._state, self._load)
+        self.replica.attach("data_parallel", self._state, self._load)
         self.replica_id = replica.replica_id
         self.comm = self.replica.comm
         self.clip_norm = clip_norm

@@ -164,7 +164,7 @@ class FaultTolerantIST(IST):
                               host=host, timeout=timeout, quorum_timeout=quorum_timeout,
                               device=next(model.parameters()).device)
         self.replica = replica
-        self.replica.attach("ist", self._ft_state, self._ft_load)
+        self.replica.attach("subnet_training", self._ft_state, self._ft_load)
         # set up as one worker storing everything (central IST's rank 0): every worker builds
         # the same model from the seed, so each starts as a keeper candidate
         try:
