@@ -80,6 +80,15 @@ SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "slide_touched_rows": (_i64, (_p, _i64, _i64, _p, _p, _p)),
     "slide_backward_weight_rows": (None, (_p, _p, _p, _p, _p, _i64, _i64, _i64, _p, _p,
                                           _int)),
+    "lsh_simhash_codes": (None, (_p, _i64, _i64, _i64, _p, _int)),
+    "lsh_dwta_codes": (None, (_p, _i64, _i64, _p, _i64, _i64, _i64, _p, _i64, _p, _i64, _p,
+                              _int)),
+    "lsh_build": (None, (_p, _p, _i64, _i64, _i64, _p, _p, _int)),
+    "lsh_vanilla": (_int, (_p, _p, _p, _i64, _i64, _i64, _i64, _i64, _p, _p, _i64, _i64, _p, _p,
+                           _int)),
+    "lsh_fill": (None, (_p, _p, _i64, _i64, _i64, _p, _int)),
+    "lsh_topk": (None, (_p, _p, _p, _i64, _i64, _i64, _i64, _i64, _p, _i64, _p, _p, _i64, _p,
+                        _p, _int)),
 }
 
 

@@ -904,3 +904,295 @@ void slide_backward_weight_rows(const float* g, const float* h, const uint8_t* m
 }
 
 }  // extern "C"
+
+// --- SLIDE's hash tables (strategies/slide/lsh.py) --------------------------------------------
+// The tables are the pure path's own arrays (int64 tensors read and written in place): per
+// table l, sorted[l, :] the C neuron ids grouped by bucket, offsets[l, code] .. offsets[l, code
+// + 1] the bucket's slice. Every random number (the build's keys, the per-step table orders, tie
+// breaks and fills) is drawn by the caller from its torch generator and passed in, so the
+// kernels return exactly the pure path's hash codes, buckets and active sets; rows (or tables)
+// are independent, so any thread count gives the same result.
+namespace {
+
+// A set of neuron ids in [0, C): one bit each, cleared after a row by its own members.
+struct IdSet {
+  std::vector<uint64_t> bits;
+  explicit IdSet(int64_t C) : bits(static_cast<size_t>((C + 63) / 64), 0) {}
+  bool insert(int64_t v) {  // true when v was not in the set
+    uint64_t& w = bits[static_cast<size_t>(v >> 6)];
+    const uint64_t m = uint64_t{1} << (v & 63);
+    if (w & m) return false;
+    w |= m;
+    return true;
+  }
+  void erase(int64_t v) { bits[static_cast<size_t>(v >> 6)] &= ~(uint64_t{1} << (v & 63)); }
+};
+
+// Rows [0, n) dealt in blocks of `per` to up to nt threads; fn(thread_state, row).
+template <class S, class Make, class F>
+void per_row(int nt, int64_t n, int64_t per, Make make, F fn) {
+  const int64_t nb = nblocks_of(n, per);
+  const int used = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, nb)));
+  std::vector<std::thread> pool;
+  auto work = [&](int t) {
+    S state = make();
+    for (int64_t b = t; b < nb; b += used)
+      for (int64_t r = b * per, e = std::min(n, b * per + per); r < e; ++r) fn(state, r);
+  };
+  for (int t = 1; t < used; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+}
+
+// torch.argsort(x, stable=True) of n floats (no NaN: uniform draws).
+inline void stable_order(const float* x, int64_t n, int64_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = i;
+  std::stable_sort(out, out + n, [x](int64_t a, int64_t b) { return x[a] < x[b]; });
+}
+
+// torch.argmax over n floats: the first largest, a NaN counting as the largest.
+inline int64_t first_argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  float v = x[0];
+  if (std::isnan(v)) return 0;
+  for (int64_t j = 1; j < n; ++j) {
+    if (std::isnan(x[j])) return j;
+    if (x[j] > v) {
+      v = x[j];
+      best = j;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+extern "C" {
+
+// SimHash (lsh.SimHash.codes): codes[n, l] = sum_k [p[n, l K + k] > 0] 2^k, p the projections
+// [N, K L] (torch's product v @ proj, so the signs are the pure path's own).
+void lsh_simhash_codes(const float* p, int64_t N, int64_t K, int64_t L, int64_t* codes, int nt) {
+  parallel(nt, nblocks_of(N, 64), [&](int64_t blk) {
+    for (int64_t n = blk * 64, e = std::min(N, blk * 64 + 64); n < e; ++n)
+      for (int64_t l = 0; l < L; ++l) {
+        const float* q = p + n * K * L + l * K;
+        int64_t c = 0;
+        for (int64_t k = 0; k < K; ++k) c |= static_cast<int64_t>(q[k] > 0.0f) << k;
+        codes[n * L + l] = c;
+      }
+  });
+}
+
+// DWTA (lsh.DWTA.codes), per row of v [N, dim]: 1. each of the K L functions the argmax of its
+// bin_size coordinates (coords [K L, bin]), empty when they are all zero; 2. densification: for
+// r < probes, an empty function takes the value of probe[r, j] (all from the previous round's
+// values) and stays empty only if that one was; still empty: bin_size; 3. table l's code:
+// sum_k h[l K + k] mult[k] (int64, wrapping) modulo buckets (a power of two).
+void lsh_dwta_codes(const float* v, int64_t N, int64_t dim, const int64_t* coords, int64_t K,
+                    int64_t L, int64_t bin, const int64_t* probe, int64_t probes,
+                    const int64_t* mult, int64_t buckets, int64_t* codes, int nt) {
+  const int64_t nh = K * L;
+  struct Scratch {
+    std::vector<int64_t> h, h2;
+    std::vector<uint8_t> empty, empty2;
+    std::vector<float> vals;
+  };
+  per_row<Scratch>(nt, N, 16, [&] {
+    return Scratch{std::vector<int64_t>(nh), std::vector<int64_t>(nh), std::vector<uint8_t>(nh),
+                   std::vector<uint8_t>(nh), std::vector<float>(bin)};
+  }, [&](Scratch& s, int64_t n) {
+    const float* x = v + n * dim;
+    bool any = false;
+    for (int64_t j = 0; j < nh; ++j) {
+      bool all_zero = true;
+      for (int64_t i = 0; i < bin; ++i) {
+        s.vals[i] = x[coords[j * bin + i]];
+        all_zero &= s.vals[i] == 0.0f;
+      }
+      s.h[j] = first_argmax(s.vals.data(), bin);
+      s.empty[j] = all_zero;
+      any |= all_zero;
+    }
+    for (int64_t r = 0; r < probes && any; ++r) {
+      const int64_t* src = probe + r * nh;
+      any = false;
+      for (int64_t j = 0; j < nh; ++j) {
+        s.h2[j] = s.empty[j] ? s.h[src[j]] : s.h[j];
+        s.empty2[j] = s.empty[j] && s.empty[src[j]];
+        any |= s.empty2[j] != 0;
+      }
+      std::swap(s.h, s.h2);
+      std::swap(s.empty, s.empty2);
+    }
+    for (int64_t j = 0; j < nh; ++j)
+      if (s.empty[j]) s.h[j] = bin;
+    for (int64_t l = 0; l < L; ++l) {
+      uint64_t c = 0;
+      for (int64_t k = 0; k < K; ++k)
+        c += static_cast<uint64_t>(s.h[l * K + k]) * static_cast<uint64_t>(mult[k]);
+      codes[n * L + l] = static_cast<int64_t>(c & static_cast<uint64_t>(buckets - 1));
+    }
+  });
+}
+
+// Tables.build, per table l (in parallel): the neurons sorted by (code, key[l, c], c), codes
+// [C, L] and keys [L, C] in [0, 1): a counting sort by code (stable), then each bucket sorted by
+// key (stable), as torch.argsort(code + key / 2, stable=True); offsets[l] the buckets' starts
+// and C.
+void lsh_build(const int64_t* codes, const float* key, int64_t C, int64_t L, int64_t nb,
+               int64_t* sorted, int64_t* offsets, int nt) {
+  parallel(nt, L, [&](int64_t l) {
+    int64_t* off = offsets + l * (nb + 1);
+    int64_t* out = sorted + l * C;
+    const float* kl = key + l * C;
+    for (int64_t b = 0; b <= nb; ++b) off[b] = 0;
+    for (int64_t c = 0; c < C; ++c) ++off[codes[c * L + l] + 1];
+    for (int64_t b = 0; b < nb; ++b) off[b + 1] += off[b];
+    std::vector<int64_t> next(off, off + nb);
+    for (int64_t c = 0; c < C; ++c) out[next[codes[c * L + l]]++] = c;
+    for (int64_t b = 0; b < nb; ++b)
+      if (off[b + 1] - off[b] > 1)
+        std::stable_sort(out + off[b], out + off[b + 1],
+                         [kl](int64_t a, int64_t c) { return kl[a] < kl[c]; });
+  });
+}
+
+// Vanilla sampling, steps 1-2 (Tables.query_vanilla, then first_distinct before its fill): per
+// row b, its tables in the order of torch.argsort(rnd[b], stable=True), each hit bucket's first
+// min(count, bucket) neurons; T = min(L, 2 + the most tables any row needs whose buckets hold
+// fewer than `size` neurons in all); ids[b] the forced ids (negative: none) then the distinct
+// neurons of its first T tables in that order, cut at size (C >= size), mask 1 on the filled
+// slots, 0 (id 0) on the rest. Returns 1 when some row is short (the caller then draws the
+// fill's starts and calls lsh_fill).
+int lsh_vanilla(const int64_t* codes, const int64_t* sorted, const int64_t* offsets, int64_t B,
+                int64_t L, int64_t C, int64_t nb, int64_t bucket, const float* rnd,
+                const int64_t* forced, int64_t F, int64_t size, int64_t* ids, uint8_t* mask,
+                int nt) {
+  std::vector<int64_t> perm(static_cast<size_t>(B * L)), need(static_cast<size_t>(B));
+  auto bucket_of = [&](int64_t b, int64_t l, int64_t* count) {
+    const int64_t* off = offsets + l * (nb + 1);
+    const int64_t code = codes[b * L + l];
+    *count = std::min(off[code + 1] - off[code], bucket);
+    return off[code];
+  };
+  parallel(nt, nblocks_of(B, 16), [&](int64_t blk) {
+    for (int64_t b = blk * 16, e = std::min(B, blk * 16 + 16); b < e; ++b) {
+      int64_t* pb = perm.data() + b * L;
+      stable_order(rnd + b * L, L, pb);
+      int64_t cum = 0, n = 0;
+      for (int64_t t = 0; t < L; ++t) {
+        int64_t count;
+        bucket_of(b, pb[t], &count);
+        cum += count;
+        n += cum < size;
+      }
+      need[b] = n;
+    }
+  });
+  int64_t most = 0;
+  for (int64_t b = 0; b < B; ++b) most = std::max(most, need[b]);
+  const int64_t T = std::min(L, most + 2);
+  std::vector<uint8_t> short_row(static_cast<size_t>(B), 0);
+  per_row<IdSet>(nt, B, 8, [&] { return IdSet(C); }, [&](IdSet& seen, int64_t b) {
+    int64_t* out = ids + b * size;
+    int64_t n = 0;
+    for (int64_t f = 0; f < F && n < size; ++f) {
+      const int64_t v = forced[b * F + f];
+      if (v >= 0 && v < C && seen.insert(v)) out[n++] = v;
+    }
+    for (int64_t t = 0; t < T && n < size; ++t) {
+      const int64_t l = perm[b * L + t];
+      int64_t count;
+      const int64_t st = bucket_of(b, l, &count);
+      const int64_t* row = sorted + l * C + st;
+      for (int64_t j = 0; j < count && n < size; ++j)
+        if (seen.insert(row[j])) out[n++] = row[j];
+    }
+    for (int64_t j = 0; j < n; ++j) seen.erase(out[j]);
+    for (int64_t j = 0; j < size; ++j) mask[b * size + j] = j < n;
+    for (int64_t j = n; j < size; ++j) out[j] = 0;
+    short_row[b] = n < size;
+  });
+  for (int64_t b = 0; b < B; ++b)
+    if (short_row[b]) return 1;
+  return 0;
+}
+
+// first_distinct's fill: a short row b keeps its ids and takes (start[b] + j) mod C, j = 0, 1,
+// ..., those not in it yet, until it holds size; full rows are left as they are.
+void lsh_fill(int64_t* ids, uint8_t* mask, int64_t B, int64_t size, int64_t C,
+              const int64_t* start, int nt) {
+  per_row<IdSet>(nt, B, 8, [&] { return IdSet(C); }, [&](IdSet& seen, int64_t b) {
+    int64_t* out = ids + b * size;
+    uint8_t* m = mask + b * size;
+    int64_t n = 0;
+    while (n < size && m[n]) ++n;
+    if (n == size) return;
+    for (int64_t j = 0; j < n; ++j) seen.insert(out[j]);
+    for (int64_t j = 0; n < size; ++j) {
+      const int64_t v = (start[b] + j) % C;
+      if (seen.insert(v)) out[n++] = v;
+    }
+    for (int64_t j = 0; j < size; ++j) {
+      seen.erase(out[j]);
+      m[j] = 1;
+    }
+  });
+}
+
+// Top-k sampling (Tables.query, then select): per row b the entries are its L tables' first
+// `bucket` neurons of each hit bucket (weight 1 each, the valid ones), its forced ids (weight L
+// bucket + 1, negative: none) and fill[b] (size random ids, weight 0); the distinct ids in
+// ascending order are the runs r = 0, 1, ..., each scored sum of its weights (float32) +
+// tie[b, r]; ids[b] the `size` best runs by (score descending, r ascending), mask 1, then
+// (fewer runs than size) id 0 with mask 0. tie has M = L bucket + F + size columns.
+void lsh_topk(const int64_t* codes, const int64_t* sorted, const int64_t* offsets, int64_t B,
+              int64_t L, int64_t C, int64_t nb, int64_t bucket, const int64_t* forced, int64_t F,
+              const int64_t* fill, const float* tie, int64_t size, int64_t* ids, uint8_t* mask,
+              int nt) {
+  const int64_t M = L * bucket + F + size;
+  const float wf = static_cast<float>(L * bucket + 1);
+  struct Scratch {
+    std::vector<std::pair<int64_t, float>> e;
+    std::vector<std::pair<float, int64_t>> runs;
+    std::vector<int64_t> run_id;
+  };
+  per_row<Scratch>(nt, B, 8, [] { return Scratch{}; }, [&](Scratch& s, int64_t b) {
+    s.e.clear();
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t* off = offsets + l * (nb + 1);
+      const int64_t code = codes[b * L + l];
+      const int64_t st = off[code], count = std::min(off[code + 1] - st, bucket);
+      for (int64_t j = 0; j < count; ++j) s.e.emplace_back(sorted[l * C + st + j], 1.0f);
+    }
+    for (int64_t f = 0; f < F; ++f)
+      if (forced[b * F + f] >= 0) s.e.emplace_back(forced[b * F + f], wf);
+    for (int64_t j = 0; j < size; ++j) s.e.emplace_back(fill[b * size + j], 0.0f);
+    // stable by id: a run's weights add in the pure path's order (candidates, forced, fill)
+    std::stable_sort(s.e.begin(), s.e.end(),
+                     [](const auto& a, const auto& c) { return a.first < c.first; });
+    s.runs.clear();
+    s.run_id.clear();
+    const float* tb = tie + b * M;
+    for (size_t i = 0; i < s.e.size();) {
+      const int64_t id = s.e[i].first;
+      float score = 0.0f;
+      for (; i < s.e.size() && s.e[i].first == id; ++i) score += s.e[i].second;
+      const int64_t r = static_cast<int64_t>(s.run_id.size());
+      s.run_id.push_back(id);
+      s.runs.emplace_back(score + tb[r], r);
+    }
+    const int64_t take = std::min<int64_t>(size, static_cast<int64_t>(s.runs.size()));
+    std::partial_sort(s.runs.begin(), s.runs.begin() + take, s.runs.end(),
+                      [](const auto& a, const auto& c) {
+                        return a.first > c.first || (a.first == c.first && a.second < c.second);
+                      });
+    for (int64_t j = 0; j < size; ++j) {
+      const bool on = j < take;
+      ids[b * size + j] = on ? s.run_id[s.runs[j].second] : 0;
+      mask[b * size + j] = on;
+    }
+  });
+}
+
+}  // extern "C"

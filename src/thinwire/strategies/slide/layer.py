@@ -52,9 +52,7 @@ from thinwire.strategies.slide.lsh import (
     Schedule,
     Tables,
     family,
-    first_distinct,
     generator,
-    select,
 )
 
 
@@ -119,13 +117,7 @@ class SLIDELayer(nn.Module):
         forced = self.local_labels(labels)
         size = self.budget + (forced.shape[1] if forced is not None else 0)
         g = generator(h.device, self.seed, 0xAC7, self.offset, self.schedule.updates)
-        if self.sampling == "vanilla":
-            cand, valid = self.tables.query_vanilla(h.detach(), min(size, self.out_features), g)
-            return first_distinct(cand.reshape(h.shape[0], -1), valid.reshape(h.shape[0], -1),
-                                  forced, size, self.out_features, g)
-        cand, valid = self.tables.query(h.detach())
-        return select(cand.reshape(h.shape[0], -1), valid.reshape(h.shape[0], -1), forced,
-                      size, self.out_features, g)
+        return self.tables.active(h.detach(), forced, size, self.sampling, g)
 
     # --- 2. sparse forward --------------------------------------------------------------------
     def forward(self, h: torch.Tensor, ids: torch.Tensor | None = None,
