@@ -816,6 +816,41 @@ void gather(const float* x, const int64_t* idx, int64_t k, float* out, int nt) {
 }
 
 // --- SLIDE's sparse layer (strategies/slide/layer.py) -----------------------------------------
+}  // extern "C"
+
+namespace {
+
+constexpr int64_t LANES32 = 32;  // the dot product's partial sums: four vectors of eight
+constexpr int64_t ROWS_AHEAD = 6;  // rows prefetched ahead of the one being read
+// A weight gradient of at least this many floats (32 MiB) is written by streaming stores: past
+// the caches, where fetching its lines before writing them would double the traffic; smaller
+// ones stay in the caches for the optimizer, which reads them next (measured: streaming an
+// 11.6 MB gradient was slower, a 116 MB one faster).
+constexpr int64_t STREAM_FLOATS = int64_t{1} << 23;
+
+// w . x over H floats: 32 partial sums (element i in lane i mod 32 of its chunk), so the adds
+// form four independent chains (a single chain waits on the add's latency every 8 floats),
+// combined in a fixed tree: the same bits on any machine and thread count.
+inline float dot(const float* __restrict w, const float* __restrict x, int64_t H) {
+  float acc[LANES32] = {};
+  int64_t i = 0;
+  for (; i + LANES32 <= H; i += LANES32)
+    for (int64_t j = 0; j < LANES32; ++j) acc[j] += w[i + j] * x[i + j];
+  for (int64_t j = 0; i + j < H; ++j) acc[j] += w[i + j] * x[i + j];
+  for (int64_t width = LANES32 / 2; width >= 1; width /= 2)
+    for (int64_t j = 0; j < width; ++j) acc[j] += acc[j + width];
+  return acc[0];
+}
+
+// Ask for a weight row's cache lines before it is read: the active rows sit at random places
+// of a weight that outgrows the caches, and the hardware prefetcher cannot guess them.
+inline void prefetch_row(const float* w, int64_t H) {
+  for (int64_t i = 0; i < H; i += 16) __builtin_prefetch(w + i);
+}
+
+}  // namespace
+
+extern "C" {
 // Forward: out[b, a] = W[ids[b, a]] . h[b] + bias[ids[b, a]] (-inf where mask is 0), each
 // sample's active rows read in place, parallel over samples (no [B, A, H] copy).
 void slide_forward(const float* W, const float* bias, const float* h, const int64_t* ids,
@@ -823,20 +858,15 @@ void slide_forward(const float* W, const float* bias, const float* h, const int6
   const float ninf = -INFINITY;
   parallel(nt, B, [&](int64_t b) {
     const float* hb = h + b * H;
+    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a) prefetch_row(W + ids[b * A + a] * H, H);
     for (int64_t a = 0; a < A; ++a) {
       const int64_t p = b * A + a;
+      if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);
       if (mask && !mask[p]) {
         out[p] = ninf;
         continue;
       }
-      const float* w = W + ids[p] * H;
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t i = 0;
-      for (; i + 8 <= H; i += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += w[i + j] * hb[i + j];
-      float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-      for (; i < H; ++i) sum += w[i] * hb[i];
-      out[p] = sum + bias[ids[p]];
+      out[p] = dot(W + ids[p] * H, hb, H) + bias[ids[p]];
     }
   });
 }
@@ -849,8 +879,10 @@ void slide_backward_input(const float* g, const float* W, const int64_t* ids,
   parallel(nt, B, [&](int64_t b) {
     float* o = gh + b * H;
     for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
+    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a) prefetch_row(W + ids[b * A + a] * H, H);
     for (int64_t a = 0; a < A; ++a) {
       const int64_t p = b * A + a;
+      if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);
       if (mask && !mask[p]) continue;
       const float ga = g[p];
       const float* w = W + ids[p] * H;
@@ -867,16 +899,40 @@ void slide_backward_input(const float* g, const float* W, const int64_t* ids,
 // slide_backward_weight_rows with buffers of U rows.
 int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* rows_out,
                            int64_t* start, int64_t* order) {
-  // counting sort of the n slots by row: start[u] .. start[u + 1] in order[] are row u's slots
-  std::vector<int64_t> count(static_cast<size_t>(C + 1), 0);
-  for (int64_t p = 0; p < n; ++p) ++count[ids[p] + 1];
+  // the n slots sorted by (row, slot): a stable LSD radix sort on the row's bits. Where the
+  // slots outnumber half the rows, one counting pass over all rows; else passes of at most 11
+  // bits (2^11 counts; two passes up to 4 million rows), so the cost follows the n slots, not
+  // the C rows (a count per row cleared and scanned every step costs more than the slots at a
+  // million rows). Then start[u] .. start[u + 1] in order[] are row u's slots.
+  int bits = 1;
+  while ((int64_t{1} << bits) < C) ++bits;
+  const int passes = C <= 2 * n ? 1 : (bits + 10) / 11;
+  const int digit = (bits + passes - 1) / passes;
+  const int64_t radix = int64_t{1} << digit;
+  std::vector<int64_t> count(static_cast<size_t>(radix + 1));
+  std::vector<int64_t> tmp(passes > 1 ? static_cast<size_t>(n) : 0);
+  for (int pass = 0; pass < passes; ++pass) {
+    // the last pass writes order[]; with two passes the first writes tmp[]
+    int64_t* dst = (passes - pass) % 2 == 1 ? order : tmp.data();
+    const int64_t* src = pass == 0 ? nullptr : ((passes - pass) % 2 == 1 ? tmp.data() : order);
+    const int shift = pass * digit;
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t q = 0; q < n; ++q) {
+      const int64_t p = src ? src[q] : q;
+      ++count[((ids[p] >> shift) & (radix - 1)) + 1];
+    }
+    for (int64_t d = 0; d < radix; ++d) count[d + 1] += count[d];
+    for (int64_t q = 0; q < n; ++q) {
+      const int64_t p = src ? src[q] : q;
+      dst[count[(ids[p] >> shift) & (radix - 1)]++] = p;
+    }
+  }
   int64_t U = 0;
-  for (int64_t c = 0; c < C; ++c)
-    if (count[c + 1]) rows_out[U++] = c;
-  for (int64_t c = 0; c < C; ++c) count[c + 1] += count[c];
-  std::vector<int64_t> next(count.begin(), count.end() - 1);
-  for (int64_t p = 0; p < n; ++p) order[next[ids[p]]++] = p;
-  for (int64_t u = 0; u < U; ++u) start[u] = count[rows_out[u]];
+  for (int64_t q = 0; q < n; ++q)
+    if (q == 0 || ids[order[q]] != ids[order[q - 1]]) {
+      rows_out[U] = ids[order[q]];
+      start[U++] = q;
+    }
   start[U] = n;
   return U;
 }
@@ -884,22 +940,41 @@ int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* ro
 void slide_backward_weight_rows(const float* g, const float* h, const uint8_t* mask,
                                 const int64_t* start, const int64_t* order, int64_t U,
                                 int64_t A, int64_t H, float* gw, float* gb, int nt) {
+  // Each row is summed in place; a large gradient (STREAM_FLOATS) with 32-byte aligned rows in
+  // a buffer that stays in L1, then written out once by streaming stores.
   const int64_t per = 64;
+#ifdef __AVX2__
+  const bool stream = H % 8 == 0 && reinterpret_cast<uintptr_t>(gw) % 32 == 0 &&
+                      U * H >= STREAM_FLOATS;
+#endif
   parallel(nt, nblocks_of(U, per), [&](int64_t blk) {
+    std::vector<float> row(static_cast<size_t>(H));
     const int64_t u1 = std::min(U, (blk + 1) * per);
     for (int64_t u = blk * per; u < u1; ++u) {
-      float* o = gw + u * H;
+      float* dst = gw + u * H;
+#ifdef __AVX2__
+      float* __restrict o = stream ? row.data() : dst;
+#else
+      float* __restrict o = dst;
+#endif
       for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
       float sb = 0.0f;
       for (int64_t q = start[u]; q < start[u + 1]; ++q) {
         const int64_t p = order[q];
         const float gp = (mask && !mask[p]) ? 0.0f : g[p];
-        const float* hb = h + (p / A) * H;
+        const float* __restrict hb = h + (p / A) * H;
         for (int64_t i = 0; i < H; ++i) o[i] += gp * hb[i];
         sb += gp;
       }
       gb[u] = sb;
+#ifdef __AVX2__
+      if (stream)
+        for (int64_t i = 0; i < H; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(o + i));
+#endif
     }
+#ifdef __AVX2__
+    _mm_sfence();  // the streamed rows are visible before the thread is joined
+#endif
   });
 }
 
@@ -944,10 +1019,13 @@ void per_row(int nt, int64_t n, int64_t per, Make make, F fn) {
   for (auto& th : pool) th.join();
 }
 
-// torch.argsort(x, stable=True) of n floats (no NaN: uniform draws).
-inline void stable_order(const float* x, int64_t n, int64_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = i;
-  std::stable_sort(out, out + n, [x](int64_t a, int64_t b) { return x[a] < x[b]; });
+// torch.argsort(x, stable=True) of n < 2^32 floats in [0, 1) (uniform draws): for such floats
+// the bits order as the values, so (bits, index) packed in 64 bits sort as (value, index).
+inline void stable_order(const float* x, int64_t n, int64_t* out, uint64_t* scratch) {
+  for (int64_t i = 0; i < n; ++i)
+    scratch[i] = (static_cast<uint64_t>(bits_of(x[i])) << 32) | static_cast<uint64_t>(i);
+  std::sort(scratch, scratch + n);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(scratch[i] & 0xffffffffu);
 }
 
 // torch.argmax over n floats: the first largest, a NaN counting as the largest.
@@ -1076,9 +1154,10 @@ int lsh_vanilla(const int64_t* codes, const int64_t* sorted, const int64_t* offs
     return off[code];
   };
   parallel(nt, nblocks_of(B, 16), [&](int64_t blk) {
+    std::vector<uint64_t> scratch(static_cast<size_t>(L));
     for (int64_t b = blk * 16, e = std::min(B, blk * 16 + 16); b < e; ++b) {
       int64_t* pb = perm.data() + b * L;
-      stable_order(rnd + b * L, L, pb);
+      stable_order(rnd + b * L, L, pb, scratch.data());
       int64_t cum = 0, n = 0;
       for (int64_t t = 0; t < L; ++t) {
         int64_t count;

@@ -148,3 +148,56 @@ def test_topk_orders_equal_scores_by_id_on_both_paths() -> None:
     with kernels.forced("1"):
         got = layer.active(h, labels)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+def gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u), u = 2^-24: two float32 sums of the same n terms in
+    different orders differ by at most 2 gamma_n times the sum of the terms' magnitudes."""
+    u = 2.0**-24
+    return n * u / (1 - n * u)
+
+
+@needs_kernels
+def test_fused_layer_on_a_wide_sparse_batch_matches_the_gathered_layer() -> None:
+    """Far more rows than slots (the touched rows sorted by two radix passes, not a count per
+    row) and a weight gradient of 72,000 rows x 128 (36.9 MB: written by streaming stores): the
+    same touched rows as the gathered pure-torch layer, values within the float32 sums' bound,
+    the same bits on 1, 2 and 4 threads."""
+    B, A, H, C = 128, 600, 128, 170_000
+    layer = SLIDELayer(H, C, K=2, L=2, budget=A)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randperm(C, generator=g)[:B * A].view(B, A)
+    ids[120:, :] = ids[:8, :].flip(1)  # 8 x 600 slots on rows already touched
+    ids[5, :10] = ids[5, 0]  # one row ten times in a sample
+    mask = torch.ones(B, A, dtype=torch.bool)
+    mask[7, 3:] = False
+    h = torch.randn(B, H, generator=g)
+    w = torch.randn(B, A, generator=g)  # a fixed upstream gradient: sum(out * w)
+    got = {}
+    for path, threads in (("0", 1), ("1", 1), ("1", 2), ("1", 4)):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            layer.zero_grad(set_to_none=True)
+            x = h.clone().requires_grad_(True)
+            with kernels.forced(path):
+                out = layer(x, ids, mask)
+                (out.masked_fill(~mask, 0.0) * w).sum().backward()
+        finally:
+            torch.set_num_threads(before)
+        gw = layer.weight.grad.coalesce()
+        got[(path, threads)] = (out.detach(), x.grad, gw.indices()[0], gw.values())
+    ref, fused = got[("0", 1)], got[("1", 1)]
+    for t in (2, 4):
+        assert all(torch.equal(a, b) for a, b in zip(got[("1", t)], fused)), t
+    assert torch.equal(fused[2], ref[2]) and fused[2].numel() == 72_000
+    wt = layer.weight.detach()
+    on = mask
+    bound_out = 2 * gamma(H + 1) * ((wt[ids].abs() @ h.abs().unsqueeze(-1)).squeeze(-1) + 1)
+    assert torch.all((fused[0][on] - ref[0][on]).abs() <= bound_out[on])
+    gm = (w * mask).abs()
+    bound_gh = 2 * gamma(A) * torch.einsum("ba,bah->bh", gm, wt[ids].abs())
+    assert torch.all((fused[1] - ref[1]).abs() <= bound_gh + 1e-30)
+    terms = torch.zeros(C, H).index_add_(0, ids.reshape(-1), gm.reshape(-1, 1)
+                                         * h.abs().repeat_interleave(A, 0))
+    assert torch.all((fused[3] - ref[3]).abs() <= 2 * gamma(10) * terms[ref[2]] + 1e-30)
