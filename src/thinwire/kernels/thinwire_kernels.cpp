@@ -12,6 +12,9 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -851,6 +854,27 @@ inline void prefetch_row(const float* w, int64_t H) {
 }  // namespace
 
 extern "C" {
+// Ask the kernel to back [p, p + bytes) with 2 MiB pages where it can (Linux's transparent huge
+// pages in "madvise" mode; elsewhere nothing): for a fresh buffer, 512 times fewer page faults
+// when it is first written; for the weight, reads of rows at random places that miss the TLB
+// 512 times less often (Daghaghi et al., "Accelerating SLIDE Deep Learning on Modern CPUs",
+// MLSys 2021, section 5: huge pages). Only whole 2 MiB pages inside the range are advised.
+// Returns 0, or -1 where nothing was advised.
+int advise_huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t page = uintptr_t{1} << 21;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) &
+                      ~(page - 1);
+  if (e <= a) return -1;
+  return madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE) == 0 ? 0 : -1;
+#else
+  (void)p;
+  (void)bytes;
+  return -1;
+#endif
+}
+
 // Forward: out[b, a] = W[ids[b, a]] . h[b] + bias[ids[b, a]] (-inf where mask is 0), each
 // sample's active rows read in place, parallel over samples (no [B, A, H] copy).
 void slide_forward(const float* W, const float* bias, const float* h, const int64_t* ids,

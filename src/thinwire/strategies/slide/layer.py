@@ -88,7 +88,7 @@ class SLIDELayer(nn.Module):
             g = generator(torch.device("cpu"), seed, 0x11, offset)
             weight = (torch.rand(out_features, in_features, generator=g) * 2 - 1) * bound
             bias = torch.zeros(out_features)
-        self.weight = nn.Parameter(weight.detach().clone().to(dev))
+        self.weight = nn.Parameter(_rows_storage(weight.detach(), dev))
         self.bias = nn.Parameter((bias if bias is not None else torch.zeros(out_features))
                                  .detach().clone().to(dev).reshape(out_features, 1))
         self.in_features, self.out_features, self.offset = in_features, out_features, offset
@@ -164,6 +164,17 @@ class SLIDELayer(nn.Module):
         self.schedule.load(state["schedule"])
 
 
+def _rows_storage(weight: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A copy of ``weight`` on ``dev``; a float32 CPU weight in 2 MiB pages where the compiled
+    kernels are built (:func:`thinwire.kernels.empty_huge`): the fused layer reads its active
+    rows at random places, and with 4 KiB pages nearly every row of a wide layer misses the
+    TLB."""
+    if dev.type == "cpu" and weight.dtype == torch.float32 and kernels.lib() is not None:
+        out = kernels.empty_huge(*weight.shape)
+        return out.copy_(weight)
+    return weight.clone().to(dev)
+
+
 class _FusedSparseLinear(torch.autograd.Function):
     """Step 2 in the compiled kernels (:mod:`thinwire.kernels`), the same function as the
     gathered path of :meth:`SLIDELayer.forward`:
@@ -226,7 +237,7 @@ class _FusedSparseLinear(torch.autograd.Function):
             order = torch.empty(n, dtype=torch.int64, device=dev)
             U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(),
                                        start.data_ptr(), order.data_ptr())
-            wv = torch.empty(U, H, dtype=torch.float32, device=dev)
+            wv = kernels.empty_huge(U, H)  # written once, in full: 2 MiB pages fault faster
             bv = torch.empty(U, 1, dtype=torch.float32, device=dev)
             lib.slide_backward_weight_rows(g.data_ptr(), hc.data_ptr(), mp, start.data_ptr(),
                                            order.data_ptr(), U, A, H, wv.data_ptr(),
