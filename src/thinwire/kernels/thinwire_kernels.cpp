@@ -1299,3 +1299,80 @@ void lsh_topk(const int64_t* codes, const int64_t* sorted, const int64_t* offset
 }
 
 }  // extern "C"
+
+// --- SLIDE's loss over the active set (strategies/slide/layer.py, active_softmax_loss) --------
+extern "C" {
+
+// Forward, per row b (in parallel): the targets t[b, a] = slot a is on (mask) and its global id
+// ids + offset is one of the row's labels (labels [B, Y], negative: padding); cnt_b = the row's
+// labels, at least 1; z's max m_b over the slots that are on, e[b, a] = exp(z - m_b) (0 off),
+// s_b = sum_a e (double), lse_b = m_b + log s_b; row_b = -sum_{t} (z - lse_b) / cnt_b (double);
+// loss = sum_b row_b / B. Keeps p[b, a] = e / s_b (the softmax), scale[b] = T_b (targets on)
+// and cnt_b for the backward. A row with no slot on contributes 0.
+void slide_softmax_loss(const float* z, const int64_t* ids, const uint8_t* mask,
+                        const int64_t* labels, int64_t B, int64_t A, int64_t Y, int64_t offset,
+                        float* p, uint8_t* t, double* rows, double* targets, double* cnt,
+                        double* loss, int nt) {
+  parallel(nt, nblocks_of(B, 4), [&](int64_t blk) {
+    for (int64_t b = blk * 4, e = std::min(B, blk * 4 + 4); b < e; ++b) {
+      const float* zb = z + b * A;
+      const uint8_t* mb = mask ? mask + b * A : nullptr;
+      const int64_t* lb = labels + b * Y;
+      int64_t nl = 0;
+      for (int64_t y = 0; y < Y; ++y) nl += lb[y] >= 0;
+      float m = -INFINITY;
+      bool any = false;
+      for (int64_t a = 0; a < A; ++a)
+        if (!mb || mb[a]) {
+          m = any ? std::max(m, zb[a]) : zb[a];
+          any = true;
+        }
+      double s = 0.0;
+      float* pb = p + b * A;
+      for (int64_t a = 0; a < A; ++a) {
+        const float v = (!mb || mb[a]) ? std::exp(zb[a] - m) : 0.0f;
+        pb[a] = v;
+        s += v;
+      }
+      const double lse = static_cast<double>(m) + std::log(s);
+      const float inv = static_cast<float>(1.0 / s);
+      double sum_t = 0.0, T = 0.0;
+      for (int64_t a = 0; a < A; ++a) {
+        pb[a] *= inv;
+        bool hit = false;
+        if (!mb || mb[a])
+          for (int64_t y = 0; y < Y; ++y) hit |= lb[y] >= 0 && ids[b * A + a] + offset == lb[y];
+        t[b * A + a] = hit;
+        if (hit) {
+          sum_t += static_cast<double>(zb[a]) - lse;
+          T += 1.0;
+        }
+      }
+      cnt[b] = static_cast<double>(std::max<int64_t>(nl, 1));
+      targets[b] = T;
+      rows[b] = any ? -sum_t / cnt[b] : 0.0;
+    }
+  });
+  double total = 0.0;
+  for (int64_t b = 0; b < B; ++b) total += rows[b];
+  *loss = B ? total / static_cast<double>(B) : 0.0;
+}
+
+// Backward: gz[b, a] = go / (B cnt_b) (T_b p[b, a] - t[b, a]) (0 where the slot is off: p and t
+// are 0 there).
+void slide_softmax_loss_backward(const float* p, const uint8_t* t, const double* targets,
+                                 const double* cnt, int64_t B, int64_t A, double go, float* gz,
+                                 int nt) {
+  parallel(nt, nblocks_of(B, 4), [&](int64_t blk) {
+    for (int64_t b = blk * 4, e = std::min(B, blk * 4 + 4); b < e; ++b) {
+      const float f = static_cast<float>(go / (static_cast<double>(B) * cnt[b]));
+      const float T = static_cast<float>(targets[b]);
+      const float* pb = p + b * A;
+      const uint8_t* tb = t + b * A;
+      float* gb = gz + b * A;
+      for (int64_t a = 0; a < A; ++a) gb[a] = f * (T * pb[a] - static_cast<float>(tb[a]));
+    }
+  });
+}
+
+}  // extern "C"

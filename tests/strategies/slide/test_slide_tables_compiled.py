@@ -201,3 +201,56 @@ def test_fused_layer_on_a_wide_sparse_batch_matches_the_gathered_layer() -> None
     terms = torch.zeros(C, H).index_add_(0, ids.reshape(-1), gm.reshape(-1, 1)
                                          * h.abs().repeat_interleave(A, 0))
     assert torch.all((fused[3] - ref[3]).abs() <= 2 * gamma(10) * terms[ref[2]] + 1e-30)
+
+
+@needs_kernels
+def test_fused_loss_matches_the_torch_loss_within_float32_rounding() -> None:
+    """Both paths against the same loss and gradient in float64: within 4 gamma_(A + 8) of each
+    term's size (the max-shifted exponent, an A-term sum, its log, the targets' sum), the torch
+    path as well (so the bound is the float32 rounding, not a loose tolerance), and the same
+    bits on 1, 2 and 4 threads."""
+    from thinwire.strategies.slide.layer import active_softmax_loss, label_targets
+
+    g = torch.Generator().manual_seed(0)
+    B, A, C = 64, 300, 5000
+    ids = torch.randint(0, C, (B, A), generator=g)
+    labels = torch.randint(0, C, (B, 3), generator=g) + 100
+    labels[::2, 2] = -1
+    ids[:, :3] = labels.clamp(min=0) - 100  # offset 100: global id = local + 100
+    mask = torch.ones(B, A, dtype=torch.bool)
+    mask[1, 10:] = False
+    mask[2, 0] = False  # a label's slot off: not a target
+    z = (torch.randn(B, A, generator=g) * 5).masked_fill(~mask, float("-inf"))
+    got = {}
+    for path, threads in (("0", 1), ("1", 1), ("1", 2), ("1", 4)):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            x = z.clone().requires_grad_(True)
+            with kernels.forced(path):
+                loss = active_softmax_loss(x, ids, mask, labels, offset=100)
+                (2.5 * loss).backward()
+        finally:
+            torch.set_num_threads(before)
+        got[(path, threads)] = (loss.detach(), x.grad)
+    for t in (2, 4):
+        assert all(torch.equal(a, b) for a, b in zip(got[("1", t)], got[("1", 1)]))
+    # the float64 reference of the same function
+    x64 = z.double().requires_grad_(True)
+    t = label_targets(ids, mask, labels, 100).double()
+    cnt = (labels >= 0).sum(1).clamp(min=1).double()
+    logp = torch.log_softmax(x64, 1).masked_fill(~mask, 0.0)
+    exact = -((logp * t).sum(1) / cnt).mean()
+    (2.5 * exact).backward()
+    assert x64.grad is not None and float(t.sum()) > B  # targets found (a wrong offset: none)
+    zs = z.double().masked_fill(~mask, 0.0)
+    size = (zs - zs.max(1, keepdim=True).values).abs().masked_fill(~mask, 0.0) \
+        + logp.detach().abs() + 1
+    bound_loss = 4 * gamma(A + 8) * float(((size * t).sum(1) / cnt).mean()) + 1e-7
+    p = torch.softmax(x64.detach(), 1)
+    bound_g = 4 * gamma(A + 8) * 2.5 / B / cnt.unsqueeze(1) * (
+        t.sum(1, keepdim=True) * p * (size + 1) + t) + 1e-12
+    for path in ("0", "1"):
+        loss, grad = got[(path, 1)]
+        assert abs(float(loss) - float(exact.detach())) <= bound_loss, path
+        assert torch.all((grad.double() - x64.grad).abs() <= bound_g), path

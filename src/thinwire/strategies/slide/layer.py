@@ -262,11 +262,64 @@ def label_targets(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
 def active_softmax_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                         labels: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """Step 3: mean over samples of -sum_{l in labels} log softmax(logits)_l / |labels|, the
-    softmax over the active set only (labels are always in it)."""
+    softmax over the active set only (labels are always in it). On float32 CPU logits the
+    compiled kernels compute it and its gradient in one pass each (:class:`_FusedActiveLoss`);
+    the torch ops below are the reference."""
+    if kernels.wants(logits) is not None and labels.dim() == 2:
+        out = _FusedActiveLoss.apply(logits, ids, mask, labels, offset)
+        assert isinstance(out, torch.Tensor)
+        return out
     t = label_targets(ids, mask, labels, offset).float()
     cnt = (labels >= 0).sum(1).clamp(min=1).float()
     logp = torch.log_softmax(logits, dim=1).masked_fill(~mask, 0.0)
     return -((logp * t).sum(1) / cnt).mean()
+
+
+class _FusedActiveLoss(torch.autograd.Function):
+    """:func:`active_softmax_loss` in the compiled kernels, per sample in parallel:
+
+      1. forward: the targets (active slots on whose global id is one of the sample's labels),
+         the softmax over the slots that are on (max-shifted, its sum in float64) kept for the
+         backward, the sample's -sum_targets log softmax / |labels|, their mean (float64, cast
+         to float32 at the end);
+      2. backward: d loss / d logit = g (T p - t) / (B |labels|), T the sample's targets, p the
+         kept softmax, t the target indicator (0 on the slots that are off).
+
+    Against the torch ops: the same function, rounded once in float64 where torch sums in
+    float32, so they agree within the float32 rounding of an A-term softmax (the test bounds it)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                labels: torch.Tensor, offset: int) -> torch.Tensor:
+        lib = kernels.lib()
+        assert lib is not None  # chosen by the caller
+        z = logits.detach().contiguous()
+        B, A = z.shape
+        ids64 = ids.detach().to(torch.int64).contiguous()
+        m = mask.detach().to(torch.bool).contiguous().view(torch.uint8)
+        lab = labels.detach().to(torch.int64).contiguous()
+        p = torch.empty(B, A)
+        t = torch.empty(B, A, dtype=torch.uint8)
+        per = torch.empty(3, B, dtype=torch.float64)  # rows, targets, label counts
+        loss = torch.empty((), dtype=torch.float64)
+        lib.slide_softmax_loss(z.data_ptr(), ids64.data_ptr(), m.data_ptr(), lab.data_ptr(), B,
+                               A, lab.shape[1], int(offset), p.data_ptr(), t.data_ptr(),
+                               per[0].data_ptr(), per[1].data_ptr(), per[2].data_ptr(),
+                               loss.data_ptr(), kernels.threads())
+        ctx.save_for_backward(p, t, per)
+        return loss.to(torch.float32)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        lib = kernels.lib()
+        assert lib is not None
+        p, t, per = ctx.saved_tensors
+        B, A = p.shape
+        gz = torch.empty(B, A)
+        lib.slide_softmax_loss_backward(p.data_ptr(), t.data_ptr(), per[1].data_ptr(),
+                                        per[2].data_ptr(), B, A, float(grads[0]), gz.data_ptr(),
+                                        kernels.threads())
+        return gz, None, None, None, None
 
 
 __all__ = ["SLIDELayer", "active_softmax_loss", "label_targets"]
