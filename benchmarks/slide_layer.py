@@ -80,9 +80,9 @@ def cache_flush(mib: int) -> Callable[[], None] | None:
     """A function that writes ``mib`` MiB (0: None): run before every timed call, it evicts
     what the previous variant left in the caches. Without it a variant that reads the same active
     rows as the one before it (the ids-given steps after the gather) finds them cached, and one
-    that follows the dense layer finds them evicted: measured at 100,000 outputs and 0.2%
-    active, the full step took 2.1 ms right after another step and 3.5 ms right after the dense
-    layer (its retrieval 0.5 and 0.8 ms); 256 MiB evicts this host's caches, 64 MiB did not."""
+    that follows the dense layer finds them evicted, so the full step looked slower than its
+    retrieval plus the ids-given step (``--flush-mib 0`` shows it); this host's last-level cache
+    is reported as 300 MiB, and writing 256 MiB evicts the layer's rows where 64 MiB did not."""
     if mib <= 0:
         return None
     buf = torch.empty(mib * 2**20 // 4)

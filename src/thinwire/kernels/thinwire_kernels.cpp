@@ -827,8 +827,8 @@ constexpr int64_t LANES32 = 32;  // the dot product's partial sums: four vectors
 constexpr int64_t ROWS_AHEAD = 6;  // rows prefetched ahead of the one being read
 // A weight gradient of at least this many floats (32 MiB) is written by streaming stores: past
 // the caches, where fetching its lines before writing them would double the traffic; smaller
-// ones stay in the caches for the optimizer, which reads them next (measured: streaming an
-// 11.6 MB gradient was slower, a 116 MB one faster).
+// ones stay in the caches for the optimizer, which reads them next (streaming a gradient that
+// fits the caches was slower, one several times their size faster: benchmarks/slide_layer.py).
 constexpr int64_t STREAM_FLOATS = int64_t{1} << 23;
 
 // w . x over H floats: 32 partial sums (element i in lane i mod 32 of its chunk), so the adds
