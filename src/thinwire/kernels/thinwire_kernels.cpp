@@ -882,7 +882,8 @@ void slide_forward(const float* W, const float* bias, const float* h, const int6
   const float ninf = -INFINITY;
   parallel(nt, B, [&](int64_t b) {
     const float* hb = h + b * H;
-    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a) prefetch_row(W + ids[b * A + a] * H, H);
+    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a)
+      prefetch_row(W + ids[b * A + a] * H, H);
     for (int64_t a = 0; a < A; ++a) {
       const int64_t p = b * A + a;
       if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);
@@ -903,7 +904,8 @@ void slide_backward_input(const float* g, const float* W, const int64_t* ids,
   parallel(nt, B, [&](int64_t b) {
     float* o = gh + b * H;
     for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
-    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a) prefetch_row(W + ids[b * A + a] * H, H);
+    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a)
+      prefetch_row(W + ids[b * A + a] * H, H);
     for (int64_t a = 0; a < A; ++a) {
       const int64_t p = b * A + a;
       if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);

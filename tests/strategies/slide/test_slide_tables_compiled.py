@@ -26,7 +26,7 @@ from thinwire.strategies.slide.lsh import SimHash, Tables, generator
 
 HAVE = kernels.available()
 needs_kernels = pytest.mark.skipif(not HAVE, reason="no C++ compiler: compiled kernels unbuilt")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+SRC = str(Path(kernels.__file__).resolve().parents[2])  # the src/ this thinwire is from
 
 CASES = {  # buckets hold the budget / they do not (the fill runs)
     "enough": {"K": 4, "L": 10, "budget": 40, "bucket": 16, "range_bits": 6},

@@ -52,6 +52,13 @@ builds no wheels for current Pythons; hnswlib, Annoy and NMSLIB are graph or tre
 rebuild after every weight update costs far more than re-hashing (SLIDE rebuilds often) and
 which return neighbours one query at a time. The tables here are a few tensor operations on the
 layer's own device, so none of them is used.
+
+On float32 CPU tensors the compiled kernels (:mod:`thinwire.kernels`) hash, build and query in
+native arrays (:meth:`Tables.active`), with the same random draws, so with the same results; the
+torch code here is their reference.
+
+One concept, one file (over 400 lines): SLIDE's hash tables (the two families, the tables' build
+and query, both samplings' active sets and the rebuild schedule).
 """
 
 from __future__ import annotations
