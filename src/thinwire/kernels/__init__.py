@@ -262,7 +262,7 @@ def empty_huge(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     the buffer has at least :data:`HUGE_BYTES` and the OS allows it (Linux's transparent huge
     pages in ``madvise`` mode: ``advise_huge_pages`` in the C++ file says why); asked before
     the first write, so the pages are faulted in 2 MiB at a time."""
-    t = torch.empty(*shape, dtype=dtype)
+    t = torch.empty(*shape, dtype=dtype, device="cpu")
     nbytes = t.numel() * t.element_size()
     if nbytes >= HUGE_BYTES:
         lib_ = lib()

@@ -298,10 +298,11 @@ class _FusedActiveLoss(torch.autograd.Function):
         ids64 = ids.detach().to(torch.int64).contiguous()
         m = mask.detach().to(torch.bool).contiguous().view(torch.uint8)
         lab = labels.detach().to(torch.int64).contiguous()
-        p = torch.empty(B, A)
-        t = torch.empty(B, A, dtype=torch.uint8)
-        per = torch.empty(3, B, dtype=torch.float64)  # rows, targets, label counts
-        loss = torch.empty((), dtype=torch.float64)
+        dev = z.device
+        p = torch.empty(B, A, device=dev)
+        t = torch.empty(B, A, dtype=torch.uint8, device=dev)
+        per = torch.empty(3, B, dtype=torch.float64, device=dev)  # rows, targets, label counts
+        loss = torch.empty((), dtype=torch.float64, device=dev)
         lib.slide_softmax_loss(z.data_ptr(), ids64.data_ptr(), m.data_ptr(), lab.data_ptr(), B,
                                A, lab.shape[1], int(offset), p.data_ptr(), t.data_ptr(),
                                per[0].data_ptr(), per[1].data_ptr(), per[2].data_ptr(),
@@ -315,7 +316,7 @@ class _FusedActiveLoss(torch.autograd.Function):
         assert lib is not None
         p, t, per = ctx.saved_tensors
         B, A = p.shape
-        gz = torch.empty(B, A)
+        gz = torch.empty(B, A, device=p.device)
         lib.slide_softmax_loss_backward(p.data_ptr(), t.data_ptr(), per[1].data_ptr(),
                                         per[2].data_ptr(), B, A, float(grads[0]), gz.data_ptr(),
                                         kernels.threads())

@@ -103,7 +103,7 @@ class SimHash:
         p = v.float() @ self.proj
         lib = kernels.wants(p)
         if lib is not None:
-            out = torch.empty(v.shape[0], self.L, dtype=torch.long)
+            out = torch.empty(v.shape[0], self.L, dtype=torch.long, device=p.device)
             lib.lsh_simhash_codes(p.data_ptr(), v.shape[0], self.K, self.L, out.data_ptr(),
                                   kernels.threads())
             return out
@@ -143,7 +143,7 @@ class DWTA:
         x = v.float()
         lib = kernels.wants(x)
         if lib is not None and self.coords.device.type == "cpu":
-            out = torch.empty(v.shape[0], self.L, dtype=torch.long)
+            out = torch.empty(v.shape[0], self.L, dtype=torch.long, device=x.device)
             lib.lsh_dwta_codes(x.data_ptr(), x.shape[0], x.shape[1], self.coords.data_ptr(),
                                self.K, self.L, self.bin_size, self.probe.data_ptr(),
                                self.PROBES, self._mult.data_ptr(), self.buckets, out.data_ptr(),
@@ -199,8 +199,8 @@ class Tables:
         self.builds += 1
         lib = kernels.wants(key)
         if lib is not None:  # the same order, by a counting sort per table
-            self.sorted = torch.empty(L, C, dtype=torch.long)
-            self.offsets = torch.empty(L, nb + 1, dtype=torch.long)
+            self.sorted = torch.empty(L, C, dtype=torch.long, device=key.device)
+            self.offsets = torch.empty(L, nb + 1, dtype=torch.long, device=key.device)
             lib.lsh_build(codes.contiguous().data_ptr(), key.data_ptr(), C, L, nb,
                           self.sorted.data_ptr(), self.offsets.data_ptr(), kernels.threads())
             return
@@ -281,19 +281,20 @@ class Tables:
             else None
         F = fc.shape[1] if fc is not None else 0
         fp = fc.data_ptr() if fc is not None else None
-        ids = torch.empty(B, size, dtype=torch.long)
-        mask = torch.empty(B, size, dtype=torch.bool)
+        dev = x.device
+        ids = torch.empty(B, size, dtype=torch.long, device=dev)
+        mask = torch.empty(B, size, dtype=torch.bool, device=dev)
         tables = (codes.data_ptr(), self.sorted.data_ptr(), self.offsets.data_ptr(), B, L, C,
                   nb, self.bucket)
         if sampling == "vanilla":
-            rnd = torch.rand(B, L, generator=g)  # query_vanilla's draw
+            rnd = torch.rand(B, L, generator=g, device=dev)  # query_vanilla's draw
             if lib.lsh_vanilla(*tables, rnd.data_ptr(), fp, F, size, ids.data_ptr(),
                                mask.data_ptr(), nt):
-                start = torch.randint(0, C, (B, 1), generator=g)  # first_distinct's draw
+                start = torch.randint(0, C, (B, 1), generator=g, device=dev)  # the fill's
                 lib.lsh_fill(ids.data_ptr(), mask.data_ptr(), B, size, C, start.data_ptr(), nt)
             return ids, mask
-        fill = torch.randint(0, C, (B, size), generator=g)  # select's draws, in its order
-        tie = torch.rand(B, L * self.bucket + F + size, generator=g).mul_(0.5)
+        fill = torch.randint(0, C, (B, size), generator=g, device=dev)  # select's, in order
+        tie = torch.rand(B, L * self.bucket + F + size, generator=g, device=dev).mul_(0.5)
         lib.lsh_topk(*tables, fp, F, fill.data_ptr(), tie.data_ptr(), size, ids.data_ptr(),
                      mask.data_ptr(), nt)
         return ids, mask
