@@ -80,6 +80,20 @@ SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "slide_touched_rows": (_i64, (_p, _i64, _i64, _p, _p, _p)),
     "slide_backward_weight_rows": (None, (_p, _p, _p, _p, _p, _i64, _i64, _i64, _p, _p,
                                           _int)),
+    "advise_huge_pages": (_int, (_p, _i64)),
+    "slide_softmax_loss": (None, (_p, _p, _p, _p, _i64, _i64, _i64, _i64, _p, _p, _p, _p, _p, _p,
+                                  _int)),
+    "slide_softmax_loss_backward": (None, (_p, _p, _p, _p, _i64, _i64, ctypes.c_double, _p,
+                                           _int)),
+    "lsh_simhash_codes": (None, (_p, _i64, _i64, _i64, _p, _int)),
+    "lsh_dwta_codes": (None, (_p, _i64, _i64, _p, _i64, _i64, _i64, _p, _i64, _p, _i64, _p,
+                              _int)),
+    "lsh_build": (None, (_p, _p, _i64, _i64, _i64, _p, _p, _int)),
+    "lsh_vanilla": (_int, (_p, _p, _p, _i64, _i64, _i64, _i64, _i64, _p, _p, _i64, _i64, _p, _p,
+                           _int)),
+    "lsh_fill": (None, (_p, _p, _i64, _i64, _i64, _p, _int)),
+    "lsh_topk": (None, (_p, _p, _p, _i64, _i64, _i64, _i64, _i64, _p, _i64, _p, _p, _i64, _p,
+                        _p, _int)),
 }
 
 
@@ -239,6 +253,24 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+HUGE_BYTES = 4 << 20
+"""Buffers of at least this many bytes are offered 2 MiB pages (:func:`empty_huge`)."""
+
+
+def empty_huge(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``torch.empty(*shape)`` on the CPU, backed by 2 MiB pages where the kernels are built,
+    the buffer has at least :data:`HUGE_BYTES` and the OS allows it (Linux's transparent huge
+    pages in ``madvise`` mode: ``advise_huge_pages`` in the C++ file says why); asked before
+    the first write, so the pages are faulted in 2 MiB at a time."""
+    t = torch.empty(*shape, dtype=dtype, device="cpu")
+    nbytes = t.numel() * t.element_size()
+    if nbytes >= HUGE_BYTES:
+        lib_ = lib()
+        if lib_ is not None:
+            lib_.advise_huge_pages(t.data_ptr(), nbytes)
+    return t
+
+
 def wants(x: torch.Tensor) -> ctypes.CDLL | None:
     """The kernels if they apply to ``x`` (a contiguous float32 CPU tensor), else None."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous():
@@ -246,5 +278,5 @@ def wants(x: torch.Tensor) -> ctypes.CDLL | None:
     return lib()
 
 
-__all__ = ["available", "build", "cache_dir", "forced", "lib", "mode", "set_mode", "threads",
-           "wants"]
+__all__ = ["available", "build", "cache_dir", "empty_huge", "forced", "lib", "mode", "set_mode",
+           "threads", "wants"]

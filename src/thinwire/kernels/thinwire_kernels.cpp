@@ -12,6 +12,9 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -816,6 +819,62 @@ void gather(const float* x, const int64_t* idx, int64_t k, float* out, int nt) {
 }
 
 // --- SLIDE's sparse layer (strategies/slide/layer.py) -----------------------------------------
+}  // extern "C"
+
+namespace {
+
+constexpr int64_t LANES32 = 32;  // the dot product's partial sums: four vectors of eight
+constexpr int64_t ROWS_AHEAD = 6;  // rows prefetched ahead of the one being read
+// A weight gradient of at least this many floats (32 MiB) is written by streaming stores: past
+// the caches, where fetching its lines before writing them would double the traffic; smaller
+// ones stay in the caches for the optimizer, which reads them next (streaming a gradient that
+// fits the caches was slower, one several times their size faster: benchmarks/slide_layer.py).
+constexpr int64_t STREAM_FLOATS = int64_t{1} << 23;
+
+// w . x over H floats: 32 partial sums (element i in lane i mod 32 of its chunk), so the adds
+// form four independent chains (a single chain waits on the add's latency every 8 floats),
+// combined in a fixed tree: the same bits on any machine and thread count.
+inline float dot(const float* __restrict w, const float* __restrict x, int64_t H) {
+  float acc[LANES32] = {};
+  int64_t i = 0;
+  for (; i + LANES32 <= H; i += LANES32)
+    for (int64_t j = 0; j < LANES32; ++j) acc[j] += w[i + j] * x[i + j];
+  for (int64_t j = 0; i + j < H; ++j) acc[j] += w[i + j] * x[i + j];
+  for (int64_t width = LANES32 / 2; width >= 1; width /= 2)
+    for (int64_t j = 0; j < width; ++j) acc[j] += acc[j + width];
+  return acc[0];
+}
+
+// Ask for a weight row's cache lines before it is read: the active rows sit at random places
+// of a weight that outgrows the caches, and the hardware prefetcher cannot guess them.
+inline void prefetch_row(const float* w, int64_t H) {
+  for (int64_t i = 0; i < H; i += 16) __builtin_prefetch(w + i);
+}
+
+}  // namespace
+
+extern "C" {
+// Ask the kernel to back [p, p + bytes) with 2 MiB pages where it can (Linux's transparent huge
+// pages in "madvise" mode; elsewhere nothing): for a fresh buffer, 512 times fewer page faults
+// when it is first written; for the weight, reads of rows at random places that miss the TLB
+// 512 times less often (Daghaghi et al., "Accelerating SLIDE Deep Learning on Modern CPUs",
+// MLSys 2021, section 5: huge pages). Only whole 2 MiB pages inside the range are advised.
+// Returns 0, or -1 where nothing was advised.
+int advise_huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t page = uintptr_t{1} << 21;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) &
+                      ~(page - 1);
+  if (e <= a) return -1;
+  return madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE) == 0 ? 0 : -1;
+#else
+  (void)p;
+  (void)bytes;
+  return -1;
+#endif
+}
+
 // Forward: out[b, a] = W[ids[b, a]] . h[b] + bias[ids[b, a]] (-inf where mask is 0), each
 // sample's active rows read in place, parallel over samples (no [B, A, H] copy).
 void slide_forward(const float* W, const float* bias, const float* h, const int64_t* ids,
@@ -823,20 +882,16 @@ void slide_forward(const float* W, const float* bias, const float* h, const int6
   const float ninf = -INFINITY;
   parallel(nt, B, [&](int64_t b) {
     const float* hb = h + b * H;
+    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a)
+      prefetch_row(W + ids[b * A + a] * H, H);
     for (int64_t a = 0; a < A; ++a) {
       const int64_t p = b * A + a;
+      if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);
       if (mask && !mask[p]) {
         out[p] = ninf;
         continue;
       }
-      const float* w = W + ids[p] * H;
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t i = 0;
-      for (; i + 8 <= H; i += 8)
-        for (int j = 0; j < 8; ++j) acc[j] += w[i + j] * hb[i + j];
-      float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-      for (; i < H; ++i) sum += w[i] * hb[i];
-      out[p] = sum + bias[ids[p]];
+      out[p] = dot(W + ids[p] * H, hb, H) + bias[ids[p]];
     }
   });
 }
@@ -849,8 +904,11 @@ void slide_backward_input(const float* g, const float* W, const int64_t* ids,
   parallel(nt, B, [&](int64_t b) {
     float* o = gh + b * H;
     for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
+    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a)
+      prefetch_row(W + ids[b * A + a] * H, H);
     for (int64_t a = 0; a < A; ++a) {
       const int64_t p = b * A + a;
+      if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);
       if (mask && !mask[p]) continue;
       const float ga = g[p];
       const float* w = W + ids[p] * H;
@@ -867,16 +925,40 @@ void slide_backward_input(const float* g, const float* W, const int64_t* ids,
 // slide_backward_weight_rows with buffers of U rows.
 int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* rows_out,
                            int64_t* start, int64_t* order) {
-  // counting sort of the n slots by row: start[u] .. start[u + 1] in order[] are row u's slots
-  std::vector<int64_t> count(static_cast<size_t>(C + 1), 0);
-  for (int64_t p = 0; p < n; ++p) ++count[ids[p] + 1];
+  // the n slots sorted by (row, slot): a stable LSD radix sort on the row's bits. Where the
+  // slots outnumber half the rows, one counting pass over all rows; else passes of at most 11
+  // bits (2^11 counts; two passes up to 4 million rows), so the cost follows the n slots, not
+  // the C rows (a count per row cleared and scanned every step costs more than the slots at a
+  // million rows). Then start[u] .. start[u + 1] in order[] are row u's slots.
+  int bits = 1;
+  while ((int64_t{1} << bits) < C) ++bits;
+  const int passes = C <= 2 * n ? 1 : (bits + 10) / 11;
+  const int digit = (bits + passes - 1) / passes;
+  const int64_t radix = int64_t{1} << digit;
+  std::vector<int64_t> count(static_cast<size_t>(radix + 1));
+  std::vector<int64_t> tmp(passes > 1 ? static_cast<size_t>(n) : 0);
+  for (int pass = 0; pass < passes; ++pass) {
+    // the last pass writes order[]; with two passes the first writes tmp[]
+    int64_t* dst = (passes - pass) % 2 == 1 ? order : tmp.data();
+    const int64_t* src = pass == 0 ? nullptr : ((passes - pass) % 2 == 1 ? tmp.data() : order);
+    const int shift = pass * digit;
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t q = 0; q < n; ++q) {
+      const int64_t p = src ? src[q] : q;
+      ++count[((ids[p] >> shift) & (radix - 1)) + 1];
+    }
+    for (int64_t d = 0; d < radix; ++d) count[d + 1] += count[d];
+    for (int64_t q = 0; q < n; ++q) {
+      const int64_t p = src ? src[q] : q;
+      dst[count[(ids[p] >> shift) & (radix - 1)]++] = p;
+    }
+  }
   int64_t U = 0;
-  for (int64_t c = 0; c < C; ++c)
-    if (count[c + 1]) rows_out[U++] = c;
-  for (int64_t c = 0; c < C; ++c) count[c + 1] += count[c];
-  std::vector<int64_t> next(count.begin(), count.end() - 1);
-  for (int64_t p = 0; p < n; ++p) order[next[ids[p]]++] = p;
-  for (int64_t u = 0; u < U; ++u) start[u] = count[rows_out[u]];
+  for (int64_t q = 0; q < n; ++q)
+    if (q == 0 || ids[order[q]] != ids[order[q - 1]]) {
+      rows_out[U] = ids[order[q]];
+      start[U++] = q;
+    }
   start[U] = n;
   return U;
 }
@@ -884,21 +966,413 @@ int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* ro
 void slide_backward_weight_rows(const float* g, const float* h, const uint8_t* mask,
                                 const int64_t* start, const int64_t* order, int64_t U,
                                 int64_t A, int64_t H, float* gw, float* gb, int nt) {
+  // Each row is summed in place; a large gradient (STREAM_FLOATS) with 32-byte aligned rows in
+  // a buffer that stays in L1, then written out once by streaming stores.
   const int64_t per = 64;
+#ifdef __AVX2__
+  const bool stream = H % 8 == 0 && reinterpret_cast<uintptr_t>(gw) % 32 == 0 &&
+                      U * H >= STREAM_FLOATS;
+#endif
   parallel(nt, nblocks_of(U, per), [&](int64_t blk) {
+    std::vector<float> row(static_cast<size_t>(H));
     const int64_t u1 = std::min(U, (blk + 1) * per);
     for (int64_t u = blk * per; u < u1; ++u) {
-      float* o = gw + u * H;
+      float* dst = gw + u * H;
+#ifdef __AVX2__
+      float* __restrict o = stream ? row.data() : dst;
+#else
+      float* __restrict o = dst;
+#endif
       for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
       float sb = 0.0f;
       for (int64_t q = start[u]; q < start[u + 1]; ++q) {
         const int64_t p = order[q];
         const float gp = (mask && !mask[p]) ? 0.0f : g[p];
-        const float* hb = h + (p / A) * H;
+        const float* __restrict hb = h + (p / A) * H;
         for (int64_t i = 0; i < H; ++i) o[i] += gp * hb[i];
         sb += gp;
       }
       gb[u] = sb;
+#ifdef __AVX2__
+      if (stream)
+        for (int64_t i = 0; i < H; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(o + i));
+#endif
+    }
+#ifdef __AVX2__
+    _mm_sfence();  // the streamed rows are visible before the thread is joined
+#endif
+  });
+}
+
+}  // extern "C"
+
+// --- SLIDE's hash tables (strategies/slide/lsh.py) --------------------------------------------
+// The tables are the pure path's own arrays (int64 tensors read and written in place): per
+// table l, sorted[l, :] the C neuron ids grouped by bucket, offsets[l, code] .. offsets[l, code
+// + 1] the bucket's slice. Every random number (the build's keys, the per-step table orders, tie
+// breaks and fills) is drawn by the caller from its torch generator and passed in, so the
+// kernels return exactly the pure path's hash codes, buckets and active sets; rows (or tables)
+// are independent, so any thread count gives the same result.
+namespace {
+
+// A set of neuron ids in [0, C): one bit each, cleared after a row by its own members.
+struct IdSet {
+  std::vector<uint64_t> bits;
+  explicit IdSet(int64_t C) : bits(static_cast<size_t>((C + 63) / 64), 0) {}
+  bool insert(int64_t v) {  // true when v was not in the set
+    uint64_t& w = bits[static_cast<size_t>(v >> 6)];
+    const uint64_t m = uint64_t{1} << (v & 63);
+    if (w & m) return false;
+    w |= m;
+    return true;
+  }
+  void erase(int64_t v) { bits[static_cast<size_t>(v >> 6)] &= ~(uint64_t{1} << (v & 63)); }
+};
+
+// Rows [0, n) dealt in blocks of `per` to up to nt threads; fn(thread_state, row).
+template <class S, class Make, class F>
+void per_row(int nt, int64_t n, int64_t per, Make make, F fn) {
+  const int64_t nb = nblocks_of(n, per);
+  const int used = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, nb)));
+  std::vector<std::thread> pool;
+  auto work = [&](int t) {
+    S state = make();
+    for (int64_t b = t; b < nb; b += used)
+      for (int64_t r = b * per, e = std::min(n, b * per + per); r < e; ++r) fn(state, r);
+  };
+  for (int t = 1; t < used; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+}
+
+// torch.argsort(x, stable=True) of n < 2^32 floats in [0, 1) (uniform draws): for such floats
+// the bits order as the values, so (bits, index) packed in 64 bits sort as (value, index).
+inline void stable_order(const float* x, int64_t n, int64_t* out, uint64_t* scratch) {
+  for (int64_t i = 0; i < n; ++i)
+    scratch[i] = (static_cast<uint64_t>(bits_of(x[i])) << 32) | static_cast<uint64_t>(i);
+  std::sort(scratch, scratch + n);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(scratch[i] & 0xffffffffu);
+}
+
+// torch.argmax over n floats: the first largest, a NaN counting as the largest.
+inline int64_t first_argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  float v = x[0];
+  if (std::isnan(v)) return 0;
+  for (int64_t j = 1; j < n; ++j) {
+    if (std::isnan(x[j])) return j;
+    if (x[j] > v) {
+      v = x[j];
+      best = j;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+extern "C" {
+
+// SimHash (lsh.SimHash.codes): codes[n, l] = sum_k [p[n, l K + k] > 0] 2^k, p the projections
+// [N, K L] (torch's product v @ proj, so the signs are the pure path's own).
+void lsh_simhash_codes(const float* p, int64_t N, int64_t K, int64_t L, int64_t* codes, int nt) {
+  parallel(nt, nblocks_of(N, 64), [&](int64_t blk) {
+    for (int64_t n = blk * 64, e = std::min(N, blk * 64 + 64); n < e; ++n)
+      for (int64_t l = 0; l < L; ++l) {
+        const float* q = p + n * K * L + l * K;
+        int64_t c = 0;
+        for (int64_t k = 0; k < K; ++k) c |= static_cast<int64_t>(q[k] > 0.0f) << k;
+        codes[n * L + l] = c;
+      }
+  });
+}
+
+// DWTA (lsh.DWTA.codes), per row of v [N, dim]: 1. each of the K L functions the argmax of its
+// bin_size coordinates (coords [K L, bin]), empty when they are all zero; 2. densification: for
+// r < probes, an empty function takes the value of probe[r, j] (all from the previous round's
+// values) and stays empty only if that one was; still empty: bin_size; 3. table l's code:
+// sum_k h[l K + k] mult[k] (int64, wrapping) modulo buckets (a power of two).
+void lsh_dwta_codes(const float* v, int64_t N, int64_t dim, const int64_t* coords, int64_t K,
+                    int64_t L, int64_t bin, const int64_t* probe, int64_t probes,
+                    const int64_t* mult, int64_t buckets, int64_t* codes, int nt) {
+  const int64_t nh = K * L;
+  struct Scratch {
+    std::vector<int64_t> h, h2;
+    std::vector<uint8_t> empty, empty2;
+    std::vector<float> vals;
+  };
+  per_row<Scratch>(nt, N, 16, [&] {
+    return Scratch{std::vector<int64_t>(nh), std::vector<int64_t>(nh), std::vector<uint8_t>(nh),
+                   std::vector<uint8_t>(nh), std::vector<float>(bin)};
+  }, [&](Scratch& s, int64_t n) {
+    const float* x = v + n * dim;
+    bool any = false;
+    for (int64_t j = 0; j < nh; ++j) {
+      bool all_zero = true;
+      for (int64_t i = 0; i < bin; ++i) {
+        s.vals[i] = x[coords[j * bin + i]];
+        all_zero &= s.vals[i] == 0.0f;
+      }
+      s.h[j] = first_argmax(s.vals.data(), bin);
+      s.empty[j] = all_zero;
+      any |= all_zero;
+    }
+    for (int64_t r = 0; r < probes && any; ++r) {
+      const int64_t* src = probe + r * nh;
+      any = false;
+      for (int64_t j = 0; j < nh; ++j) {
+        s.h2[j] = s.empty[j] ? s.h[src[j]] : s.h[j];
+        s.empty2[j] = s.empty[j] && s.empty[src[j]];
+        any |= s.empty2[j] != 0;
+      }
+      std::swap(s.h, s.h2);
+      std::swap(s.empty, s.empty2);
+    }
+    for (int64_t j = 0; j < nh; ++j)
+      if (s.empty[j]) s.h[j] = bin;
+    for (int64_t l = 0; l < L; ++l) {
+      uint64_t c = 0;
+      for (int64_t k = 0; k < K; ++k)
+        c += static_cast<uint64_t>(s.h[l * K + k]) * static_cast<uint64_t>(mult[k]);
+      codes[n * L + l] = static_cast<int64_t>(c & static_cast<uint64_t>(buckets - 1));
+    }
+  });
+}
+
+// Tables.build, per table l (in parallel): the neurons sorted by (code, key[l, c], c), codes
+// [C, L] and keys [L, C] in [0, 1): a counting sort by code (stable), then each bucket sorted by
+// key (stable), as torch.argsort(code + key / 2, stable=True); offsets[l] the buckets' starts
+// and C.
+void lsh_build(const int64_t* codes, const float* key, int64_t C, int64_t L, int64_t nb,
+               int64_t* sorted, int64_t* offsets, int nt) {
+  parallel(nt, L, [&](int64_t l) {
+    int64_t* off = offsets + l * (nb + 1);
+    int64_t* out = sorted + l * C;
+    const float* kl = key + l * C;
+    for (int64_t b = 0; b <= nb; ++b) off[b] = 0;
+    for (int64_t c = 0; c < C; ++c) ++off[codes[c * L + l] + 1];
+    for (int64_t b = 0; b < nb; ++b) off[b + 1] += off[b];
+    std::vector<int64_t> next(off, off + nb);
+    for (int64_t c = 0; c < C; ++c) out[next[codes[c * L + l]]++] = c;
+    for (int64_t b = 0; b < nb; ++b)
+      if (off[b + 1] - off[b] > 1)
+        std::stable_sort(out + off[b], out + off[b + 1],
+                         [kl](int64_t a, int64_t c) { return kl[a] < kl[c]; });
+  });
+}
+
+// Vanilla sampling, steps 1-2 (Tables.query_vanilla, then first_distinct before its fill): per
+// row b, its tables in the order of torch.argsort(rnd[b], stable=True), each hit bucket's first
+// min(count, bucket) neurons; T = min(L, 2 + the most tables any row needs whose buckets hold
+// fewer than `size` neurons in all); ids[b] the forced ids (negative: none) then the distinct
+// neurons of its first T tables in that order, cut at size (C >= size), mask 1 on the filled
+// slots, 0 (id 0) on the rest. Returns 1 when some row is short (the caller then draws the
+// fill's starts and calls lsh_fill).
+int lsh_vanilla(const int64_t* codes, const int64_t* sorted, const int64_t* offsets, int64_t B,
+                int64_t L, int64_t C, int64_t nb, int64_t bucket, const float* rnd,
+                const int64_t* forced, int64_t F, int64_t size, int64_t* ids, uint8_t* mask,
+                int nt) {
+  std::vector<int64_t> perm(static_cast<size_t>(B * L)), need(static_cast<size_t>(B));
+  auto bucket_of = [&](int64_t b, int64_t l, int64_t* count) {
+    const int64_t* off = offsets + l * (nb + 1);
+    const int64_t code = codes[b * L + l];
+    *count = std::min(off[code + 1] - off[code], bucket);
+    return off[code];
+  };
+  parallel(nt, nblocks_of(B, 16), [&](int64_t blk) {
+    std::vector<uint64_t> scratch(static_cast<size_t>(L));
+    for (int64_t b = blk * 16, e = std::min(B, blk * 16 + 16); b < e; ++b) {
+      int64_t* pb = perm.data() + b * L;
+      stable_order(rnd + b * L, L, pb, scratch.data());
+      int64_t cum = 0, n = 0;
+      for (int64_t t = 0; t < L; ++t) {
+        int64_t count;
+        bucket_of(b, pb[t], &count);
+        cum += count;
+        n += cum < size;
+      }
+      need[b] = n;
+    }
+  });
+  int64_t most = 0;
+  for (int64_t b = 0; b < B; ++b) most = std::max(most, need[b]);
+  const int64_t T = std::min(L, most + 2);
+  std::vector<uint8_t> short_row(static_cast<size_t>(B), 0);
+  per_row<IdSet>(nt, B, 8, [&] { return IdSet(C); }, [&](IdSet& seen, int64_t b) {
+    int64_t* out = ids + b * size;
+    int64_t n = 0;
+    for (int64_t f = 0; f < F && n < size; ++f) {
+      const int64_t v = forced[b * F + f];
+      if (v >= 0 && v < C && seen.insert(v)) out[n++] = v;
+    }
+    for (int64_t t = 0; t < T && n < size; ++t) {
+      const int64_t l = perm[b * L + t];
+      int64_t count;
+      const int64_t st = bucket_of(b, l, &count);
+      const int64_t* row = sorted + l * C + st;
+      for (int64_t j = 0; j < count && n < size; ++j)
+        if (seen.insert(row[j])) out[n++] = row[j];
+    }
+    for (int64_t j = 0; j < n; ++j) seen.erase(out[j]);
+    for (int64_t j = 0; j < size; ++j) mask[b * size + j] = j < n;
+    for (int64_t j = n; j < size; ++j) out[j] = 0;
+    short_row[b] = n < size;
+  });
+  for (int64_t b = 0; b < B; ++b)
+    if (short_row[b]) return 1;
+  return 0;
+}
+
+// first_distinct's fill: a short row b keeps its ids and takes (start[b] + j) mod C, j = 0, 1,
+// ..., those not in it yet, until it holds size; full rows are left as they are.
+void lsh_fill(int64_t* ids, uint8_t* mask, int64_t B, int64_t size, int64_t C,
+              const int64_t* start, int nt) {
+  per_row<IdSet>(nt, B, 8, [&] { return IdSet(C); }, [&](IdSet& seen, int64_t b) {
+    int64_t* out = ids + b * size;
+    uint8_t* m = mask + b * size;
+    int64_t n = 0;
+    while (n < size && m[n]) ++n;
+    if (n == size) return;
+    for (int64_t j = 0; j < n; ++j) seen.insert(out[j]);
+    for (int64_t j = 0; n < size; ++j) {
+      const int64_t v = (start[b] + j) % C;
+      if (seen.insert(v)) out[n++] = v;
+    }
+    for (int64_t j = 0; j < size; ++j) {
+      seen.erase(out[j]);
+      m[j] = 1;
+    }
+  });
+}
+
+// Top-k sampling (Tables.query, then select): per row b the entries are its L tables' first
+// `bucket` neurons of each hit bucket (weight 1 each, the valid ones), its forced ids (weight L
+// bucket + 1, negative: none) and fill[b] (size random ids, weight 0); the distinct ids in
+// ascending order are the runs r = 0, 1, ..., each scored sum of its weights (float32) +
+// tie[b, r]; ids[b] the `size` best runs by (score descending, r ascending), mask 1, then
+// (fewer runs than size) id 0 with mask 0. tie has M = L bucket + F + size columns.
+void lsh_topk(const int64_t* codes, const int64_t* sorted, const int64_t* offsets, int64_t B,
+              int64_t L, int64_t C, int64_t nb, int64_t bucket, const int64_t* forced, int64_t F,
+              const int64_t* fill, const float* tie, int64_t size, int64_t* ids, uint8_t* mask,
+              int nt) {
+  const int64_t M = L * bucket + F + size;
+  const float wf = static_cast<float>(L * bucket + 1);
+  struct Scratch {
+    std::vector<std::pair<int64_t, float>> e;
+    std::vector<std::pair<float, int64_t>> runs;
+    std::vector<int64_t> run_id;
+  };
+  per_row<Scratch>(nt, B, 8, [] { return Scratch{}; }, [&](Scratch& s, int64_t b) {
+    s.e.clear();
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t* off = offsets + l * (nb + 1);
+      const int64_t code = codes[b * L + l];
+      const int64_t st = off[code], count = std::min(off[code + 1] - st, bucket);
+      for (int64_t j = 0; j < count; ++j) s.e.emplace_back(sorted[l * C + st + j], 1.0f);
+    }
+    for (int64_t f = 0; f < F; ++f)
+      if (forced[b * F + f] >= 0) s.e.emplace_back(forced[b * F + f], wf);
+    for (int64_t j = 0; j < size; ++j) s.e.emplace_back(fill[b * size + j], 0.0f);
+    // stable by id: a run's weights add in the pure path's order (candidates, forced, fill)
+    std::stable_sort(s.e.begin(), s.e.end(),
+                     [](const auto& a, const auto& c) { return a.first < c.first; });
+    s.runs.clear();
+    s.run_id.clear();
+    const float* tb = tie + b * M;
+    for (size_t i = 0; i < s.e.size();) {
+      const int64_t id = s.e[i].first;
+      float score = 0.0f;
+      for (; i < s.e.size() && s.e[i].first == id; ++i) score += s.e[i].second;
+      const int64_t r = static_cast<int64_t>(s.run_id.size());
+      s.run_id.push_back(id);
+      s.runs.emplace_back(score + tb[r], r);
+    }
+    const int64_t take = std::min<int64_t>(size, static_cast<int64_t>(s.runs.size()));
+    std::partial_sort(s.runs.begin(), s.runs.begin() + take, s.runs.end(),
+                      [](const auto& a, const auto& c) {
+                        return a.first > c.first || (a.first == c.first && a.second < c.second);
+                      });
+    for (int64_t j = 0; j < size; ++j) {
+      const bool on = j < take;
+      ids[b * size + j] = on ? s.run_id[s.runs[j].second] : 0;
+      mask[b * size + j] = on;
+    }
+  });
+}
+
+}  // extern "C"
+
+// --- SLIDE's loss over the active set (strategies/slide/layer.py, active_softmax_loss) --------
+extern "C" {
+
+// Forward, per row b (in parallel): the targets t[b, a] = slot a is on (mask) and its global id
+// ids + offset is one of the row's labels (labels [B, Y], negative: padding); cnt_b = the row's
+// labels, at least 1; z's max m_b over the slots that are on, e[b, a] = exp(z - m_b) (0 off),
+// s_b = sum_a e (double), lse_b = m_b + log s_b; row_b = -sum_{t} (z - lse_b) / cnt_b (double);
+// loss = sum_b row_b / B. Keeps p[b, a] = e / s_b (the softmax), scale[b] = T_b (targets on)
+// and cnt_b for the backward. A row with no slot on contributes 0.
+void slide_softmax_loss(const float* z, const int64_t* ids, const uint8_t* mask,
+                        const int64_t* labels, int64_t B, int64_t A, int64_t Y, int64_t offset,
+                        float* p, uint8_t* t, double* rows, double* targets, double* cnt,
+                        double* loss, int nt) {
+  parallel(nt, nblocks_of(B, 4), [&](int64_t blk) {
+    for (int64_t b = blk * 4, e = std::min(B, blk * 4 + 4); b < e; ++b) {
+      const float* zb = z + b * A;
+      const uint8_t* mb = mask ? mask + b * A : nullptr;
+      const int64_t* lb = labels + b * Y;
+      int64_t nl = 0;
+      for (int64_t y = 0; y < Y; ++y) nl += lb[y] >= 0;
+      float m = -INFINITY;
+      bool any = false;
+      for (int64_t a = 0; a < A; ++a)
+        if (!mb || mb[a]) {
+          m = any ? std::max(m, zb[a]) : zb[a];
+          any = true;
+        }
+      double s = 0.0;
+      float* pb = p + b * A;
+      for (int64_t a = 0; a < A; ++a) {
+        const float v = (!mb || mb[a]) ? std::exp(zb[a] - m) : 0.0f;
+        pb[a] = v;
+        s += v;
+      }
+      const double lse = static_cast<double>(m) + std::log(s);
+      const float inv = static_cast<float>(1.0 / s);
+      double sum_t = 0.0, T = 0.0;
+      for (int64_t a = 0; a < A; ++a) {
+        pb[a] *= inv;
+        bool hit = false;
+        if (!mb || mb[a])
+          for (int64_t y = 0; y < Y; ++y) hit |= lb[y] >= 0 && ids[b * A + a] + offset == lb[y];
+        t[b * A + a] = hit;
+        if (hit) {
+          sum_t += static_cast<double>(zb[a]) - lse;
+          T += 1.0;
+        }
+      }
+      cnt[b] = static_cast<double>(std::max<int64_t>(nl, 1));
+      targets[b] = T;
+      rows[b] = any ? -sum_t / cnt[b] : 0.0;
+    }
+  });
+  double total = 0.0;
+  for (int64_t b = 0; b < B; ++b) total += rows[b];
+  *loss = B ? total / static_cast<double>(B) : 0.0;
+}
+
+// Backward: gz[b, a] = go / (B cnt_b) (T_b p[b, a] - t[b, a]) (0 where the slot is off: p and t
+// are 0 there).
+void slide_softmax_loss_backward(const float* p, const uint8_t* t, const double* targets,
+                                 const double* cnt, int64_t B, int64_t A, double go, float* gz,
+                                 int nt) {
+  parallel(nt, nblocks_of(B, 4), [&](int64_t blk) {
+    for (int64_t b = blk * 4, e = std::min(B, blk * 4 + 4); b < e; ++b) {
+      const float f = static_cast<float>(go / (static_cast<double>(B) * cnt[b]));
+      const float T = static_cast<float>(targets[b]);
+      const float* pb = p + b * A;
+      const uint8_t* tb = t + b * A;
+      float* gb = gz + b * A;
+      for (int64_t a = 0; a < A; ++a) gb[a] = f * (T * pb[a] - static_cast<float>(tb[a]));
     }
   });
 }

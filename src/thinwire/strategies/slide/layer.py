@@ -52,9 +52,7 @@ from thinwire.strategies.slide.lsh import (
     Schedule,
     Tables,
     family,
-    first_distinct,
     generator,
-    select,
 )
 
 
@@ -90,7 +88,7 @@ class SLIDELayer(nn.Module):
             g = generator(torch.device("cpu"), seed, 0x11, offset)
             weight = (torch.rand(out_features, in_features, generator=g) * 2 - 1) * bound
             bias = torch.zeros(out_features)
-        self.weight = nn.Parameter(weight.detach().clone().to(dev))
+        self.weight = nn.Parameter(_rows_storage(weight.detach(), dev))
         self.bias = nn.Parameter((bias if bias is not None else torch.zeros(out_features))
                                  .detach().clone().to(dev).reshape(out_features, 1))
         self.in_features, self.out_features, self.offset = in_features, out_features, offset
@@ -119,13 +117,7 @@ class SLIDELayer(nn.Module):
         forced = self.local_labels(labels)
         size = self.budget + (forced.shape[1] if forced is not None else 0)
         g = generator(h.device, self.seed, 0xAC7, self.offset, self.schedule.updates)
-        if self.sampling == "vanilla":
-            cand, valid = self.tables.query_vanilla(h.detach(), min(size, self.out_features), g)
-            return first_distinct(cand.reshape(h.shape[0], -1), valid.reshape(h.shape[0], -1),
-                                  forced, size, self.out_features, g)
-        cand, valid = self.tables.query(h.detach())
-        return select(cand.reshape(h.shape[0], -1), valid.reshape(h.shape[0], -1), forced,
-                      size, self.out_features, g)
+        return self.tables.active(h.detach(), forced, size, self.sampling, g)
 
     # --- 2. sparse forward --------------------------------------------------------------------
     def forward(self, h: torch.Tensor, ids: torch.Tensor | None = None,
@@ -170,6 +162,17 @@ class SLIDELayer(nn.Module):
     def load_slide_state(self, state: dict[str, Any]) -> None:
         self.tables.load(state["tables"])
         self.schedule.load(state["schedule"])
+
+
+def _rows_storage(weight: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A copy of ``weight`` on ``dev``; a float32 CPU weight in 2 MiB pages where the compiled
+    kernels are built (:func:`thinwire.kernels.empty_huge`): the fused layer reads its active
+    rows at random places, and with 4 KiB pages nearly every row of a wide layer misses the
+    TLB."""
+    if dev.type == "cpu" and weight.dtype == torch.float32 and kernels.lib() is not None:
+        out = kernels.empty_huge(*weight.shape)
+        return out.copy_(weight)
+    return weight.clone().to(dev)
 
 
 class _FusedSparseLinear(torch.autograd.Function):
@@ -234,7 +237,7 @@ class _FusedSparseLinear(torch.autograd.Function):
             order = torch.empty(n, dtype=torch.int64, device=dev)
             U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(),
                                        start.data_ptr(), order.data_ptr())
-            wv = torch.empty(U, H, dtype=torch.float32, device=dev)
+            wv = kernels.empty_huge(U, H)  # written once, in full: 2 MiB pages fault faster
             bv = torch.empty(U, 1, dtype=torch.float32, device=dev)
             lib.slide_backward_weight_rows(g.data_ptr(), hc.data_ptr(), mp, start.data_ptr(),
                                            order.data_ptr(), U, A, H, wv.data_ptr(),
@@ -259,11 +262,65 @@ def label_targets(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
 def active_softmax_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                         labels: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """Step 3: mean over samples of -sum_{l in labels} log softmax(logits)_l / |labels|, the
-    softmax over the active set only (labels are always in it)."""
+    softmax over the active set only (labels are always in it). On float32 CPU logits the
+    compiled kernels compute it and its gradient in one pass each (:class:`_FusedActiveLoss`);
+    the torch ops below are the reference."""
+    if kernels.wants(logits) is not None and labels.dim() == 2:
+        out = _FusedActiveLoss.apply(logits, ids, mask, labels, offset)
+        assert isinstance(out, torch.Tensor)
+        return out
     t = label_targets(ids, mask, labels, offset).float()
     cnt = (labels >= 0).sum(1).clamp(min=1).float()
     logp = torch.log_softmax(logits, dim=1).masked_fill(~mask, 0.0)
     return -((logp * t).sum(1) / cnt).mean()
+
+
+class _FusedActiveLoss(torch.autograd.Function):
+    """:func:`active_softmax_loss` in the compiled kernels, per sample in parallel:
+
+      1. forward: the targets (active slots on whose global id is one of the sample's labels),
+         the softmax over the slots that are on (max-shifted, its sum in float64) kept for the
+         backward, the sample's -sum_targets log softmax / |labels|, their mean (float64, cast
+         to float32 at the end);
+      2. backward: d loss / d logit = g (T p - t) / (B |labels|), T the sample's targets, p the
+         kept softmax, t the target indicator (0 on the slots that are off).
+
+    Against the torch ops: the same function, rounded once in float64 where torch sums in
+    float32, so they agree within the float32 rounding of an A-term softmax (the test bounds it)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                labels: torch.Tensor, offset: int) -> torch.Tensor:
+        lib = kernels.lib()
+        assert lib is not None  # chosen by the caller
+        z = logits.detach().contiguous()
+        B, A = z.shape
+        ids64 = ids.detach().to(torch.int64).contiguous()
+        m = mask.detach().to(torch.bool).contiguous().view(torch.uint8)
+        lab = labels.detach().to(torch.int64).contiguous()
+        dev = z.device
+        p = torch.empty(B, A, device=dev)
+        t = torch.empty(B, A, dtype=torch.uint8, device=dev)
+        per = torch.empty(3, B, dtype=torch.float64, device=dev)  # rows, targets, label counts
+        loss = torch.empty((), dtype=torch.float64, device=dev)
+        lib.slide_softmax_loss(z.data_ptr(), ids64.data_ptr(), m.data_ptr(), lab.data_ptr(), B,
+                               A, lab.shape[1], int(offset), p.data_ptr(), t.data_ptr(),
+                               per[0].data_ptr(), per[1].data_ptr(), per[2].data_ptr(),
+                               loss.data_ptr(), kernels.threads())
+        ctx.save_for_backward(p, t, per)
+        return loss.to(torch.float32)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        lib = kernels.lib()
+        assert lib is not None
+        p, t, per = ctx.saved_tensors
+        B, A = p.shape
+        gz = torch.empty(B, A, device=p.device)
+        lib.slide_softmax_loss_backward(p.data_ptr(), t.data_ptr(), per[1].data_ptr(),
+                                        per[2].data_ptr(), B, A, float(grads[0]), gz.data_ptr(),
+                                        kernels.threads())
+        return gz, None, None, None, None
 
 
 __all__ = ["SLIDELayer", "active_softmax_loss", "label_targets"]

@@ -52,6 +52,13 @@ builds no wheels for current Pythons; hnswlib, Annoy and NMSLIB are graph or tre
 rebuild after every weight update costs far more than re-hashing (SLIDE rebuilds often) and
 which return neighbours one query at a time. The tables here are a few tensor operations on the
 layer's own device, so none of them is used.
+
+On float32 CPU tensors the compiled kernels (:mod:`thinwire.kernels`) hash, build and query in
+native arrays (:meth:`Tables.active`), with the same random draws, so with the same results; the
+torch code here is their reference.
+
+One concept, one file (over 400 lines): SLIDE's hash tables (the two families, the tables' build
+and query, both samplings' active sets and the rebuild schedule).
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from thinwire import kernels
 
 FAMILIES = ("simhash", "dwta")
 SAMPLINGS = ("topk", "vanilla")
@@ -88,8 +97,17 @@ class SimHash:
         self._weights = (1 << torch.arange(K, device=device)).long()
 
     def codes(self, v: torch.Tensor) -> torch.Tensor:
-        """[N, dim] -> int64 codes [N, L] in [0, 2^K)."""
-        bits = (v.float() @ self.proj > 0).view(v.shape[0], self.L, self.K).long()
+        """[N, dim] -> int64 codes [N, L] in [0, 2^K): the projections by torch's product on
+        both paths (so the signs are the same), the bits packed by the compiled kernels where
+        they apply."""
+        p = v.float() @ self.proj
+        lib = kernels.wants(p)
+        if lib is not None:
+            out = torch.empty(v.shape[0], self.L, dtype=torch.long, device=p.device)
+            lib.lsh_simhash_codes(p.data_ptr(), v.shape[0], self.K, self.L, out.data_ptr(),
+                                  kernels.threads())
+            return out
+        bits = (p > 0).view(v.shape[0], self.L, self.K).long()
         return (bits * self._weights).sum(-1)
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -122,7 +140,16 @@ class DWTA:
 
     def codes(self, v: torch.Tensor) -> torch.Tensor:
         """[N, dim] -> int64 codes [N, L] in [0, 2^range_bits)."""
-        vals = v.float()[:, self.coords]  # [N, K L, bin]
+        x = v.float()
+        lib = kernels.wants(x)
+        if lib is not None and self.coords.device.type == "cpu":
+            out = torch.empty(v.shape[0], self.L, dtype=torch.long, device=x.device)
+            lib.lsh_dwta_codes(x.data_ptr(), x.shape[0], x.shape[1], self.coords.data_ptr(),
+                               self.K, self.L, self.bin_size, self.probe.data_ptr(),
+                               self.PROBES, self._mult.data_ptr(), self.buckets, out.data_ptr(),
+                               kernels.threads())
+            return out
+        vals = x[:, self.coords]  # [N, K L, bin]
         h = vals.argmax(-1)
         empty = (vals == 0).all(-1)
         for r in range(self.PROBES):  # densification: borrow from the probed function
@@ -139,8 +166,8 @@ class DWTA:
         return {"coords": self.coords, "probe": self.probe}
 
     def load(self, s: dict[str, torch.Tensor]) -> None:
-        self.coords = s["coords"].to(self.coords.device)
-        self.probe = s["probe"].to(self.probe.device)
+        self.coords = s["coords"].to(self.coords.device).contiguous()  # read flat (kernels)
+        self.probe = s["probe"].to(self.probe.device).contiguous()
 
 
 def family(name: str, dim: int, K: int, L: int, seed: int, device: torch.device, *,
@@ -166,17 +193,25 @@ class Tables:
     def build(self, weight: torch.Tensor) -> None:
         """Step 1: file every neuron (rows of ``weight`` [C, dim]) in every table."""
         L, nb, C = self.h.L, self.h.buckets, self.C
-        codes = self.h.codes(weight).t()  # [L, C]
+        codes = self.h.codes(weight)  # [C, L]
         g = generator(weight.device, self.seed, 0x7AB, self.builds)
         key = torch.rand(L, C, generator=g, device=weight.device)
-        order = torch.argsort(codes.double() + key.double() * 0.5, dim=1)
+        self.builds += 1
+        lib = kernels.wants(key)
+        if lib is not None:  # the same order, by a counting sort per table
+            self.sorted = torch.empty(L, C, dtype=torch.long, device=key.device)
+            self.offsets = torch.empty(L, nb + 1, dtype=torch.long, device=key.device)
+            lib.lsh_build(codes.contiguous().data_ptr(), key.data_ptr(), C, L, nb,
+                          self.sorted.data_ptr(), self.offsets.data_ptr(), kernels.threads())
+            return
+        codes = codes.t()  # [L, C]
+        # stable: neurons with the same code and key keep their id order (both paths)
+        order = torch.argsort(codes.double() + key.double() * 0.5, dim=1, stable=True)
         self.sorted = order.contiguous()  # read flat by every query: no copy there
         counts = torch.zeros(L, nb, dtype=torch.long, device=weight.device)
         counts.scatter_add_(1, codes, torch.ones_like(codes))
         self.offsets = torch.cat([torch.zeros(L, 1, dtype=torch.long, device=weight.device),
                                   counts.cumsum(1)], dim=1)
-        del C
-        self.builds += 1
 
     @torch.no_grad()
     def query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,7 +242,8 @@ class Tables:
         lrow = torch.arange(L, device=dev)
         start = self.offsets[lrow, codes]
         count = (self.offsets[lrow, codes + 1] - start).clamp(max=self.bucket)
-        perm = torch.rand(B, L, generator=g, device=dev).argsort(1)  # each row's table order
+        # each row's table order (stable: the compiled path's order on equal draws too)
+        perm = torch.rand(B, L, generator=g, device=dev).argsort(dim=1, stable=True)
         cum = count.gather(1, perm).cumsum(1)
         need = int((cum < size).sum(1).max()) + 1 if B else 1
         T = min(L, need + 1)
@@ -218,6 +254,50 @@ class Tables:
         pos = (st.unsqueeze(-1) + j).clamp(max=C - 1)
         ids = self.sorted.reshape(-1)[tab.unsqueeze(-1) * C + pos]
         return ids, valid
+
+    @torch.no_grad()
+    def active(self, x: torch.Tensor, forced: torch.Tensor | None, size: int, sampling: str,
+               g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 2-3: the active set [B, min(size, C)] of the inputs ``x`` and its mask, by
+        ``sampling`` (``vanilla``: :meth:`query_vanilla` then :func:`first_distinct`;
+        ``topk``: :meth:`query` then :func:`select`); ``forced`` [B, F] ids (negative: none).
+
+        On float32 CPU inputs the compiled kernels (:mod:`thinwire.kernels`) do it in native
+        arrays, in parallel over samples, with the same random draws from ``g`` in the same
+        order, so the two paths give the same active sets."""
+        B, C = x.shape[0], self.C
+        lib = kernels.wants(x)
+        if lib is None or self.sorted.device.type != "cpu":
+            if sampling == "vanilla":
+                cand, valid = self.query_vanilla(x, min(size, C), g)
+                return first_distinct(cand.reshape(B, -1), valid.reshape(B, -1), forced, size,
+                                      C, g)
+            cand, valid = self.query(x)
+            return select(cand.reshape(B, -1), valid.reshape(B, -1), forced, size, C, g)
+        L, nb, nt = self.h.L, self.h.buckets, kernels.threads()
+        size = min(size, C)
+        codes = self.h.codes(x).contiguous()
+        fc = forced.to(torch.long).contiguous() if forced is not None and forced.numel() \
+            else None
+        F = fc.shape[1] if fc is not None else 0
+        fp = fc.data_ptr() if fc is not None else None
+        dev = x.device
+        ids = torch.empty(B, size, dtype=torch.long, device=dev)
+        mask = torch.empty(B, size, dtype=torch.bool, device=dev)
+        tables = (codes.data_ptr(), self.sorted.data_ptr(), self.offsets.data_ptr(), B, L, C,
+                  nb, self.bucket)
+        if sampling == "vanilla":
+            rnd = torch.rand(B, L, generator=g, device=dev)  # query_vanilla's draw
+            if lib.lsh_vanilla(*tables, rnd.data_ptr(), fp, F, size, ids.data_ptr(),
+                               mask.data_ptr(), nt):
+                start = torch.randint(0, C, (B, 1), generator=g, device=dev)  # the fill's
+                lib.lsh_fill(ids.data_ptr(), mask.data_ptr(), B, size, C, start.data_ptr(), nt)
+            return ids, mask
+        fill = torch.randint(0, C, (B, size), generator=g, device=dev)  # select's, in order
+        tie = torch.rand(B, L * self.bucket + F + size, generator=g, device=dev).mul_(0.5)
+        lib.lsh_topk(*tables, fp, F, fill.data_ptr(), tie.data_ptr(), size, ids.data_ptr(),
+                     mask.data_ptr(), nt)
+        return ids, mask
 
     def state(self) -> dict[str, Any]:
         return {"sorted": self.sorted, "offsets": self.offsets, "builds": self.builds,
@@ -264,9 +344,10 @@ def select(candidates: torch.Tensor, valid: torch.Tensor, forced: torch.Tensor |
     live = (torch.arange(M, device=dev) < n_runs) & (run_id < sentinel)
     tie = torch.rand(B, M, generator=g, device=dev) * 0.5
     score = torch.where(live, score + tie, torch.full_like(score, -1.0))
-    top = score.topk(size, dim=1)
-    active = run_id.gather(1, top.indices)
-    mask = top.values >= 0
+    # the best ``size`` runs, equal scores in run order (stable: topk leaves their order open)
+    values, order = torch.sort(score, dim=1, descending=True, stable=True)
+    active = run_id.gather(1, order[:, :size])
+    mask = values[:, :size] >= 0
     return torch.where(mask, active, torch.zeros_like(active)), mask
 
 
