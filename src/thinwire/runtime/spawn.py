@@ -47,6 +47,10 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, queue: Any
 
     from thinwire.runtime.comm import Comm
 
+    # objects inherited from the parent are the parent's: the child's collector never frees
+    # them (a destructor would act on the parent's resources, e.g. join a store's daemon
+    # thread that only the parent has, and hang)
+    gc.freeze()
     if new_session:
         os.setsid()
     if threads is not None:
