@@ -351,13 +351,20 @@ class IST:
         return partition_groups([(g.name, g.size, g.kind) for g in self.plan.groups], self.n,
                                 self.seed, round_, self.overlap)
 
-    def begin_round(self) -> None:
-        """Steps 1-2: draw the round's partition, move the subnets, load them into the model."""
+    def _may_begin(self) -> bool:
+        """Whether a round is to begin now: False while one is open; a finished IST or one
+        without its plan is a one-line error."""
         if self.finished:
             raise UsageError("IST has finished (the model is whole again); build a new IST")
         if self.active:
-            return
+            return False
         self._ready("began a round")
+        return True
+
+    def begin_round(self) -> None:
+        """Steps 1-2: draw the round's partition, move the subnets, load them into the model."""
+        if not self._may_begin():
+            return
         self.held = self._partition(self.round)
         v, held, keys = self.view, self.held, self.opt_state.travelling()
         sends = [(w, self._store.extract(held, w, keys)) for w in range(self.n)

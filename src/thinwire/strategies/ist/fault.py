@@ -292,11 +292,8 @@ class FaultTolerantIST(IST):
 
     def begin_round(self) -> None:
         """Steps 1-3 (module docstring)."""
-        if self.finished:
-            raise UsageError("IST has finished (the model is whole again); build a new IST")
-        if self.active:
+        if not self._may_begin():
             return
-        self._ready("began a round")
         while True:
             self.replica.begin()
             self._members = self.replica.members()
