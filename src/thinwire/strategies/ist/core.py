@@ -410,13 +410,19 @@ class IST:
         buffers = {t.name for t in self.plan.tensors if t.buffer}
         return self.opt_state.of_subnet(self._tensors, names, buffers)
 
-    def end_round(self) -> None:
-        """Step 4: pieces back to their owners, shared tensors averaged, the model released."""
+    def _trained_subnet(self) -> sn.Subnet:
+        """The round's trained subnet (kept from the last step or read now), closing the round's
+        hold on it; ending a round outside one is a one-line error."""
         if not self.active:
             raise UsageError("IST.end_round() outside a round")
         self._harvest_state_keys()
         sub = self._kept if self._kept is not None else self._subnet()
         self._kept = None
+        return sub
+
+    def end_round(self) -> None:
+        """Step 4: pieces back to their owners, shared tensors averaged, the model released."""
+        sub = self._trained_subnet()
         v, held, keys = self.view, self.held, self.opt_state.travelling()
         sends = [(o, sn.take(v, held, sub, o, keys)) for o in range(self.n)
                  if o != self.rank and v.piece_size(held, o, self.rank, keys)]

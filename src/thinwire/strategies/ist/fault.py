@@ -370,11 +370,7 @@ class FaultTolerantIST(IST):
     # --- steps 5-6 -----------------------------------------------------------------------------
     def end_round(self) -> None:
         """Steps 5-6 (module docstring)."""
-        if not self.active:
-            raise UsageError("IST.end_round() outside a round")
-        self._harvest_state_keys()
-        sub = self._kept if self._kept is not None else self._subnet()
-        self._kept = None
+        sub = self._trained_subnet()
         order, held, view = self._order, self.held, self.view
         keys = self.opt_state.travelling()
         mine = sn.take(view, held, sub, 0, keys)
