@@ -342,6 +342,22 @@ def test_shared_reaches_inside_a_transformer_layer() -> None:
     assert layer_whole["encoder.layers.1.linear1.weight"] != []
 
 
+def test_shared_keeps_a_module_whole_where_the_meta_tracer_traces() -> None:
+    """thinwire's GPT traces through fx's meta tracer (its forward reads a shape); naming a
+    block's attention in ``shared`` keeps that module one node (the modules its forward calls,
+    run to learn its output, are not recorded): its q, k, v and proj are not cut, the other
+    block's heads and both FFNs still are."""
+    from thinwire.models.gpt import GPT
+    x = torch.randint(0, 65, (2, 16))
+    plan = derive_adapter(GPT(65, 16, n_layer=2, n_head=4, d_model=32), x,
+                          shared=("blocks.0.attn",)).plan
+    cuts = {t.name: [c.group for c in t.cuts] for t in plan.tensors}
+    for p in ("q", "k", "v", "proj"):
+        assert cuts[f"blocks.0.attn.{p}.weight"] == [], p
+        assert cuts[f"blocks.1.attn.{p}.weight"] != [], p
+    assert cuts["blocks.0.mlp.fc1.weight"] != [] and cuts["blocks.1.mlp.fc1.weight"] != []
+
+
 def test_a_model_with_nothing_to_cut_is_refused_and_bad_options_are_one_line() -> None:
     with pytest.raises(UsageError, match="no unit to cut"):
         derive_adapter(nn.Sequential(nn.Linear(4, 3)), torch.randn(2, 4))
