@@ -25,6 +25,7 @@ from harness import run_workers
 from ist_cases import (
     CASES,
     GRAPH_CASES,
+    Conv1dNet,
     EncoderClassifier,
     ResidualCNN,
     ResNet18,
@@ -79,6 +80,29 @@ def test_derived_plan_equals_the_gpt_adapter() -> None:
     model = CASES["gpt"].build()
     derived = derive_adapter(model, CASES["gpt"].batch(0, 0)[0])
     assert _canonical(derived.plan) == _canonical(GPTAdapter(model).plan)
+
+
+@pytest.mark.parametrize("make,shape", [(ResidualCNN, (4, 1, 8, 8)), (ResNeXtNet, (4, 1, 8, 8)),
+                                        (Conv1dNet, (4, 3, 6))])
+def test_an_exported_conv_graph_is_cut_as_the_fx_graph(monkeypatch: pytest.MonkeyPatch,
+                                                       make: type, shape: tuple) -> None:
+    """torch.export's aten graph (the tracer of last resort) cuts convolutions, batch and
+    group norms, pooling and flatten by the same rules as fx's module graph: the same plan
+    (grouped convolutions' whole paths and BatchNorm's statistics scaling included)."""
+    from thinwire.models.graph import tracing
+
+    torch.manual_seed(0)
+    model, x = make(), torch.randn(*shape)
+    want = _canonical(derive_adapter(model, x).plan)
+
+    def no_fx(*args: object) -> None:
+        raise tracing._FxFailed("", None, "forced")
+
+    monkeypatch.setattr(tracing, "_trace_fx", no_fx)
+    assert tracing.trace(model, (x,), {}, ()).exported
+    got = derive_adapter(model, x).plan
+    assert any(t.cuts for t in got.tensors if ".weight" in t.name and "conv" in t.name)
+    assert _canonical(got) == want
 
 
 def test_derived_blocks_equal_resist() -> None:
