@@ -111,6 +111,23 @@ def reference(cfg: Any, rounds: list[dict[str, Any]], outer: bool) -> list[torch
     return [p.detach().clone() for p in model.parameters()]
 
 
+def predicted_recovery(cfg: Any) -> tuple[float, int]:
+    """The planner's recovery bytes of the run's method on its model (its buffers counted),
+    and the number of tensors the joiner receives (the method's ``copies`` of the parameter
+    tensors, and the buffers)."""
+    from thinwire.planner.failure import recovery_bytes
+    from thinwire.strategies import METHODS
+
+    model = build_model(cfg, load_data(cfg))
+    params = [p for p in model.parameters()]
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    entry = METHODS.get(cfg.method.name)
+    assert entry.recovery is not None
+    rec = entry.recovery(cfg.method.options)
+    return (recovery_bytes(rec, sum(p.numel() for p in params), len(params), "sgd", buffers),
+            round(rec.copies * len(params)) + len(list(model.buffers())))
+
+
 def test_localsgd_survives_a_worker_killed_mid_run(tmp_path: Path) -> None:
     """3 workers, min_workers 2; worker 2 SIGKILLs itself inside step 7 (its round's quorum
     formed): the outer step at 10 is refused by every survivor (the round's steps are lost),
@@ -142,7 +159,8 @@ def test_diloco_loses_a_worker_and_one_joins(tmp_path: Path) -> None:
     worker 0 goes on alone, and worker 1 starts once worker 0 reached step 10 and joins the
     round starting at 15 (worker 0 waits there until it is heartbeating). The joiner recovers
     worker 0's state (model, outer momentum, step) over the quorum, in the ledger's
-    ``recovery`` kind, and ends equal to it bit for bit; both equal the reference on the
+    ``recovery`` kind (every tensor the planner prices, plus torchft's metadata), and ends
+    equal to it bit for bit; both equal the reference on the
     recorded live sets bit for bit (every sum has 1 or 2 addends: exact in any order)."""
     run, cfg = make_run(tmp_path, {"method.name": "diloco", "method.period": str(H)}, 3, 1)
     summary = run_job(run, cfg, start="0,2", kill="2:7", join="1:10:15")
@@ -156,6 +174,12 @@ def test_diloco_loses_a_worker_and_one_joins(tmp_path: Path) -> None:
     got = json.loads((run / "ledger.rank1.json").read_text())["by_op"]["recv:recovery"]
     sent = json.loads((run / "ledger.rank0.json").read_text())["by_op"]["send:recovery"]
     assert got["recv"] == sent["sent"] > 0, (got, sent)
+    # the planner's recovery bytes (thinwire.planner.failure, from diloco's Recovery): every
+    # tensor the joiner received, exactly; beyond them torchft sends an 8-byte length and the
+    # pickled metadata (each tensor's path, dtype, shape; the manager's step: 4.7 kB here)
+    predicted, tensors = predicted_recovery(cfg)
+    assert got["calls"] == 2 + tensors, (got, tensors)
+    assert 0 < got["recv"] - predicted - 8 < 8192, (got, predicted)
     a, b = final_params(run, 0, cfg), final_params(run, 1, cfg)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     ref = reference(cfg, rounds, outer=True)

@@ -193,7 +193,8 @@ def _failures(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, 
     from thinwire.planner.failure import HEARTBEAT_S, failure_cost
 
     return failure_cost(model, cluster, pred.strategy, pred.step_time,
-                        checkpoint_every=args.checkpoint_every or checkpoint_every,
+                        checkpoint_every=(checkpoint_every if args.checkpoint_every is None
+                                          else args.checkpoint_every),
                         startup_s=args.startup_s,
                         heartbeat_s=HEARTBEAT_S if args.heartbeat_s is None else args.heartbeat_s)
 

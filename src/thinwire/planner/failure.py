@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from thinwire.errors import UsageError
-from thinwire.planner.methods import OPTIMIZER_STATES, ist_plan, layout_of, resolve
+from thinwire.planner.methods import OPTIMIZER_STATES, bucketed, ist_plan, layout_of, resolve
 from thinwire.planner.render import nbytes, rate, seconds
 from thinwire.planner.specs import ClusterSpec, ModelSpec
 
@@ -120,12 +120,18 @@ class FailureCost:
 def failure_cost(model: ModelSpec, cluster: ClusterSpec, strategy: Any, step_time: float, *,
                  checkpoint_every: int, startup_s: float = 0.0,
                  heartbeat_s: float = HEARTBEAT_S) -> FailureCost:
-    """Steps 1-4 for ``strategy``'s method (the planner's own data parallelism: ``dp``) on
+    """Steps 1-4 for ``strategy``'s method (the planner's own data parallelism: DDP's) on
     one device's share of ``model`` at the planned ``step_time``; a method that cannot run on
     the quorum, or a checkpoint interval below 1, is a one-line error."""
     from thinwire.strategies import METHODS
+    from thinwire.strategies.entry import MethodEntry
 
-    method = resolve(strategy.method) if strategy.method else resolve("dp")
+    if strategy.method:
+        method = resolve(strategy.method)
+    else:  # the planner's own data parallelism: the method with DDP's buckets, as it runs
+        dp = bucketed()
+        assert isinstance(dp, MethodEntry)
+        method = resolve(dp.name)
     entry = method.entry
     if not entry.fault_tolerant or entry.recovery is None:
         able = [n for n, e in METHODS.entries() if e.fault_tolerant]
