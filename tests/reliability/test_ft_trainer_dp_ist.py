@@ -193,7 +193,6 @@ def test_ist_loses_a_keeper_mid_round_and_one_joins(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("over,needle", [
     ({"method.deployment": "sharded"}, "method.deployment"),
-    ({"method.outer_lr": "0.7"}, "method.outer_lr"),
     ({"method.switch_at": "40"}, "method.switch_at"),
     ({"method.shards": "whole"}, "method.shards"),
     ({"method.local_steps": "4", "train.eval_every": "10"}, "train.eval_every"),
@@ -210,3 +209,14 @@ def test_what_ist_cannot_carry_on_the_quorum_is_refused_in_one_line(
                                **over})
     msg = str(info.value)
     assert "\n" not in msg and needle in msg, msg
+
+
+def test_ists_outer_optimizer_is_taken_on_the_quorum() -> None:
+    """IST's outer optimizer runs over the quorum (its momentum travels with a keeper's store
+    and a joiner's boundary state: test_ist_fault_tolerance.py holds it to the reference)."""
+    from method_cases import MLP
+
+    cfg = config_mod.load(None, {**MLP, "method.name": "ist", "runtime.workers": "3",
+                                 "train.steps": "40", "runtime.fault_tolerance": "torchft",
+                                 "method.outer_lr": "0.7", "method.outer_momentum": "0.9"})
+    assert (cfg.method.options.outer_lr, cfg.method.options.outer_momentum) == (0.7, 0.9)
