@@ -24,8 +24,8 @@ from test_ft_trainer import final_params, make_run, run_job  # noqa: E402
 from thinwire import checkpoint  # noqa: E402
 from thinwire import config as config_mod  # noqa: E402
 from thinwire.builders import build_model, load_data, make_stream  # noqa: E402
-from thinwire.data.task import task_for  # noqa: E402
 from thinwire.compression import build_codec  # noqa: E402
+from thinwire.data.task import task_for  # noqa: E402
 from thinwire.strategies.base import lr_at, make_optimizer, set_lr  # noqa: E402
 from thinwire.strategies.grads import flatten, grads_of, unflatten_into  # noqa: E402
 
