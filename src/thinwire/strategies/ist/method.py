@@ -557,9 +557,11 @@ METHOD = ISTEntry(
     strategy="thinwire.strategies.ist.method:ISTStrategy", options=Options, label=_label,
     sync_every=_sync_every, check=_check, check_model=_check_model, traffic=traffic,
     fault_tolerant=True,
-    # a lost keeper's replacement receives the whole store (the dealt optimizer state with it);
-    # the survivors lose no step: the lost worker's units keep their round-start values
-    recovery=lambda o: Recovery(optimizer=o.optimizer_state != "reset", lost_steps=0,
+    # a lost keeper's replacement receives the whole store (the dealt optimizer state and the
+    # outer momentum with it); the survivors lose no step: the lost worker's units keep their
+    # round-start values
+    recovery=lambda o: Recovery(copies=1 + ((o.outer_lr, o.outer_momentum) != (1.0, 0.0)),
+                                optimizer=o.optimizer_state != "reset", lost_steps=0,
                                 parts=("keeper's store",)),
     regime="early accuracy on few bytes at wide layers over thin links: to 0.83 on Fashion-MNIST "
            "(MLP 784-2048-2048-10, 4 workers, 100 Mbit/s) sharded IST in its published form "
