@@ -28,8 +28,9 @@ plan's workers share (the cluster's inter-node bandwidth per device, B_link):
    failures save); at C >= C* the quorum wins at any rate.
 
 Not priced: the quorum's per-round overhead (its RPC to the lighthouse and the commit vote,
-a few messages a round) and the fault-tolerant run's own checkpoints (kept for the job's end,
-not for a worker's failure). No torch at import time.
+a few messages a round), a codec's shared state a joiner copies (PowerSGD's warm-start
+factors; residuals start at zero and are not copied) and the fault-tolerant run's own
+checkpoints (kept for the job's end, not for a worker's failure). No torch at import time.
 """
 
 from __future__ import annotations
