@@ -166,11 +166,12 @@ def test_dp_with_int8_survives_a_worker_killed(tmp_path: Path) -> None:
     residual put back), the two go on and end equal bit for bit, and equal bit for bit to the
     reference that encodes each live worker's gradient with its own codec and decodes the
     payloads in worker order (the exchange moves exact bytes and each survivor sums the same
-    decoded payloads in the same order: no reduction order to tolerate), while not losing the
-    worker moves the result by more than 1e-3."""
+    decoded payloads in the same order: no reduction order to tolerate; the workers and the
+    reference compute on one thread each, so their matrix products sum alike), while not
+    losing the worker moves the result by more than 1e-3."""
     run, cfg = make_run(tmp_path, {"method.name": "dp", "method.compressor": "int8"}, 3, 2,
                         **{"train.steps": "10", "train.eval_every": "10",
-                           "train.momentum": "0.9"})
+                           "train.momentum": "0.9", "runtime.threads": "1"})
     summary = run_job(run, cfg, start="0,1,2", kill="2:4")
     ft = summary["fault_tolerance"]
     assert ft["survivors"] == [0, 1] and ft["lost"][0]["worker"] == 2, ft
@@ -179,11 +180,16 @@ def test_dp_with_int8_survives_a_worker_killed(tmp_path: Path) -> None:
                                   + [(s, [0, 1], True) for s in range(5, 11)])
     a, b = final_params(run, 0, cfg), final_params(run, 1, cfg)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    ref = dp_reference(cfg, ft["outer_steps"], codec="int8")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' (runtime.threads 1)
+    try:
+        ref = dp_reference(cfg, ft["outer_steps"], codec="int8")
+        never_lost = dp_reference(cfg, [{"step": s, "live": [0, 1, 2], "kept": True}
+                                        for s in range(1, 11)], codec="int8")
+    finally:
+        torch.set_num_threads(threads)
     assert all(torch.equal(x, y) for x, y in zip(a, ref)), \
         max((x - y).abs().max().item() for x, y in zip(a, ref))
-    never_lost = dp_reference(cfg, [{"step": s, "live": [0, 1, 2], "kept": True}
-                                    for s in range(1, 11)], codec="int8")
     assert max((x - y).abs().max().item() for x, y in zip(ref, never_lost)) > 1e-3
 
 
