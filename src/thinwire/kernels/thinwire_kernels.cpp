@@ -818,6 +818,48 @@ void gather(const float* x, const int64_t* idx, int64_t k, float* out, int nt) {
   });
 }
 
+// --- PowerSGD's decode (compression/powersgd.py) ---------------------------------------------
+// out = (P Q^T) of n x m, row-major, its first numel elements: out[i m + j] = sum_k p[i r + k]
+// qt[k m + j] (qt = Q^T, r x m) as a chain of fused multiply-adds in k order: acc = p_0 q_0,
+// acc = fma(p_k, q_k, acc), the bits of MKL's product of inner dimension r on a CPU with FMA
+// (tests/kernels/test_kernels.py checks them against the chain computed in float64, and against
+// torch.mm within one rounding a term). One write of the output, streamed from STREAM elements
+// on; blocks of whole rows.
+void lowrank_decode(const float* p, const float* qt, int64_t n, int64_t m, int64_t r,
+                    int64_t numel, float* out, int nt) {
+  const bool stream = numel >= STREAM;
+  const int64_t rows = std::max<int64_t>(1, BLOCK / std::max<int64_t>(1, m));
+  auto one = [&](const float* pi, int64_t j) {  // element j of the row with coefficients pi
+    float acc = pi[0] * qt[j];
+    for (int64_t k = 1; k < r; ++k) acc = std::fma(pi[k], qt[k * m + j], acc);
+    return acc;
+  };
+  parallel(nt, nblocks_of(n, rows), [&](int64_t blk) {
+    for (int64_t i = blk * rows, ie = std::min(n, i + rows); i < ie; ++i) {
+      const int64_t e = std::min(m, numel - i * m);
+      if (e <= 0) break;
+      const float* pi = p + i * r;
+      float* o = out + i * m;
+      int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+      const bool st = stream && !(reinterpret_cast<uintptr_t>(o) & 3);
+      for (; st && j < e && (reinterpret_cast<uintptr_t>(o + j) & 31); ++j) o[j] = one(pi, j);
+      for (; j + 8 <= e; j += 8) {  // one pass: the r terms summed in registers, then stored
+        __m256 acc = _mm256_mul_ps(_mm256_set1_ps(pi[0]), _mm256_loadu_ps(qt + j));
+        for (int64_t k = 1; k < r; ++k)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(pi[k]), _mm256_loadu_ps(qt + k * m + j), acc);
+        if (st)
+          _mm256_stream_ps(o + j, acc);
+        else
+          _mm256_storeu_ps(o + j, acc);
+      }
+#endif
+      for (; j < e; ++j) o[j] = one(pi, j);
+    }
+    fence(stream);
+  });
+}
+
 // --- SLIDE's sparse layer (strategies/slide/layer.py) -----------------------------------------
 }  // extern "C"
 
