@@ -7,7 +7,9 @@ repeats), next to the bandwidth of a plain copy measured in the same run (``y.co
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
 speed. Each repeat times the copy and every codec in turn, and each cell is the median of its
 repeats; a second table splits each codec's time into encode and decode, in units of the
-copy's time (a copy reads x once and writes y once). Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
+copy's time (a copy reads x once and writes y once); with PowerSGD among the codecs, a third
+compares its encode + decode with the products it must compute on the same matrix (M Q, the
+QR, M^T P, and the decode's P Q^T), each timed alone (``powersgd_floor``). Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
 torch thread (a DDP worker's share of a small host, and immune to the stalls a 2-thread pool
 shows on a shared machine); ``--sizes 1M`` for a quick run; ``--device cuda`` times the device
 paths (synchronised around every call). ``--clock cpu`` times with this thread's CPU time
