@@ -29,6 +29,11 @@ Devices and dtypes: the first Q is drawn on the CPU from the shared generator (e
 whatever its device, starts from the same Q) and moved to the input's device and dtype; the
 QR factorisation runs in float32 at least (half precision has none) and returns to the input's
 dtype. Error feedback is the codec's own (``ef``), never the generic wrapper.
+
+Products: each reads M once, row by row (steps 1 and 4 with Q's columns contiguous and M^T P
+as (P^T M)^T: :func:`columns`, :func:`project_back`), and step 6 writes P Q^T once into the
+output (:func:`outer`: the compiled kernel on float32 CPU tensors, else ``torch.mm(out=)``);
+docs/benchmarks/compression.md times them against the products alone.
 """
 
 from __future__ import annotations
