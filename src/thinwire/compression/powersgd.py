@@ -74,13 +74,13 @@ def orthogonalize(p: torch.Tensor) -> torch.Tensor:
 def columns(q: torch.Tensor) -> torch.Tensor:
     """``q`` (m x r) with each of its r columns contiguous (stored as Q^T, r x m): the layout in
     which step 1's ``M @ q`` streams M once (with q row-major, MKL's product with r = 2 columns
-    takes a path 3-8x slower, docs/benchmarks/compression.md)."""
+    takes a path 2-5x slower on this project's host, docs/benchmarks/compression.md)."""
     return q if q.stride(0) == 1 or q.shape[1] == 1 else q.t().contiguous().t()
 
 
 def project_back(m_: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Step 4's M^T P, computed as (P^T M)^T: a product that reads M row by row (the transposed
-    product ``m_.T @ p`` costs 16-30 copies of M, this one about one; the same bits at the
+    product ``m_.T @ p`` costs 13-30 copies of M, this one about one; the same bits at the
     measured shapes, the same sums in another order elsewhere). The result is m x r with each
     column contiguous, the layout :func:`columns` asks for."""
     return (p.t() @ m_).t()
@@ -89,8 +89,9 @@ def project_back(m_: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 def outer(p: torch.Tensor, q: torch.Tensor, numel: int,
           out: torch.Tensor | None = None) -> torch.Tensor:
     """Step 6's P Q^T (n x m, row-major), its first ``numel`` elements, written into ``out``
-    (flat, contiguous) when given: by the compiled kernel (one streamed write, the bits of
-    torch's product) for float32 on the CPU, else by ``torch.mm`` into ``out`` when the matrix
+    (flat, contiguous) when given: by the compiled kernel (one write, streamed when large; the
+    chain of fused multiply-adds MKL's product computes, torch.mm's bits at the shapes tested)
+    for float32 on the CPU, else by ``torch.mm`` into ``out`` when the matrix
     is unpadded, else through a temporary."""
     n, m, r = p.shape[0], q.shape[0], p.shape[1]
     lib = kernels.wants(out) if out is not None else None
