@@ -723,6 +723,7 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
   }
   const int64_t block = 4 * BLOCK;
   const int64_t nb = nblocks_of(d, block);
+  const bool ahead = d >= STREAM;  // x from memory: read ahead (from the caches it only costs)
   std::vector<std::vector<int64_t>> ci(static_cast<size_t>(nb));
   std::vector<std::vector<float>> cv(static_cast<size_t>(nb));
   parallel(nt, nb, [&](int64_t b) {
@@ -736,7 +737,7 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     bv.reserve(static_cast<size_t>(expect));
     int64_t i = a;
     for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none;
-      if (!(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
+      if (ahead && !(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
       uint32_t hit = at_least(x + i, t);  // then visit only the set bits
       while (hit) {
         const int j = __builtin_ctz(hit);
