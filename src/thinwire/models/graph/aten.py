@@ -20,10 +20,11 @@ from typing import Any
 import torch
 from torch import fx
 
-from thinwire.models.graph import rules
 from thinwire.models.graph.context import Context
 from thinwire.models.graph.groups import Ann, Use
-from thinwire.models.graph.rules import ADDITIVE, register_function_rule
+from thinwire.models.graph.rules import ADDITIVE, flatten_call, pool_call, register_function_rule
+from thinwire.models.graph.rules import channel_norm as channel_norm_rule
+from thinwire.models.graph.rules import conv as conv_rule
 
 aten = torch.ops.aten
 
@@ -221,7 +222,7 @@ def convolution(p: Context, n: fx.Node, out: Any) -> Ann:
     if found is None or not isinstance(out, torch.Tensor):
         p.poison_inputs(n)
         return {}
-    return rules.conv(p, n, found[1], found[0], out)
+    return conv_rule(p, n, found[1], found[0], out)
 
 
 def channel_norm(p: Context, n: fx.Node, out: Any) -> Ann:
@@ -234,7 +235,7 @@ def channel_norm(p: Context, n: fx.Node, out: Any) -> Ann:
     if found is None:
         p.poison_inputs(n)
         return {}
-    return rules.channel_norm(p, n, found[1], found[0], out)
+    return channel_norm_rule(p, n, found[1], found[0], out)
 
 
 def nothing(p: Context, n: fx.Node, out: Any) -> Ann:
@@ -280,8 +281,8 @@ def _register() -> None:
                aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
                aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default,
                aten.max_pool1d.default, aten.max_pool2d.default, aten.max_pool3d.default):
-        register_function_rule(op, rules.pool_call)
-    register_function_rule(aten.flatten.using_ints, rules.flatten_call)
+        register_function_rule(op, pool_call)
+    register_function_rule(aten.flatten.using_ints, flatten_call)
 
 
 _register()
