@@ -462,8 +462,8 @@ class ShardedFaultTolerantIST(FaultTolerantIST):
             self._final = self._one_worker_state(full, state)
         self._detach()
         with torch.no_grad():
-            for name, x in full.items():
-                self._tensors[name].data = x
+            for name, whole in full.items():
+                self._tensors[name].data = whole
         self._configure_full(self.model)
         self.finished = True
         return self.model
@@ -518,12 +518,19 @@ class ShardedFaultTolerantIST(FaultTolerantIST):
 
     def state_dict(self) -> dict[str, Any]:
         """After :meth:`finish`, on the lowest live worker: the whole store as one worker's
-        state; elsewhere a one-line error (no worker stores the whole model)."""
-        if self._final is None:
-            raise UsageError("sharded fault-tolerant IST: no worker stores the whole model "
-                             "between rounds; its state is assembled by finish(), on the "
-                             "lowest live worker")
-        return self._final
+        state (:meth:`IST.state_dict`'s form); elsewhere, at a round boundary, this worker's
+        share: the round, the holders, its blocks' slices and optimizer-state slices by block,
+        the shared tensors (no worker stores the whole model)."""
+        if self._final is not None:
+            return self._final
+        self._ready("was asked for its state")
+        if self.active:
+            raise UsageError("IST.state_dict() mid-round; checkpoint at a round boundary")
+        return {"round": self.round, "holders": self.holders,
+                "blocks": {b: {"store": dict(st.slices), "state_store": {
+                    f"{n}|{k}": x for n, d in st.state.items() for k, x in d.items()}}
+                    for b, st in sorted(self._blocks.items())},
+                "shared": {t.name: self._store.slices[t.name] for t in self._shared()}}
 
     @property
     def writes_checkpoint(self) -> bool:
