@@ -18,8 +18,9 @@ K = ``--local-steps``, overlap 1), three times:
      after it are dealt over the survivors (sharded: worker 0's blocks are copied from their
      other holders to survivors, tagged ``recovery``).
 Prints, per run, the bytes sent per worker and round by ledger tag (mean over the workers that
-finished), and for run 3 the time lost: the wall time from the failed round's start to its
-close less the median round before it. Every process is bounded (``--timeout``) and torn down.
+finished) and the most any one worker sent (central: the keeper; sharded: spread), and for run
+3 the time lost: the wall time from the failed round's start to its close less the median
+round before it. Every process is bounded (``--timeout``) and torn down.
 """
 
 from __future__ import annotations
@@ -111,8 +112,10 @@ def report(results: dict[int, dict], rounds: int, what: str = "per worker and ro
     tags = sorted({t for r in results.values() for t in r["sent"]})
     per = {t: statistics.mean(r["sent"].get(t, 0) for r in results.values()) / rounds
            for t in tags}
+    most = max(sum(r["sent"].values()) for r in results.values()) / rounds
     print(f"  sent {what}, by tag (mean over finishing workers): "
-          + ", ".join(f"{t} {v / 1e6:.3f} MB" for t, v in per.items()))
+          + ", ".join(f"{t} {v / 1e6:.3f} MB" for t, v in per.items())
+          + f"; all tags, the most any worker sent: {most / 1e6:.3f} MB")
     return per
 
 
