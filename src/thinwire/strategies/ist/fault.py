@@ -44,9 +44,10 @@ Round r:
      base + (sum of the live workers' deltas, in worker order) / (live workers).
 
 Sharded deployment (``deployment="sharded"``): :class:`FaultTolerantIST` builds a
-:class:`~thinwire.strategies.ist.fault_sharded.ShardedFaultTolerantIST` instead, which keeps
-every block of units on ``keepers`` workers (no worker stores the whole model) and runs the
-same steps with the blocks in place of the whole store. The outer optimizer's momentum
+:class:`ShardedFaultTolerantIST` instead (its store in
+:mod:`~thinwire.strategies.ist.fault_sharded`), which keeps every block of units on
+``keepers`` workers (no worker stores the whole model) and runs the same steps with the
+blocks in place of the whole store. The outer optimizer's momentum
 (``outer_lr``/``outer_momentum``) is refused: it is not yet carried to new keepers.
 
 One concept, one file (over 400 lines): IST's round on a torchft quorum (its live sets, keepers,
@@ -69,10 +70,11 @@ from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
 from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.elements import View
+from thinwire.strategies.ist.fault_sharded import ShardedStore
 from thinwire.strategies.ist.partition import resolve_overlap
 from thinwire.strategies.ist.store import Dealt, Overlap
 
-__all__ = ["FaultTolerantIST", "replica_number"]
+__all__ = ["FaultTolerantIST", "ShardedFaultTolerantIST", "replica_number"]
 
 
 def replica_number(replica_id: str) -> int:
@@ -139,8 +141,6 @@ class FaultTolerantIST(IST):
         """``deployment="sharded"`` builds the sharded store's class (module docstring)."""
         del args, kwargs
         if cls is FaultTolerantIST and deployment == "sharded":
-            from thinwire.strategies.ist.fault_sharded import ShardedFaultTolerantIST
-
             cls = ShardedFaultTolerantIST
         return super().__new__(cls)
 
@@ -544,3 +544,9 @@ class FaultTolerantIST(IST):
         super().close()
         if self._owns_replica:
             self.replica.close()
+
+
+class ShardedFaultTolerantIST(ShardedStore, FaultTolerantIST):
+    """:class:`FaultTolerantIST` with the sharded store (every block of units on ``keepers``
+    workers: :mod:`~thinwire.strategies.ist.fault_sharded`), which
+    ``FaultTolerantIST(..., deployment="sharded")`` builds."""

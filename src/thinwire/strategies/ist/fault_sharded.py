@@ -3,7 +3,9 @@
 Independent Subnetwork Training (Yuan et al., VLDB 2022; Shulgin & Richtarik, ICML 2024) in
 its sharded deployment (each worker stores a slice of every layer's units, the pieces travel
 point to point) on torchft's quorum, as :class:`~thinwire.strategies.ist.fault.FaultTolerantIST`
-runs the central one. Built by ``FaultTolerantIST(..., deployment="sharded")``.
+runs the central one. Built by ``FaultTolerantIST(..., deployment="sharded")``: this module's
+:class:`ShardedStore` placed before FaultTolerantIST
+(:class:`~thinwire.strategies.ist.fault.ShardedFaultTolerantIST`).
 
 The store: every cut group's units are cut into ``workers`` (the configured number) contiguous
 *blocks*, the sharded deployment's ownership of that many ranks
@@ -64,7 +66,7 @@ blocks, their holders and their moves, the round's scatter, write-back and assem
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -76,12 +78,44 @@ from thinwire.runtime.ft import RECOVERY, FaultToleranceError
 from thinwire.runtime.ledger import CONTROL
 from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
+from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.elements import View, element_index
-from thinwire.strategies.ist.fault import FaultTolerantIST
 from thinwire.strategies.ist.partition import resolve_overlap
 from thinwire.strategies.ist.store import Dealt, Overlap, Store
 
-__all__ = ["ShardedFaultTolerantIST", "assign", "initial_holders"]
+if TYPE_CHECKING:
+    from thinwire.runtime.ft import Replica
+
+    class _Host(IST):
+        """What :class:`ShardedStore` uses of FaultTolerantIST, which follows it in the MRO
+        (for the type checker only: at run time the mixin's base is :class:`IST`)."""
+
+        replica: Replica
+        number: int
+        workers: int
+        keepers_wanted: int
+        log: list[tuple[int, list[int], list[int]]]
+        _members: list[int]
+        _order: list[int]
+        _overlap_arg: int
+
+        def _shared(self) -> list[Any]: ...
+        def _thin(self) -> None: ...
+        def _rank_of(self, number: int) -> int: ...
+        def _close_quorum(self, order: list[int]) -> list[int]: ...
+        def _install_subnet(self, view: View, held: dict[str, tuple[Any, ...]],
+                            order: list[int],
+                            pieces: Sequence[tuple[int, torch.Tensor]]) -> None: ...
+        def _gather_shared(self, sub: sn.Subnet, keys: Sequence[str], live: list[int]
+                           ) -> list[torch.Tensor] | None: ...
+        def _apply_shared(self, sub: sn.Subnet, keys: Sequence[str],
+                          shared: list[torch.Tensor], live: int) -> None: ...
+        def _ft_state(self) -> dict[str, Any]: ...
+        def _ft_load(self, state: dict[str, Any]) -> None: ...
+else:
+    _Host = IST
+
+__all__ = ["ShardedStore", "assign", "initial_holders"]
 
 
 def initial_holders(blocks: int, order: Sequence[int], copies: int) -> list[list[int]]:
@@ -126,10 +160,13 @@ def assign(holders: Sequence[Sequence[int]], have: Sequence[set[int]], order: Se
         load[lo] += 1
 
 
-class ShardedFaultTolerantIST(FaultTolerantIST):
-    """Sharded IST over a torchft quorum (module docstring, steps 1-6); the arguments are
-    :class:`~thinwire.strategies.ist.fault.FaultTolerantIST`'s, ``keepers`` the workers
-    storing each block. :attr:`holders` lists each block's holders (primary first)."""
+class ShardedStore(_Host):
+    """The sharded store of :class:`~thinwire.strategies.ist.fault.FaultTolerantIST` (module
+    docstring, steps 1-6): a mixin placed before it
+    (:class:`~thinwire.strategies.ist.fault.ShardedFaultTolerantIST`, which
+    ``FaultTolerantIST(..., deployment="sharded")`` builds), so this module needs nothing of
+    that one's; the arguments are FaultTolerantIST's, ``keepers`` the workers storing each
+    block. :attr:`holders` lists each block's holders (primary first)."""
 
     def __init__(self, model: nn.Module, optimizers: Any, **kwargs: Any) -> None:
         self._holders: list[list[int]] | None = None
