@@ -11,7 +11,8 @@ workers I, J are up (their OUT/ready{I} exists), leaving OUT/holding{R}.{INDEX};
 R:I,J``: start only when workers I, J hold before round R.
 Writes OUT/worker{INDEX}.pt: a keeper's stored model before ``finish()`` (None on other
 workers), the full model after, the log of closed rounds, the round it joined at, the keepers
-(sharded: each block's holders too), its ledger totals by tag."""
+(sharded: each block's holders too), the checkpoint writer's one-worker state (None on other
+workers), its ledger totals by tag."""
 
 from __future__ import annotations
 
@@ -87,6 +88,8 @@ def main() -> int:
             opt.step()
         stored = ist.full_tensors()  # a keeper's own copy (None elsewhere)
         ist.finish()
+        # the checkpoint writer's one-worker state (sharded: assembled by finish)
+        written = ist.state_dict() if ist.writes_checkpoint else None
     except FaultToleranceError as exc:
         print(exc, file=sys.stderr)
         return 3
@@ -97,7 +100,7 @@ def main() -> int:
         by_tag[e.tag] = by_tag.get(e.tag, 0) + e.sent + e.recv
     torch.save({"params": [p.detach().clone() for p in model.parameters()], "log": ist.log,
                 "joined": ist.joined_at, "keepers": ist.keepers, "stored": stored,
-                "holders": getattr(ist, "holders", None),
+                "holders": getattr(ist, "holders", None), "written": written,
                 "bytes": by_tag},
                out / f"worker{a.index}.pt")
     return 0

@@ -80,7 +80,8 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
                batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]] =
                ist_replica.batch,
                loss: Callable[..., torch.Tensor] = torch.nn.functional.mse_loss,
-               local_steps: int = ist_replica.K) -> list[torch.Tensor]:
+               local_steps: int = ist_replica.K, buffers: bool = False
+               ) -> list[torch.Tensor]:
     """IST's rule on the same live sets, one process, written out for the 4-12-3 MLP: round r
     deals the hidden units over the workers that began it (sorted), each worker that closed it
     trains its subnet (rows of W1 and b1, columns of W2, the whole b2; the hidden output scaled
@@ -90,7 +91,8 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
     with their units (``reindex``): fresh in round 0, stored (zero where nobody trained) from
     its end on, and written back by the same rule. ``build``, ``batch`` (worker, round, local
     step), ``loss`` and ``local_steps``: another one-hidden-layer network with biases (W1, b1, W2, b2),
-    its batches, loss and local steps (the trainer's test: 64-12-10 on digits)."""
+    its batches, loss and local steps (the trainer's test: 64-12-10 on digits). ``buffers``:
+    the stored momentum buffers instead of the parameters."""
     copies = [[p.detach().clone() for p in build().parameters()]]
     width, fan_in, fan_out = copies[0][0].shape[0], copies[0][0].shape[1], copies[0][2].shape[0]
     for r, began, closed in log:
@@ -147,7 +149,7 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
                 shape = [1] * base.dim()
                 shape[dim] = -1
                 bases[j] = torch.where(hit.view(shape), acc / c.view(shape), base)
-    return copies[0]
+    return copies[1] if buffers else copies[0]
 
 
 @pytest.mark.parametrize(("overlap", "momentum"), [(1, 0.0), (2, 0.9)])

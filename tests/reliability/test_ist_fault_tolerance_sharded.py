@@ -57,7 +57,8 @@ def test_sharded_owner_killed_mid_round_and_one_joining(tmp_path: Path) -> None:
     (healed, then holder of blocks 1 and 2, copied to it). Every survivor ends with the same
     full model, equal bit for bit to the one-process reference of IST's rule on the same
     live sets (the same reference as the central store's: the store's layout changes no
-    value)."""
+    value); worker 1, the lowest live, holds the one-worker state finish assembled: the final
+    model and the reference's momentum buffers, bit for bit."""
     rounds = 5
     first = ["--hold", "0:0,1,2", "--overlap", "2", "--momentum", "0.9",
              "--deployment", "sharded"]
@@ -84,6 +85,14 @@ def test_sharded_owner_killed_mid_round_and_one_joining(tmp_path: Path) -> None:
     ref = _reference(log, 0.05, 2, 0.9)
     for a, b in zip(out[1]["params"], ref):
         assert torch.equal(a, b), (a - b).abs().max()
+    # worker 1, the lowest live, holds the whole store finish assembled, momentum included
+    assert out[2]["written"] is None and out[3]["written"] is None
+    written = out[1]["written"]
+    names = [n for n, _ in ist_replica.build().named_parameters()]
+    moms = _reference(log, 0.05, 2, 0.9, buffers=True)
+    for n, p, m in zip(names, out[1]["params"], moms):
+        assert torch.equal(written["store"][n], p), n
+        assert torch.equal(written["state_store"][f"{n}|momentum_buffer"], m), n
     whole = _reference([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *log[2:]], 0.05,
                        2, 0.9)
     assert max((a - b).abs().max().item() for a, b in zip(ref, whole)) > 1e-3
