@@ -7,7 +7,9 @@ repeats), next to the bandwidth of a plain copy measured in the same run (``y.co
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
 speed. Each repeat times the copy and every codec in turn, and each cell is the median of its
 repeats; a second table splits each codec's time into encode and decode, in units of the
-copy's time (a copy reads x once and writes y once). Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
+copy's time (a copy reads x once and writes y once); with PowerSGD among the codecs, a third
+compares its encode + decode with the products it must compute on the same matrix (M Q, the
+QR, M^T P, and the decode's P Q^T), each timed alone (``powersgd_floor``). Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
 torch thread (a DDP worker's share of a small host, and immune to the stalls a 2-thread pool
 shows on a shared machine); ``--sizes 1M`` for a quick run; ``--device cuda`` times the device
 paths (synchronised around every call). ``--clock cpu`` times with this thread's CPU time
@@ -41,8 +43,10 @@ from thinwire.compression import (
     TopK,
 )
 from thinwire.compression.fp4 import FP4
+from thinwire.compression.powersgd import square_shape
 
 MI = 2**20
+POWERSGD_RANK = 2
 
 PATHS = {"[compiled]": "1", "[torch]": "0"}
 """Row suffix -> :mod:`thinwire.kernels` mode: the compiled kernels or the pure-torch/numpy
@@ -57,7 +61,7 @@ def codecs() -> dict[str, Compressor]:
         "fp16": Cast(torch.float16), "bf16": Cast(torch.bfloat16),
         "topk": TopK(0.01), "topk~": TopK(0.01, approx=True), "randk": RandK(0.01),
         "qsgd": QSGD(16), "int8": Int8(), "fp4": FP4(), "sign": ScaledSign(),
-        "powersgd": PowerSGD(2),
+        "powersgd": PowerSGD(POWERSGD_RANK),
     }
 
 
@@ -127,6 +131,60 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: tor
                    median([t[2] for t in ts])) for name, ts in times.items()}
 
 
+def powersgd_floor(numel: int, repeats: int, rank: int, device: torch.device,
+                   clock: Callable[[], float]) -> dict[str, float]:
+    """Median seconds of the products PowerSGD's codec must compute on its near-square matrix
+    M (n x m) at ``rank`` r, each alone: step 1's M Q, step 3's reduced QR of the n x r result,
+    step 4's M^T P and the decode's P Q^T (into a preallocated n x m buffer). Each product is
+    timed in two layouts, as written (``M @ Q``, ``M.T @ P``, ``torch.mm(P, Q.T, out=)``) and
+    in the one that reads M row by row (Q's columns contiguous, ``(P^T M)^T``); a ``*`` key
+    holds the faster of the two, the floor."""
+    n, m = square_shape(numel)
+    mat = torch.randn(n, m, generator=torch.Generator().manual_seed(1)).to(device)
+    q = torch.randn(m, rank, generator=torch.Generator().manual_seed(2)).to(device)
+    qt, p = q.t().contiguous(), torch.linalg.qr(mat @ q).Q
+    pc, y = p.contiguous(), torch.empty(n, m, device=device)
+    fns: dict[str, Callable[[], object]] = {
+        "M Q": lambda: mat @ q, "M Q (Q^T stored)": lambda: mat @ qt.t(),
+        "QR": lambda: torch.linalg.qr(pc),
+        "M^T P": lambda: mat.t() @ pc, "M^T P as (P^T M)^T": lambda: pc.t() @ mat,
+        "P Q^T": lambda: torch.mm(pc, q.t(), out=y), "P Q^T (Q^T stored)":
+            lambda: torch.mm(pc, qt, out=y)}
+    times = {k: median([seconds(f, device, clock) for _ in range(repeats)])
+             for k, f in fns.items()}
+    for short in ("M Q", "M^T P", "P Q^T"):
+        times[short + " *"] = min(t for k, t in times.items() if k.startswith(short))
+    return times
+
+
+def print_powersgd_floor(sizes: list[int], rows: dict[str, list[tuple[float, float, float]]],
+                         floors: list[dict[str, float]], labels: list[str]) -> None:
+    """PowerSGD's encode + decode against the products it must compute (powersgd_floor)."""
+    copy = [t[0] for t in rows["memcpy (copy_)"]]
+    print()
+    print("PowerSGD against its products' floor (seconds in copies of the input; the products "
+          "alone, each in the layout as written / the faster layout; floor: M Q + QR + M^T P "
+          "+ P Q^T at the faster layout)")
+    print()
+    print("| size | n x m | M Q | QR | M^T P | P Q^T | floor: two matmuls + QR | floor + decode's "
+          "P Q^T | codec | codec / floor (two matmuls + QR) | codec / floor + P Q^T |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---|---|")
+    for i, (numel, f, label) in enumerate(zip(sizes, floors, labels)):
+        c = copy[i]
+        n, m = square_shape(numel)
+        two = f["M Q *"] + f["QR"] + f["M^T P *"]
+        allf = two + f["P Q^T *"]
+        codec = {k.rpartition(" ")[2]: v[i][0] for k, v in rows.items()
+                 if k.startswith("powersgd ")}
+        ctext = ", ".join(f"{p} {t / c:.2f}" for p, t in codec.items())
+        r2 = ", ".join(f"{p} {t / two:.2f}x" for p, t in codec.items())
+        r3 = ", ".join(f"{p} {t / allf:.2f}x" for p, t in codec.items())
+        print(f"| {label} | {n} x {m} | {f['M Q'] / c:.2f} / {f['M Q *'] / c:.2f} | "
+              f"{f['QR'] / c:.2f} | {f['M^T P'] / c:.2f} / {f['M^T P *'] / c:.2f} | "
+              f"{f['P Q^T'] / c:.2f} / {f['P Q^T *'] / c:.2f} | {two / c:.2f} | {allf / c:.2f} | "
+              f"{ctext} | {r2} | {r3} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1M,16M,64M", help="input sizes in M = 2^20 floats")
@@ -170,11 +228,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"kernels: {kernels.mode()} ({'built' if kernels.available() else 'unavailable'}), "
           f"host {platform.processor() or platform.machine()}")
     rows: dict[str, list[tuple[float, float, float]]] = {}
+    floors: list[dict[str, float]] = []
     for numel in sizes:
-        cells = measure(numel, args.repeats or default_repeats(numel), chosen, device,
-                        CLOCKS[args.clock])
+        repeats = args.repeats or default_repeats(numel)
+        cells = measure(numel, repeats, chosen, device, CLOCKS[args.clock])
         for name, cell in cells.items():
             rows.setdefault(name, []).append(cell)
+        if "powersgd" in names:
+            floors.append(powersgd_floor(numel, repeats, POWERSGD_RANK, device,
+                                         CLOCKS[args.clock]))
     copy = [t[0] for t in rows["memcpy (copy_)"]]
     labels = [f"{n / MI:g}M" for n in sizes]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
@@ -200,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in chosen:
         text = [f"{t[1] / c:.2f} + {t[2] / c:.2f}" for t, c in zip(rows[name], copy)]
         print(f"| {name} | " + " | ".join(text) + " |")
+    if floors:
+        print_powersgd_floor(sizes, rows, floors, labels)
+
 
 if __name__ == "__main__":
     main()

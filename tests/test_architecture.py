@@ -101,8 +101,8 @@ def test_the_test_folders_mirror_the_source() -> None:
     src/thinwire at the same path, except reliability/ (the run-level promises of README's
     "Reliability", which cross every layer)."""
     tests = SRC.parents[1] / "tests"
-    folders = [p.relative_to(tests) for p in tests.rglob("*") if p.is_dir()
-               and p.name != "__pycache__" and "__pycache__" not in p.parts]
+    folders = [f for f in (p.relative_to(tests) for p in tests.rglob("*") if p.is_dir())
+               if not any(x == "__pycache__" or x.startswith(".") for x in f.parts)]
     assert folders
     stray = [str(f) for f in folders
              if f.parts[0] != "reliability" and not (SRC / f / "__init__.py").is_file()]

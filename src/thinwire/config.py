@@ -247,9 +247,11 @@ class Config:
         check(entry.fault_tolerant, "runtime.fault_tolerance",
               f"method {self.method.name} cannot run over a torchft quorum yet (methods that "
               f"can: {', '.join(able)}); drop --runtime.fault_tolerance or choose one of them")
-        check(not self.run.resume, "run.resume",
-              "a fault-tolerant run's checkpoints are one worker's (every live worker holds the "
-              "same model): resume one without --runtime.fault_tolerance")
+        check(not self.run.resume or entry.rescales(self.method.options), "run.resume",
+              f"method {self.method.name}'s fault-tolerant checkpoint holds one worker's own "
+              "state (codec residuals, fragments, a subnet) that the others cannot load: resume "
+              "it without --runtime.fault_tolerance on one worker, or choose options whose "
+              "checkpoint is every worker's (no codec, one fragment)")
 
     def _check_parallel(self, entry: Any) -> None:
         """Model-parallel degrees only for methods that declare them (MethodEntry.parallel)."""

@@ -29,12 +29,19 @@ machine). What differs from :class:`~thinwire.trainer.Trainer`:
    not count (dp's refused step, run again) is neither logged, evaluated nor checkpointed;
 5. each worker's summary adds ``fault_tolerance``: every outer step's (step, live workers,
    kept), the steps at which it joined and recovered; the launcher writes the run's
-   ``summary.json`` from the lowest surviving worker's, naming the workers lost and the step.
+   ``summary.json`` from the lowest surviving worker's, naming the workers lost and the step;
+6. ``run.resume``: every worker (one that joins later too) loads the one-worker checkpoint at
+   start and its quorum's clock goes on from that step (``resume_at``), for a method whose
+   checkpoint is the same on every worker (its entry is ``Rescalable`` under the run's
+   options: local SGD, DiLoCo and dp without a codec); the others are refused in one line by
+   the config, their checkpoint holding one worker's own state (residuals, fragments,
+   subnets).
 
 A method joins by setting ``fault_tolerant=True`` in its registry entry and giving its
 strategy a ``quorum`` (built from ``Context.replica``): an object with ``begin_round()``
 (form the round's quorum, a joiner recovering there; nothing if one is open), ``clock`` (the
-job's step count, a joiner's taken from its peer) and ``history`` (each outer step's
+job's step count, a joiner's taken from its peer), ``resume_at(step)`` (a resumed run's clock,
+for a method that resumes) and ``history`` (each outer step's
 ``(clock, live workers, kept)``, and where a round may close with fewer workers than began it,
 a fourth item: those that began it). :class:`~thinwire.strategies.averaging.PeriodicSync`,
 :class:`~thinwire.strategies.demo.DeMo`, :class:`~thinwire.strategies.fault.FaultTolerantDP`
@@ -111,6 +118,17 @@ class FaultTolerantTrainer(Trainer):
 
     def _ready(self) -> None:
         """No barrier: a worker may be gone, or join later."""
+
+    # --- 6.: resuming (run.resume) -------------------------------------------------------------
+    def _load_checkpoint(self, step: int) -> dict[str, Any]:
+        """Every worker loads the one-worker checkpoint (the config allows resuming only a
+        method whose checkpoint is the same on every worker: Rescalable)."""
+        return checkpoint.load_rank(self.run_dir, step, 0, 1, rescalable=True)
+
+    def _resume(self) -> None:
+        super()._resume()
+        if self.start:
+            self.strategy.quorum.resume_at(self.start)
 
     # --- 4.: evaluation, checkpoints and files of this worker alone ----------------------------
     def _counted(self, done: int) -> bool:

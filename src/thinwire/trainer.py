@@ -109,8 +109,7 @@ class Trainer:
         step = checkpoint.latest_step(self.run_dir)
         if step is None:  # a restart before the first checkpoint: from the start
             return
-        state = checkpoint.load_rank(self.run_dir, step, self.comm.rank, self.comm.world_size,
-                                     rescalable=rescalable(self.cfg))
+        state = self._load_checkpoint(step)
         saved = state.get("trainer", {}).get("label")
         if saved is not None and saved != label(self.cfg):
             raise UsageError(f"--resume: the checkpoint in {self.run_dir} was written by "
@@ -119,6 +118,11 @@ class Trainer:
         self.strategy.load_state_dict(state["strategy"])
         self.carry = {k: float(v) for k, v in state["trainer"].items() if k in self.carry}
         self.start = step
+
+    def _load_checkpoint(self, step: int) -> dict[str, Any]:
+        """This rank's state of the checkpoint of ``step``."""
+        return checkpoint.load_rank(self.run_dir, step, self.comm.rank, self.comm.world_size,
+                                    rescalable=rescalable(self.cfg))
 
     def _counters(self) -> dict[str, float]:
         t = self.comm.ledger.totals()

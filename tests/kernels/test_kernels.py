@@ -22,6 +22,7 @@ import torch
 from thinwire import kernels
 from thinwire.compression import QSGD, Compressor, ErrorFeedback, Int8, RandK, ScaledSign, TopK
 from thinwire.compression.fp4 import FP4
+from thinwire.compression.powersgd import outer
 from thinwire.compression.sparse import _approx_plan
 from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
 
@@ -285,6 +286,39 @@ def test_fused_slide_layer_matches_the_gathered_layer_within_float_rounding() ->
     assert torch.all((fused["gw"] - ref["gw"]).abs() <= bound_gw + 1e-30)
     assert torch.allclose(fused["gb"], ref["gb"], rtol=0, atol=2 * gamma(ids.numel()) * float(
         g.sum()))
+
+
+def fma_chain(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """P Q^T as acc = p_0 q_0, acc = fma(p_k, q_k, acc): each step's exact product and sum in
+    float64 (a product of two floats is exact there), rounded once to float32."""
+    acc = p[:, :1] * q[:, 0]
+    for k in range(1, p.shape[1]):
+        acc = (acc.double() + p[:, k:k + 1].double() * q[:, k].double()).float()
+    return acc
+
+
+@needs_kernels
+@pytest.mark.parametrize("n, m, r, numel", [(7, 13, 1, 91), (33, 65, 3, 33 * 65 - 7),
+                                            (1024, 4100, 2, 1024 * 4100)])
+def test_powersgd_decode_kernel_is_the_fused_multiply_add_chain_on_1_2_4_threads(
+        n: int, m: int, r: int, numel: int) -> None:
+    # the last shape is over kernels' STREAM (non-temporal stores); the second is padded
+    g = torch.Generator().manual_seed(n)
+    p, q = torch.randn(n, r, generator=g), torch.randn(m, r, generator=g)
+    want = fma_chain(p, q).reshape(-1)[:numel]
+    before = torch.get_num_threads()
+    try:
+        for t in (1, 2, 4):
+            torch.set_num_threads(t)
+            with kernels.forced("1"):
+                got = outer(p, q, numel, torch.full((numel,), float("nan")))
+            assert torch.equal(got, want), f"{t} threads"
+        with kernels.forced("0"):  # torch's product: any order and rounding of the r terms
+            ref = outer(p, q, numel, torch.full((numel,), float("nan")))
+    finally:
+        torch.set_num_threads(before)
+    bound = 2 * gamma(r) * (p.abs() @ q.abs().T).reshape(-1)[:numel]
+    assert torch.all((ref - want).abs() <= bound)
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:

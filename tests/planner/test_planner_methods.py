@@ -114,7 +114,7 @@ def _adapted(name: str):  # noqa: ANN202
 
     from thinwire.planner.presets import model_spec_from_module
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ist"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "strategies" / "ist"))
     from ist_cases import CASES
 
     model = CASES[name].build()

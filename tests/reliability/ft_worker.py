@@ -9,9 +9,9 @@ Run as ``python -m ft_worker RUN/config.toml`` with this folder on PYTHONPATH, b
   quorum formed: the round is lost for everyone), leaving ``RUN/workerI/killed``;
 - ``THINWIRE_TEST_FT_JOIN="I:S:H"``: worker I starts only once worker 0 began step S
   (``RUN/worker0/reached``), and every other worker holds before step H until worker I is
-  heartbeating and its quorum request is the only one the lighthouse holds, so worker I joins
-  the quorum of the round starting at H (and no worker waits for that quorum while the joiner
-  is still starting, however slow the machine).
+  heartbeating and worker 0 has seen its quorum request alone in the lighthouse
+  (``RUN/joiner_asking``), so worker I joins the quorum of the round starting at H (and no
+  worker waits for that quorum while the joiner is still starting, however slow the machine).
 
 At the end each worker saves its wrapper's state (``RUN/workerI/wrapper.pt``: theta_g, the
 outer optimizer, the codec's state) for the test to compare.
@@ -101,7 +101,10 @@ def install(run: Path, me: int) -> None:
         def _next_step(self, step: int) -> int:
             if join and me != join[0] and step == join[2]:
                 wait_for([run / f"worker{join[0]}" / "ready"])
-                joiner_asking()
+                if me == 0:  # the joiner's request alone in the lighthouse, then the others'
+                    joiner_asking()
+                    (run / "joiner_asking").touch()
+                wait_for([run / "joiner_asking"])
             return int(super()._next_step(step))
 
     mod.FaultTolerantTrainer = Faulty  # type: ignore[misc]

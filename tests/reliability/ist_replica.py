@@ -1,14 +1,15 @@
 """Test-only worker of a fault-tolerant IST run (one process).
 
 ``python ist_replica.py INDEX LIGHTHOUSE OUT ROUNDS [--die-at R] [--hold R:I,J] [--after R:I,J]
-[--lr LR] [--momentum M] [--overlap O] [--workers N] [--keepers N] [--deployment D]``: trains
-a 4-12-3 MLP
+[--lr LR] [--momentum M] [--overlap O] [--workers N] [--keepers N] [--outer LR:M]
+[--deployment D]``: trains a 4-12-3 MLP
 with SGD through ``FaultTolerantIST`` (K = 2 local steps a round, dropout scaling, the momentum
 buffers dealt with their units); worker INDEX's batch at local step s of round r is a pure
 function of (INDEX, r, s). ``--die-at R``: SIGKILL itself after the first local step of round
 R (mid-round); ``--hold R:I,J`` (repeatable): at the boundary before round R, wait until
 workers I, J are up (their OUT/ready{I} exists), leaving OUT/holding{R}.{INDEX}; ``--after
-R:I,J``: start only when workers I, J hold before round R.
+R:I,J``: start only when workers I, J hold before round R. ``--outer LR:M``: IST's outer
+optimizer (``outer_lr``, ``outer_momentum``).
 Writes OUT/worker{INDEX}.pt: a keeper's stored model before ``finish()`` (None on other
 workers), the full model after, the log of closed rounds, the round it joined at, the keepers
 (sharded: each block's holders too), the checkpoint writer's one-worker state (None on other
@@ -56,6 +57,7 @@ def main() -> int:
     ap.add_argument("--keepers", type=int, default=2)
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--deployment", default="central")
+    ap.add_argument("--outer", default="1:0")
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -70,7 +72,8 @@ def main() -> int:
     ist = FaultTolerantIST(model, opt, replica_id=f"worker{a.index}", lighthouse=a.lighthouse,
                            workers=a.workers, min_workers=2, keepers=a.keepers, local_steps=K,
                            overlap=a.overlap, example_input=torch.zeros(2, 4), timeout=5.0,
-                           quorum_timeout=20.0, deployment=a.deployment)
+                           quorum_timeout=20.0, outer_lr=float(a.outer.split(":")[0]),
+                           outer_momentum=float(a.outer.split(":")[1]), deployment=a.deployment)
     (out / f"ready{a.index}").touch()
     try:
         while ist.round < a.rounds:

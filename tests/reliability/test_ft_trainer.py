@@ -64,12 +64,14 @@ def final_params(run: Path, worker: int, cfg: Any) -> list[torch.Tensor]:
     return [state[n] for n, _ in build_model(cfg, load_data(cfg)).named_parameters()]
 
 
-def reference(cfg: Any, rounds: list[dict[str, Any]], outer: bool) -> list[torch.Tensor]:
+def reference(cfg: Any, rounds: list[dict[str, Any]], outer: bool,
+              forget_outer_at: int = -1) -> list[torch.Tensor]:
     """The method's rule on the recorded live sets, one process: every kept outer step at
     step s, each live worker w trains steps s-H .. s-1 on its own shard from the shared model
     (plain SGD, no optimizer state), then the models (localsgd) or the pseudo-gradients with
     an outer Nesterov step (diloco: lr 0.7, momentum 0.9) are averaged over the live set; a
-    refused outer step changes nothing."""
+    refused outer step changes nothing. ``forget_outer_at``: the outer momentum starts afresh
+    after that step (what a resume that lost the outer state would do)."""
     ds = load_data(cfg)
     loss = task_for(ds).loss
     model = build_model(cfg, ds)
@@ -107,8 +109,27 @@ def reference(cfg: Any, rounds: list[dict[str, Any]], outer: bool) -> list[torch
             g.grad = delta / len(ends)
             outer_opt.step()
             theta = g.detach().clone()
+            if r["step"] == forget_outer_at:
+                outer_opt.state.clear()
     load_flat(model, theta)
     return [p.detach().clone() for p in model.parameters()]
+
+
+def predicted_recovery(cfg: Any) -> tuple[float, int]:
+    """The planner's recovery bytes of the run's method on its model (its buffers counted),
+    and the number of tensors the joiner receives (the method's ``copies`` of the parameter
+    tensors, and the buffers)."""
+    from thinwire.planner.failure import recovery_bytes
+    from thinwire.strategies import METHODS
+
+    model = build_model(cfg, load_data(cfg))
+    params = [p for p in model.parameters()]
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    entry = METHODS.get(cfg.method.name)
+    assert entry.recovery is not None
+    rec = entry.recovery(cfg.method.options)
+    return (recovery_bytes(rec, sum(p.numel() for p in params), len(params), "sgd", buffers),
+            round(rec.copies * len(params)) + len(list(model.buffers())))
 
 
 def test_localsgd_survives_a_worker_killed_mid_run(tmp_path: Path) -> None:
@@ -142,7 +163,8 @@ def test_diloco_loses_a_worker_and_one_joins(tmp_path: Path) -> None:
     worker 0 goes on alone, and worker 1 starts once worker 0 reached step 10 and joins the
     round starting at 15 (worker 0 waits there until it is heartbeating). The joiner recovers
     worker 0's state (model, outer momentum, step) over the quorum, in the ledger's
-    ``recovery`` kind, and ends equal to it bit for bit; both equal the reference on the
+    ``recovery`` kind (every tensor the planner prices, plus torchft's metadata), and ends
+    equal to it bit for bit; both equal the reference on the
     recorded live sets bit for bit (every sum has 1 or 2 addends: exact in any order)."""
     run, cfg = make_run(tmp_path, {"method.name": "diloco", "method.period": str(H)}, 3, 1)
     summary = run_job(run, cfg, start="0,2", kill="2:7", join="1:10:15")
@@ -156,11 +178,58 @@ def test_diloco_loses_a_worker_and_one_joins(tmp_path: Path) -> None:
     got = json.loads((run / "ledger.rank1.json").read_text())["by_op"]["recv:recovery"]
     sent = json.loads((run / "ledger.rank0.json").read_text())["by_op"]["send:recovery"]
     assert got["recv"] == sent["sent"] > 0, (got, sent)
+    # the planner's recovery bytes (thinwire.planner.failure, from diloco's Recovery): every
+    # tensor the joiner received, exactly; beyond them torchft sends an 8-byte length and the
+    # pickled metadata (each tensor's path, dtype, shape; the manager's step: 4.7 kB here)
+    predicted, tensors = predicted_recovery(cfg)
+    assert got["calls"] == 2 + tensors, (got, tensors)
+    assert 0 < got["recv"] - predicted - 8 < 8192, (got, predicted)
     a, b = final_params(run, 0, cfg), final_params(run, 1, cfg)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     ref = reference(cfg, rounds, outer=True)
     assert all(torch.equal(x, y) for x, y in zip(a, ref)), \
         max((x - y).abs().max().item() for x, y in zip(a, ref))
+
+
+@pytest.mark.timeout(240)  # two jobs
+def test_a_stopped_run_resumes_with_the_option_on(tmp_path: Path) -> None:
+    """DiLoCo, 2 workers: a job of 10 steps (its last checkpoint written by the quorum's rank
+    0 alone: the shared model, theta_g, the outer momentum, its inner optimizer), then the same
+    run resumed to 20 steps with ``--runtime.fault_tolerance torchft`` still on: every worker
+    loads that checkpoint and the quorum's clock goes on from step 10 (the outer steps at 15
+    and 20 only); both workers end equal to each other and to the uninterrupted run's rule on
+    the same live sets, bit for bit (every sum has 2 addends; the workers and the reference
+    compute on one thread each, so their matrix products sum in the same order), while a
+    resume that lost the outer momentum would move the result by more than 1e-3 (checked)."""
+    over = {"method.name": "diloco", "method.period": str(H)}
+    run, cfg = make_run(tmp_path, over, 2, 2, **{"train.steps": "10", "train.eval_every": "10",
+                                                "run.checkpoint_every": "10",
+                                                "runtime.threads": "1"})
+    run_job(run, cfg)
+    assert checkpoint.complete_steps(run) == [10]
+    for marker in run.glob("worker*/ready"):
+        marker.unlink()
+    cfg = config_mod.load(run / "config.toml", {"train.steps": str(STEPS),
+                                                "train.eval_every": str(STEPS),
+                                                "run.resume": "true"})
+    rundir.write_text(run / "config.toml", config_mod.dumps(cfg))
+    ft = run_job(run, cfg)["fault_tolerance"]
+    assert ft["survivors"] == [0, 1] and ft["lost"] == [], ft
+    assert [(r["step"], r["live"], r["kept"]) for r in ft["outer_steps"]] == [
+        (15, [0, 1], True), (20, [0, 1], True)]
+    a, b = final_params(run, 0, cfg), final_params(run, 1, cfg)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    rounds = [{"step": s, "live": [0, 1], "kept": True} for s in (5, 10, 15, 20)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' (runtime.threads 1)
+    try:
+        ref = reference(cfg, rounds, outer=True)
+        forgot = reference(cfg, rounds, outer=True, forget_outer_at=10)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(x, y) for x, y in zip(a, ref)), \
+        max((x - y).abs().max().item() for x, y in zip(a, ref))
+    assert max((x - y).abs().max().item() for x, y in zip(ref, forgot)) > 1e-3
 
 
 def test_streaming_diloco_with_fp4_scatter_survives_a_worker_killed(tmp_path: Path) -> None:
@@ -235,7 +304,8 @@ def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
     ({"method.name": "tensor"}, "methods that can: dp, localsgd"),
     ({"method.name": "localsgd", "runtime.max_restarts": "1"}, "runtime.max_restarts"),
     ({"method.name": "localsgd", "runtime.min_workers": "5"}, "runtime.min_workers"),
-    ({"method.name": "localsgd", "run.resume": "true"}, "without --runtime.fault_tolerance"),
+    ({"method.name": "diloco", "method.compressor": "int8", "run.resume": "true"},
+     "without --runtime.fault_tolerance"),
 ])
 def test_what_cannot_run_on_the_quorum_is_refused_in_one_line(over: dict[str, str],
                                                               needle: str) -> None:

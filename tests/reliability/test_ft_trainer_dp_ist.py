@@ -24,26 +24,39 @@ from test_ft_trainer import final_params, make_run, run_job  # noqa: E402
 from thinwire import checkpoint  # noqa: E402
 from thinwire import config as config_mod  # noqa: E402
 from thinwire.builders import build_model, load_data, make_stream  # noqa: E402
+from thinwire.compression import build_codec  # noqa: E402
 from thinwire.data.task import task_for  # noqa: E402
 from thinwire.strategies.base import lr_at, make_optimizer, set_lr  # noqa: E402
+from thinwire.strategies.grads import flatten, grads_of, unflatten_into  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def dp_reference(cfg: Any, steps: list[dict[str, Any]]) -> list[torch.Tensor]:
+def dp_reference(cfg: Any, steps: list[dict[str, Any]], codec: str = "none"
+                 ) -> list[torch.Tensor]:
     """Data parallelism's rule on the recorded live sets, one process: each kept step s (the
     s-th committed step, batch index s - 1) averages the gradients of the live workers, each
     on its own shard, at the shared model, and the run's optimizer (momentum SGD here) steps
     on the mean; a refused step changes nothing (its batches are read again at the next
-    quorum's step of the same index)."""
+    quorum's step of the same index). With a ``codec`` (one not linear: all-gathered), each
+    live worker's flat gradient is encoded by its own codec (its error feedback its own; a
+    lost worker's with it), and the mean is every payload decoded in worker order, summed and
+    divided by their number, as the codec's exchange does."""
     ds = load_data(cfg)
     loss = task_for(ds).loss
     model = build_model(cfg, ds)
     opt = make_optimizer(model.parameters(), cfg.train)
     streams = {w: make_stream(cfg, ds, w, cfg.runtime.workers) for w in range(cfg.runtime.workers)}
     params = list(model.parameters())
+    codecs = {w: build_codec(codec, seed=cfg.train.seed) for w in streams}
     for s in steps:
         if not s["kept"]:
+            continue
+        if codec != "none":
+            mean = _coded_mean(model, params, loss, streams, codecs, s)
+            unflatten_into(mean, [p.grad for p in params])  # type: ignore[misc]
+            set_lr(opt, lr_at(cfg.train, s["step"] - 1))
+            opt.step()
             continue
         grads = []
         for w in s["live"]:
@@ -59,6 +72,25 @@ def dp_reference(cfg: Any, steps: list[dict[str, Any]]) -> list[torch.Tensor]:
         set_lr(opt, lr_at(cfg.train, s["step"] - 1))
         opt.step()
     return [p.detach().clone() for p in params]
+
+
+def _coded_mean(model: Any, params: list[torch.Tensor], loss: Any, streams: dict[int, Any],
+                codecs: dict[int, Any], s: dict[str, Any]) -> torch.Tensor:
+    """The live workers' gradients through their codecs: encoded, decoded in worker order,
+    summed and divided (``Compressor.average_async`` of a codec that is not linear)."""
+    payloads = []
+    for w in s["live"]:
+        model.zero_grad(set_to_none=True)
+        x, y = streams[w].batch(s["step"] - 1)
+        loss(model(x), y).backward()
+        flat = flatten(grads_of(params))
+        payloads.append(codecs[w].encode(flat, s["step"] - 1, key=0))
+    numel = sum(p.numel() for p in params)
+    first = codecs[s["live"][0]]
+    mean = first.decode(payloads[0], numel, s["step"] - 1, key=0)
+    for payload in payloads[1:]:
+        first.decode_add(payload, mean, s["step"] - 1, key=0)
+    return mean.div_(len(payloads))
 
 
 def _dp_steps(summary: dict[str, Any]) -> list[tuple[int, list[int], bool]]:
@@ -126,6 +158,39 @@ def test_dp_with_error_feedback_survives_a_worker_killed(tmp_path: Path) -> None
     assert ra.keys() == rb.keys() and any(not torch.equal(ra[k], rb[k]) for k in ra)
     led = json.loads((run / "ledger.rank0.json").read_text())["by_op"]
     assert led["all_gather:grad"]["calls"] > 0
+
+
+def test_dp_with_int8_survives_a_worker_killed(tmp_path: Path) -> None:
+    """dp with the int8 codec (a fp32 scale per 512 elements, all-gathered) and its error
+    feedback, 3 workers, worker 2 killed inside step 4: the step is refused (each survivor's
+    residual put back), the two go on and end equal bit for bit, and equal bit for bit to the
+    reference that encodes each live worker's gradient with its own codec and decodes the
+    payloads in worker order (the exchange moves exact bytes and each survivor sums the same
+    decoded payloads in the same order: no reduction order to tolerate; the workers and the
+    reference compute on one thread each, so their matrix products sum alike), while not
+    losing the worker moves the result by more than 1e-3."""
+    run, cfg = make_run(tmp_path, {"method.name": "dp", "method.compressor": "int8"}, 3, 2,
+                        **{"train.steps": "10", "train.eval_every": "10",
+                           "train.momentum": "0.9", "runtime.threads": "1"})
+    summary = run_job(run, cfg, start="0,1,2", kill="2:4")
+    ft = summary["fault_tolerance"]
+    assert ft["survivors"] == [0, 1] and ft["lost"][0]["worker"] == 2, ft
+    assert _dp_steps(summary) == ([(s, [0, 1, 2], True) for s in range(1, 5)]
+                                  + [(5, [0, 1, 2], False)]
+                                  + [(s, [0, 1], True) for s in range(5, 11)])
+    a, b = final_params(run, 0, cfg), final_params(run, 1, cfg)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' (runtime.threads 1)
+    try:
+        ref = dp_reference(cfg, ft["outer_steps"], codec="int8")
+        never_lost = dp_reference(cfg, [{"step": s, "live": [0, 1, 2], "kept": True}
+                                        for s in range(1, 11)], codec="int8")
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(x, y) for x, y in zip(a, ref)), \
+        max((x - y).abs().max().item() for x, y in zip(a, ref))
+    assert max((x - y).abs().max().item() for x, y in zip(ref, never_lost)) > 1e-3
 
 
 @pytest.mark.parametrize("over,needle", [
@@ -204,7 +269,8 @@ def test_ist_loses_a_keeper_mid_round_and_one_joins(tmp_path: Path, deployment: 
     ({"method.deployment": "sharded", "train.eval_every": "20"}, "train.eval_every"),
     ({"method.deployment": "sharded", "train.eval_every": "0", "run.checkpoint_every": "20"},
      "run.checkpoint_every"),
-    ({"method.outer_lr": "0.7"}, "method.outer_lr"),
+    ({"method.deployment": "sharded", "train.eval_every": "0", "method.outer_lr": "0.7"},
+     "method.outer_lr"),
     ({"method.switch_at": "40"}, "method.switch_at"),
     ({"method.shards": "whole"}, "method.shards"),
     ({"method.local_steps": "4", "train.eval_every": "10"}, "train.eval_every"),
@@ -221,3 +287,14 @@ def test_what_ist_cannot_carry_on_the_quorum_is_refused_in_one_line(
                                **over})
     msg = str(info.value)
     assert "\n" not in msg and needle in msg, msg
+
+
+def test_ists_outer_optimizer_is_taken_on_the_quorum() -> None:
+    """IST's outer optimizer runs over the quorum (its momentum travels with a keeper's store
+    and a joiner's boundary state: test_ist_fault_tolerance.py holds it to the reference)."""
+    from method_cases import MLP
+
+    cfg = config_mod.load(None, {**MLP, "method.name": "ist", "runtime.workers": "3",
+                                 "train.steps": "40", "runtime.fault_tolerance": "torchft",
+                                 "method.outer_lr": "0.7", "method.outer_momentum": "0.9"})
+    assert (cfg.method.options.outer_lr, cfg.method.options.outer_momentum) == (0.7, 0.9)

@@ -80,7 +80,8 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
                batch: Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]] =
                ist_replica.batch,
                loss: Callable[..., torch.Tensor] = torch.nn.functional.mse_loss,
-               local_steps: int = ist_replica.K, buffers: bool = False
+               local_steps: int = ist_replica.K,
+               outer: tuple[float, float] = (1.0, 0.0), buffers: bool = False
                ) -> list[torch.Tensor]:
     """IST's rule on the same live sets, one process, written out for the 4-12-3 MLP: round r
     deals the hidden units over the workers that began it (sorted), each worker that closed it
@@ -89,13 +90,18 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
     mean of the copies that came back (none: unchanged), b2 its base plus the sum of the
     closers' deltas, in worker order, over their number. With momentum the buffers are dealt
     with their units (``reindex``): fresh in round 0, stored (zero where nobody trained) from
-    its end on, and written back by the same rule. ``build``, ``batch`` (worker, round, local
+    its end on, and written back by the same rule. ``outer`` (lr, momentum): then every tensor
+    takes IST's outer step on the round's change (g = round start - assembled, Nesterov
+    momentum b kept per tensor from the first close on, the tensor set to assembled -
+    (lr (g + m b) - g)). ``build``, ``batch`` (worker, round, local
     step), ``loss`` and ``local_steps``: another one-hidden-layer network with biases (W1, b1, W2, b2),
     its batches, loss and local steps (the trainer's test: 64-12-10 on digits). ``buffers``:
     the stored momentum buffers instead of the parameters."""
     copies = [[p.detach().clone() for p in build().parameters()]]
     width, fan_in, fan_out = copies[0][0].shape[0], copies[0][0].shape[1], copies[0][2].shape[0]
+    bufs: dict[int, torch.Tensor] = {}
     for r, began, closed in log:
+        start = list(copies[0])
         order = sorted(began)
         m = len(order)
         held = partition_groups([("0", width, "disjoint")], m, 0, r,
@@ -149,12 +155,29 @@ def _reference(log: list[tuple[int, list[int], list[int]]], lr: float, overlap: 
                 shape = [1] * base.dim()
                 shape[dim] = -1
                 bases[j] = torch.where(hit.view(shape), acc / c.view(shape), base)
+        if outer != (1.0, 0.0):
+            _outer_step(start, copies[0], bufs, *outer)
     return copies[1] if buffers else copies[0]
 
 
-@pytest.mark.parametrize(("overlap", "momentum"), [(1, 0.0), (2, 0.9)])
+def _outer_step(start: list[torch.Tensor], after: list[torch.Tensor],
+                bufs: dict[int, torch.Tensor], lr: float, momentum: float) -> None:
+    """IST's outer step (``Store.outer_step``) on each tensor, written out."""
+    for j, (b0, a) in enumerate(zip(start, after)):
+        g = b0 - a
+        if j not in bufs:
+            bufs[j] = g.clone()
+        else:
+            bufs[j].mul_(momentum).add_(g)
+        u = g + momentum * bufs[j] if momentum else g
+        after[j] = a - (lr * u - g)
+
+
+@pytest.mark.parametrize(("overlap", "momentum", "outer"), [(1, 0.0, (1.0, 0.0)),
+                                                           (2, 0.9, (0.7, 0.9))])
 def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int,
-                                                 momentum: float) -> None:
+                                                 momentum: float,
+                                                 outer: tuple[float, float]) -> None:
     """3 workers, keepers 0 and 1; worker 0 (the keeper that sends the subnets) SIGKILLs itself
     after the first of round 1's two local steps. Workers 1 and 2 close round 1 without it
     (its units keep their round-start values), worker 2 becomes a keeper from worker 1's copy
@@ -165,10 +188,14 @@ def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int,
     2 of 3 workers: worker 0's units end round 1 at their live holder's copy, and round 2's
     two workers both hold every unit (the mean of the two). That case runs momentum SGD, its
     buffers dealt with their units: the new keeper receives them with the store, the joiner
-    the shared tensor's buffer with its boundary state. Both keepers' stored models are equal
-    bit for bit before the full model is sent out."""
+    the shared tensor's buffer with its boundary state. It also runs IST's outer optimizer (lr
+    0.7, Nesterov momentum 0.9 on each round's change): the new keeper receives the cut
+    tensors' outer momentum with the store, the joiner the shared tensor's with its boundary
+    state, and the reference applies the same outer step to the same live sets. Both keepers'
+    stored models are equal bit for bit before the full model is sent out."""
     rounds = 5
-    first = ["--hold", "0:0,1,2", "--overlap", str(overlap), "--momentum", str(momentum)]
+    first = ["--hold", "0:0,1,2", "--overlap", str(overlap), "--momentum", str(momentum),
+             "--outer", f"{outer[0]}:{outer[1]}"]
     survivor = [*first, "--hold", "3:go"]
     with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
         codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
@@ -192,12 +219,12 @@ def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int,
     assert out[3]["stored"] is None
     for a, b in zip(out[1]["stored"].values(), out[2]["stored"].values()):
         assert torch.equal(a, b)
-    ref = _reference(log, 0.05, overlap, momentum)
+    ref = _reference(log, 0.05, overlap, momentum, outer=outer)
     for a, b in zip(out[1]["params"], ref):
         assert torch.equal(a, b), (a - b).abs().max()
     # the loss mattered: with worker 0 closing round 1 the model differs
     whole = _reference([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *log[2:]], 0.05,
-                       overlap, momentum)
+                       overlap, momentum, outer=outer)
     assert max((a - b).abs().max().item() for a, b in zip(ref, whole)) > 1e-3
 
 

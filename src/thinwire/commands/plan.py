@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from thinwire.errors import UsageError
+from thinwire.planner.failure import failure_report
 from thinwire.planner.modes import convergence_mode, crossover_mode, scaling_mode
 from thinwire.planner.presets import list_presets, load_cluster, load_model
 from thinwire.planner.report import plan_report, prediction_json, search_report
@@ -165,7 +166,37 @@ def _mode_flags(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--workers", type=int, help="--calibrate: local worker processes (4)")
     a.add_argument("--steps", type=int, help="--calibrate: steps per run, a multiple of 10 (100)")
     a.add_argument("--list", action="store_true", help="list the presets")
+    _failure_flags(parser)
     a.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _failure_flags(parser: argparse.ArgumentParser) -> None:
+    """What one worker's failure costs: the torchft quorum against a restart."""
+    f = parser.add_argument_group("failures (thinwire.planner.failure)")
+    f.add_argument("--failures", action="store_true",
+                   help="price one worker's failure: torchft's quorum (--runtime.fault_tolerance "
+                   "torchft) against a restart from the last checkpoint (--runtime.max_restarts), "
+                   "and the crossover; --config prices it when the run sets either")
+    f.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="the restart's checkpoint interval (default 100; --config: the run's)")
+    f.add_argument("--startup-s", type=float, default=0.0, metavar="S",
+                   help="a worker's start-up before its first step, as measured on the target "
+                   "(default 0: the restart's cost is then a lower bound)")
+    f.add_argument("--heartbeat-s", type=float, default=None, metavar="S",
+                   help="the lighthouse's heartbeat timeout (default: the launcher's, 2 s)")
+
+
+def _failures(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, pred: Any,
+              checkpoint_every: int = 100) -> Any:
+    """``--failures``: one failure's cost at the plan's step time
+    (:func:`thinwire.planner.failure.failure_cost`)."""
+    from thinwire.planner.failure import HEARTBEAT_S, failure_cost
+
+    return failure_cost(model, cluster, pred.strategy, pred.step_time,
+                        checkpoint_every=(checkpoint_every if args.checkpoint_every is None
+                                          else args.checkpoint_every),
+                        startup_s=args.startup_s,
+                        heartbeat_s=HEARTBEAT_S if args.heartbeat_s is None else args.heartbeat_s)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -332,9 +363,12 @@ def _plan(args: argparse.Namespace) -> str | dict[str, Any] | list[Any]:
                             global_batch=args.global_batch, weak=args.weak, method=args.method,
                             as_json=args.json)
     pred = predict(model, cluster, base)
+    cost = _failures(args, model, cluster, pred) if args.failures else None
     if args.json:
-        return prediction_json(model, cluster, pred)
-    return plan_report(model, cluster, pred)
+        return {**prediction_json(model, cluster, pred),
+                **({"failure": cost.as_dict()} if cost is not None else {})}
+    return plan_report(model, cluster, pred) + (
+        "\n" + failure_report(cost) if cost is not None else "")
 
 
 def _method_spec(cfg: Any, wide: bool = False) -> str:
@@ -420,9 +454,16 @@ def config_mode(args: argparse.Namespace) -> str | dict[str, Any]:
             args = argparse.Namespace(**{**vars(args), "devices": n})
         cluster = _cluster(args)
         pred = predict(model, cluster, config_strategy(cfg, model))
+        rt = cfg.runtime
+        cost = (_failures(args, model, cluster, pred,
+                          cfg.run.checkpoint_every or cfg.train.steps)
+                if args.failures or rt.fault_tolerance != "none" or rt.max_restarts else None)
         if args.json:
             out["plan"] = prediction_json(model, cluster, pred)
+            if cost is not None:
+                out["failure"] = cost.as_dict()
         text += "\n" + plan_report(model, cluster, pred)
+        text += "\n" + failure_report(cost) if cost is not None else ""
     return out if args.json else text
 
 
@@ -449,9 +490,24 @@ def _fit_command(args: argparse.Namespace) -> str:
                       + (["--target", args.target] if args.target else []))
 
 
+def _check_failures_flags(args: argparse.Namespace) -> None:
+    """--failures prices one plan (or --config with --cluster); elsewhere a one-line error."""
+    given = args.checkpoint_every is not None or args.startup_s or args.heartbeat_s is not None
+    if given and not args.failures and not args.config:
+        raise UsageError("--checkpoint-every, --startup-s and --heartbeat-s belong to --failures; "
+                         "add --failures")
+    other = [f for f in ("search", "crossover", "scaling", "validate", "calibrate")
+             if getattr(args, f)]
+    if args.failures and (other or (args.config and not args.cluster)):
+        why = f"--{other[0]}" if other else "--config without --cluster"
+        raise UsageError(f"--failures prices one plan's step time; drop {why} (--config needs "
+                         "--cluster for a step time)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Dispatch ``thinwire plan``; returns the exit code."""
     _check_calibrate_only(args)
+    _check_failures_flags(args)
     if args.config:
         _print(config_mode(args))
     elif args.validate:

@@ -29,6 +29,11 @@ Devices and dtypes: the first Q is drawn on the CPU from the shared generator (e
 whatever its device, starts from the same Q) and moved to the input's device and dtype; the
 QR factorisation runs in float32 at least (half precision has none) and returns to the input's
 dtype. Error feedback is the codec's own (``ef``), never the generic wrapper.
+
+Products: each reads M once, row by row (steps 1 and 4 with Q's columns contiguous and M^T P
+as (P^T M)^T: :func:`columns`, :func:`project_back`), and step 6 writes P Q^T once into the
+output (:func:`outer`: the compiled kernel on float32 CPU tensors, else ``torch.mm(out=)``);
+docs/benchmarks/compression.md times them against the products alone.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 
 import torch
 
+from thinwire import kernels
 from thinwire.compression.base import (
     Collective,
     Compressor,
@@ -63,6 +69,42 @@ def orthogonalize(p: torch.Tensor) -> torch.Tensor:
     computed in float32 at least and returned in p's dtype."""
     work = p if p.dtype in (torch.float32, torch.float64) else p.float()
     return torch.linalg.qr(work, mode="reduced").Q.to(p.dtype)
+
+
+def columns(q: torch.Tensor) -> torch.Tensor:
+    """``q`` (m x r) with each of its r columns contiguous (stored as Q^T, r x m): the layout in
+    which step 1's ``M @ q`` streams M once (with q row-major, MKL's product with r = 2 columns
+    takes a path 2-5x slower on this project's host, docs/benchmarks/compression.md)."""
+    return q if q.stride(0) == 1 or q.shape[1] == 1 else q.t().contiguous().t()
+
+
+def project_back(m_: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Step 4's M^T P, computed as (P^T M)^T: a product that reads M row by row (the transposed
+    product ``m_.T @ p`` costs 13-30 copies of M, this one about one; the same bits at the
+    measured shapes, the same sums in another order elsewhere). The result is m x r with each
+    column contiguous, the layout :func:`columns` asks for."""
+    return (p.t() @ m_).t()
+
+
+def outer(p: torch.Tensor, q: torch.Tensor, numel: int,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """Step 6's P Q^T (n x m, row-major), its first ``numel`` elements, written into ``out``
+    (flat, contiguous) when given: by the compiled kernel (one write, streamed when large; the
+    chain of fused multiply-adds MKL's product computes, torch.mm's bits at the shapes tested)
+    for float32 on the CPU, else by ``torch.mm`` into ``out`` when the matrix
+    is unpadded, else through a temporary."""
+    n, m, r = p.shape[0], q.shape[0], p.shape[1]
+    lib = kernels.wants(out) if out is not None else None
+    if lib is not None and out is not None and p.dtype == q.dtype == torch.float32 \
+            and p.device.type == q.device.type == "cpu":
+        pc, qt = p.contiguous(), q.t().contiguous()
+        lib.lowrank_decode(kernels.ptr(pc), kernels.ptr(qt), n, m, r, numel, kernels.ptr(out),
+                           kernels.threads())
+        return out
+    if out is not None and numel == n * m and out.is_contiguous() and out.dtype == p.dtype:
+        torch.mm(p, q.t(), out=out.view(n, m))
+        return out
+    return write_out((p @ q.t()).reshape(-1)[:numel], out)
 
 
 def square_shape(numel: int) -> tuple[int, int]:
@@ -160,7 +202,7 @@ class PowerSGD(Compressor):
             if not draw:
                 draw.append(self.shared_generator(step, key))
             q = torch.randn(shape, generator=draw[0])
-        return q.to(device=like.device, dtype=like.dtype)
+        return columns(q.to(device=like.device, dtype=like.dtype))
 
     # --- single worker (the Compressor interface) ----------------------------------------------
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
@@ -170,7 +212,7 @@ class PowerSGD(Compressor):
             return (flat.clone(),)
         m_ = self._matrix(flat, nm)
         p = orthogonalize(m_ @ self._q(key, 0, m_, nm, [], step))  # 1, 3
-        q = m_.T @ p  # 4
+        q = project_back(m_, p)  # 4
         if self.warm_start:
             self.qs[(key, 0)] = q  # 7
         return (p.reshape(-1), q.reshape(-1))
@@ -183,7 +225,7 @@ class PowerSGD(Compressor):
         assert nm is not None
         r = self.rank_for(*nm)
         p, q = payload[0].view(nm[0], r), payload[1].view(nm[1], r)
-        return write_out((p @ q.T).reshape(-1)[:numel], out)  # 6
+        return outer(p, q, numel, out)  # 6
 
     # --- many workers, through the ledger ------------------------------------------------------
     def average_async(self, comm: Comm, x: torch.Tensor, step: int, *, key: int = 0,
@@ -217,7 +259,7 @@ class PowerSGD(Compressor):
             p_hats.append(orthogonalize(first[offset:offset + p.numel()].view_as(p)))
             offset += p.numel()
         # 4. Q = M^T P_hat
-        qs = [m_.T @ p for (_, _, _, m_), p in zip(mats, p_hats)]
+        qs = [project_back(m_, p) for (_, _, _, m_), p in zip(mats, p_hats)]
         second = torch.cat([q.reshape(-1) for q in qs]) if qs else flat.new_zeros(0)
         sent = nbytes(first) + nbytes(second)
 
@@ -233,7 +275,7 @@ class PowerSGD(Compressor):
             for j, ((o, s, nm, _), p) in enumerate(zip(mats, p_hats)):
                 q = q_avg[at:at + nm[1] * p.shape[1]].view(nm[1], p.shape[1])
                 at += q.numel()
-                out[o:o + s] = (p @ q.T).reshape(-1)[:s]  # 6. decompress
+                outer(p, q, s, out[o:o + s])  # 6. decompress
                 if self.warm_start:
                     self.qs[(key, j)] = q  # 7. warm start
             if self.error_feedback:

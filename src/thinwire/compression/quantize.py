@@ -190,19 +190,21 @@ class QSGD(Compressor):
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         norm, q = payload
-        # 4. ||x|| level / s
-        f = norm.reshape(()) / self.levels
         if on_cpu(q) and (out is None or (
                 out.dtype == torch.float32 and out.is_contiguous())):
             res = out.view(-1) if out is not None else empty(numel, torch.float32)
-            lib = kernels.lib() if q.is_contiguous() else None
-            if lib is not None:  # widen and scale in one pass
-                lib.qsgd_decode(q.data_ptr(), q.element_size(), numel, float(f), res.data_ptr(),
-                                kernels.threads())
+            lib = kernels.lib() if q.is_contiguous() and norm.dtype == torch.float32 else None
+            if lib is not None:  # 4. widen and scale in one pass; ||x|| / s in double, rounded
+                # to float32 by the call: the float32 quotient's bits (a quotient of two floats
+                # computed in double and rounded once to float is the correctly rounded one)
+                lib.qsgd_decode(q.data_ptr(), q.element_size(), numel,
+                                float(norm) / self.levels, res.data_ptr(), kernels.threads())
                 return out if out is not None else res
+            f = norm.reshape(()) / self.levels  # 4. ||x|| level / s
             for a, b in blocks(numel, LARGE_BLOCK):  # widen, then scale in cache
                 res[a:b].copy_(q[a:b]).mul_(f.detach())
             return out if out is not None else res
+        f = norm.reshape(()) / self.levels  # 4. ||x|| level / s
         return write_out(q.float() * f, out)
 
 

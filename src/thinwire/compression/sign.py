@@ -77,24 +77,25 @@ class ScaledSign(Compressor):
             return (scale.reshape(1), pack_bits(flat >= 0))
         xn = as_numpy(flat)
         packed = np.empty(math.ceil(d / 8), np.uint8)
-        lanes = np.zeros(LANES, np.float64)
         lib = kernels.wants(flat)
-        if lib is not None:  # steps 1-2 in one compiled pass
-            lib.sign_encode(flat.data_ptr(), d, packed.ctypes.data, lanes.ctypes.data,
+        if lib is not None:  # steps 1-2 in one compiled pass, the lanes added there too
+            out = torch.empty(1, dtype=torch.float32)
+            lib.sign_encode(flat.data_ptr(), d, packed.ctypes.data, out.data_ptr(),
                             kernels.threads())
-        else:
-            size = min(d, 2 * BLOCK)  # a multiple of 8 unless it is all of x
-            a, ge = np.empty(size, np.float32), np.empty(size, bool)
-            for s, e in blocks(d, 2 * BLOCK):
-                xb = xn[s:e]
-                # 1. ||x||_1, block by block, as lane sums (module doc)
-                ab = np.abs(xb, out=a[:e - s])
-                full = (e - s) // LANES * LANES
-                part = ab[:full].reshape(-1, LANES).sum(axis=0, dtype=np.float64)
-                part[:e - s - full] += ab[full:]
-                lanes += part
-                # 2. the bits
-                packed[s // 8:(e + 7) // 8] = np.packbits(np.greater_equal(xb, 0, out=ge[:e - s]))
+            return (out, torch.from_numpy(packed))
+        lanes = np.zeros(LANES, np.float64)
+        size = min(d, 2 * BLOCK)  # a multiple of 8 unless it is all of x
+        a, ge = np.empty(size, np.float32), np.empty(size, bool)
+        for s, e in blocks(d, 2 * BLOCK):
+            xb = xn[s:e]
+            # 1. ||x||_1, block by block, as lane sums (module doc)
+            ab = np.abs(xb, out=a[:e - s])
+            full = (e - s) // LANES * LANES
+            part = ab[:full].reshape(-1, LANES).sum(axis=0, dtype=np.float64)
+            part[:e - s - full] += ab[full:]
+            lanes += part
+            # 2. the bits
+            packed[s // 8:(e + 7) // 8] = np.packbits(np.greater_equal(xb, 0, out=ge[:e - s]))
         total = float(np.cumsum(lanes)[-1])  # the lanes added in order
         scale = torch.tensor([total / max(d, 1)], dtype=torch.float32)
         return (scale, torch.from_numpy(packed))

@@ -75,6 +75,7 @@ SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "fp4_decode": (None, (_p, _p, _i64, _i64, _p, _int)),
     "scatter_decode": (None, (_p, _p, _int, _p, _i64, _p, _i64, _int, _int)),
     "gather": (None, (_p, _p, _i64, _p, _int)),
+    "lowrank_decode": (None, (_p, _p, _i64, _i64, _i64, _i64, _p, _int)),
     "slide_forward": (None, (_p, _p, _p, _p, _p, _i64, _i64, _i64, _p, _int)),
     "slide_backward_input": (None, (_p, _p, _p, _p, _i64, _i64, _i64, _p, _int)),
     "slide_touched_rows": (_i64, (_p, _i64, _i64, _p, _p, _p)),

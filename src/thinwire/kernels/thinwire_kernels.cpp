@@ -297,26 +297,12 @@ void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
   });
 }
 
-// Top-k's exact selection (compression/sparse.py, _keep_numpy): of n candidates (ascending
-// indices, their values), keep the k largest magnitudes, ties at the k-th going to the lowest
-// indices. Writes k (index, value) pairs in index order.
-template <class I>
-void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, I* out_idx,
-                  float* out_val) {
-  if (n == k) {
-    for (int64_t i = 0; i < n; ++i) {
-      out_idx[i] = static_cast<I>(cand[i]);
-      out_val[i] = vals[i];
-    }
-    return;
-  }
-  // v = the k-th largest magnitude, by a radix selection on the bits of |v_i| (for finite
-  // floats unsigned order is float order): 11, 10 and 10 bits, each level counting only the
-  // magnitudes that share the levels above (a third of nth_element's time on 1M candidates)
-  std::vector<uint32_t> mags(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) mags[i] = bits_of(vals[i]) & 0x7fffffffu;
+// The rank-th largest (1 <= rank <= n) of n magnitudes given as their bits (|v| & 0x7fffffff:
+// for finite floats unsigned order is float order), by a radix selection on the bits: 11, 10
+// and 10 bits, each level counting only the magnitudes that share the levels above (a third of
+// nth_element's time on 1M candidates). An order statistic is one value: any selection finds it.
+float kth_largest(const std::vector<uint32_t>& mags, int64_t rank) {
   uint32_t prefix = 0;
-  int64_t rank = k;  // the wanted one is the rank-th largest among those sharing the prefix
   std::vector<uint32_t> members;
   const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
   for (int level = 0; level < 3; ++level) {
@@ -324,7 +310,7 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
     const uint32_t mask = (1u << widths[level]) - 1;
     std::vector<int64_t> hist(static_cast<size_t>(mask) + 1, 0);
     if (level == 0) {
-      for (int64_t i = 0; i < n; ++i) ++hist[mags[i] >> sh];
+      for (uint32_t m : mags) ++hist[m >> sh];
     } else {
       const int up = shifts[level - 1];
       std::vector<uint32_t> next;
@@ -342,15 +328,37 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
   }
   float v;
   std::memcpy(&v, &prefix, sizeof v);
+  return v;
+}
+
+// Top-k's exact selection (compression/sparse.py, _keep_numpy): of n candidates (ascending
+// indices, their values), keep the k largest magnitudes, ties at the k-th going to the lowest
+// indices. Writes k (index, value) pairs in index order.
+template <class I>
+void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, I* out_idx,
+                  float* out_val) {
+  if (n == k) {
+    for (int64_t i = 0; i < n; ++i) {
+      out_idx[i] = static_cast<I>(cand[i]);
+      out_val[i] = vals[i];
+    }
+    return;
+  }
+  // v = the k-th largest magnitude
+  std::vector<uint32_t> mags(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mags[i] = bits_of(vals[i]) & 0x7fffffffu;
+  const float v = kth_largest(mags, k);
   int64_t above = 0;
   for (int64_t i = 0; i < n; ++i) above += std::fabs(vals[i]) > v;
   int64_t equal_left = k - above, w = 0;
-  for (int64_t i = 0; i < n && w < k; ++i) {
-    const float a = std::fabs(vals[i]);
-    if (a > v || (a == v && equal_left-- > 0)) {
-      out_idx[w] = static_cast<I>(cand[i]);
-      out_val[w++] = vals[i];
-    }
+  for (int64_t i = 0; i < n && w < k; ++i) {  // without branches: a candidate is kept at
+    const float a = std::fabs(vals[i]);        // random, a branch would be mispredicted
+    const int64_t eq = a == v;
+    const int64_t take = (a > v) | (eq & (equal_left > 0));
+    equal_left -= eq & take;
+    out_idx[w] = static_cast<I>(cand[i]);  // written always, kept when take (w < k here)
+    out_val[w] = vals[i];
+    w += take;
   }
 }
 
@@ -575,7 +583,8 @@ void fp4_decode(const uint8_t* packed, const float* scale, int64_t d, int64_t ch
 // Bits b_i = [x_i >= 0], packed most significant first, and ||x||_1 as the sign module's lane
 // sums: per block of SIGN_BLOCK elements, lane j = sum over the block's rows of 1024 of |x|
 // at column j, in row order, in double (a partial last row adds to its first lanes); lanes
-// summed over blocks in block order into lanes[1024] (the caller adds the lanes in order).
+// summed over blocks in block order, then the lanes added in order (np.cumsum's last value);
+// scale = float(total / d), the sign module's.
 constexpr int64_t SIGN_BLOCK = 1 << 17;
 
 struct Reversed {  // REVERSED[b]: the bits of byte b in the opposite order
@@ -592,7 +601,7 @@ struct Reversed {  // REVERSED[b]: the bits of byte b in the opposite order
 const Reversed REVERSED;
 constexpr int64_t LANES = 1024;
 
-void sign_encode(const float* x, int64_t d, uint8_t* packed, double* lanes, int nt) {
+void sign_encode(const float* x, int64_t d, uint8_t* packed, float* scale, int nt) {
   const int64_t nb = nblocks_of(d, SIGN_BLOCK);
   std::vector<double> part(static_cast<size_t>(nb * LANES), 0.0);
   parallel(nt, nb, [&](int64_t b) {
@@ -618,9 +627,12 @@ void sign_encode(const float* x, int64_t d, uint8_t* packed, double* lanes, int 
       packed[i / 8] = byte;
     }
   });
-  for (int64_t j = 0; j < LANES; ++j) lanes[j] = 0.0;
+  double lanes[LANES] = {};
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t j = 0; j < LANES; ++j) lanes[j] += part[b * LANES + j];
+  double total = 0.0;
+  for (int64_t j = 0; j < LANES; ++j) total += lanes[j];
+  *scale = static_cast<float>(total / static_cast<double>(std::max<int64_t>(d, 1)));
 }
 
 void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int add, int nt) {
@@ -638,6 +650,13 @@ void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int 
       for (; i + 8 <= e; i += 8)
         _mm256_stream_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
       fence(stream);
+    } else if (add) {  // one 8-float row of the table a byte (a scalar loop of 8 costs 3x)
+      for (; i + 8 <= e; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i),
+                                                _mm256_loadu_ps(tab + packed[i >> 3] * 8)));
+    } else {
+      for (; i + 8 <= e; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
     }
 #else
     (void)stream;
@@ -697,18 +716,14 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
   float t = -1.0f, t_hi = 0.0f;  // every |x_i| >= -1
   if (stride > 0) {
     const int64_t n = (d + stride - 1) / stride;
-    std::vector<float> sample(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) sample[i] = std::fabs(x[i * stride]);
-    std::nth_element(sample.begin(), sample.begin() + (n - want), sample.end());
-    t = sample[n - want];
-    if (want_hi > 0) {  // the top want - 1 are above n - want: t_hi is among them
-      std::nth_element(sample.begin() + (n - want + 1), sample.begin() + (n - want_hi),
-                       sample.end());
-      t_hi = sample[n - want_hi];
-    }
+    std::vector<uint32_t> sample(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) sample[i] = bits_of(x[i * stride]) & 0x7fffffffu;
+    t = kth_largest(sample, want);  // the (n - want)-th smallest |x| of the sample
+    if (want_hi > 0) t_hi = kth_largest(sample, want_hi);
   }
   const int64_t block = 4 * BLOCK;
   const int64_t nb = nblocks_of(d, block);
+  const bool ahead = d >= STREAM;  // x from memory: read ahead (from the caches it only costs)
   std::vector<std::vector<int64_t>> ci(static_cast<size_t>(nb));
   std::vector<std::vector<float>> cv(static_cast<size_t>(nb));
   parallel(nt, nb, [&](int64_t b) {
@@ -722,7 +737,7 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     bv.reserve(static_cast<size_t>(expect));
     int64_t i = a;
     for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none;
-      if (!(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
+      if (ahead && !(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
       uint32_t hit = at_least(x + i, t);  // then visit only the set bits
       while (hit) {
         const int j = __builtin_ctz(hit);
@@ -815,6 +830,48 @@ void gather(const float* x, const int64_t* idx, int64_t k, float* out, int nt) {
   parallel(nt, nblocks_of(k, BLOCK), [&](int64_t b) {
     const int64_t a = b * BLOCK, e = std::min(k, a + BLOCK);
     for (int64_t j = a; j < e; ++j) out[j] = x[idx[j]];
+  });
+}
+
+// --- PowerSGD's decode (compression/powersgd.py) ---------------------------------------------
+// out = (P Q^T) of n x m, row-major, its first numel elements: out[i m + j] = sum_k p[i r + k]
+// qt[k m + j] (qt = Q^T, r x m) as a chain of fused multiply-adds in k order: acc = p_0 q_0,
+// acc = fma(p_k, q_k, acc), the bits of MKL's product of inner dimension r on a CPU with FMA
+// (tests/kernels/test_kernels.py checks them against the chain computed in float64, and against
+// torch.mm within one rounding a term). One write of the output, streamed from STREAM elements
+// on; blocks of whole rows.
+void lowrank_decode(const float* p, const float* qt, int64_t n, int64_t m, int64_t r,
+                    int64_t numel, float* out, int nt) {
+  const bool stream = numel >= STREAM;
+  const int64_t rows = std::max<int64_t>(1, BLOCK / std::max<int64_t>(1, m));
+  auto one = [&](const float* pi, int64_t j) {  // element j of the row with coefficients pi
+    float acc = pi[0] * qt[j];
+    for (int64_t k = 1; k < r; ++k) acc = std::fma(pi[k], qt[k * m + j], acc);
+    return acc;
+  };
+  parallel(nt, nblocks_of(n, rows), [&](int64_t blk) {
+    for (int64_t i = blk * rows, ie = std::min(n, i + rows); i < ie; ++i) {
+      const int64_t e = std::min(m, numel - i * m);
+      if (e <= 0) break;
+      const float* pi = p + i * r;
+      float* o = out + i * m;
+      int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+      const bool st = stream && !(reinterpret_cast<uintptr_t>(o) & 3);
+      for (; st && j < e && (reinterpret_cast<uintptr_t>(o + j) & 31); ++j) o[j] = one(pi, j);
+      for (; j + 8 <= e; j += 8) {  // one pass: the r terms summed in registers, then stored
+        __m256 acc = _mm256_mul_ps(_mm256_set1_ps(pi[0]), _mm256_loadu_ps(qt + j));
+        for (int64_t k = 1; k < r; ++k)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(pi[k]), _mm256_loadu_ps(qt + k * m + j), acc);
+        if (st)
+          _mm256_stream_ps(o + j, acc);
+        else
+          _mm256_storeu_ps(o + j, acc);
+      }
+#endif
+      for (; j < e; ++j) o[j] = one(pi, j);
+    }
+    fence(stream);
   });
 }
 

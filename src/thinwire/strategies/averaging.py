@@ -107,6 +107,11 @@ class PeriodicSync:
         self.on_quorum()
         self._round = copy.deepcopy(self._full_state())
 
+    def resume_at(self, clock: int) -> None:
+        """A resumed fault-tolerant run (``thinwire.ft_trainer``): the job's step count goes on
+        from the checkpoint's step (``steps`` came with the wrapper's state)."""
+        self.clock = int(clock)
+
     def on_quorum(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """After a quorum formed (the live rank is known): a subclass updates what depends on
         it (a codec's rank for its private randomness)."""

@@ -77,7 +77,7 @@ from thinwire.strategies.base import (
     make_optimizer,
     set_lr,
 )
-from thinwire.strategies.entry import Bucketed, Compressed, MethodEntry, Rescalable
+from thinwire.strategies.entry import Bucketed, Compressed, MethodEntry, Recovery, Rescalable
 from thinwire.strategies.memory import (
     ShardedOptimizer,
     deal,
@@ -420,7 +420,7 @@ METHOD = DataParallelEntry(
     name="dp", summary="data parallelism (DDP), optionally with a gradient codec",
     strategy="thinwire.strategies.data_parallel:DataParallelStrategy", options=Options,
     label=_label, check=_check, traffic=traffic, alias=_alias, memory=("zero", "recompute"),
-    check_model=_check_model, fault_tolerant=True)
+    check_model=_check_model, fault_tolerant=True, recovery=lambda o: Recovery(lost_steps=1))
 
 __all__ = ["METHOD", "DataParallelStrategy", "DataParallelEntry", "Options", "allreduce_hook",
            "bucket_traffic", "buckets"]

@@ -50,7 +50,7 @@ from thinwire.errors import UsageError
 from thinwire.options import check, opt
 from thinwire.runtime.comm import Comm
 from thinwire.strategies.base import Context, ReplicatedStrategy
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import MethodEntry, Recovery
 from thinwire.strategies.traffic import Layout, Traffic
 
 _SITE = Site(0)
@@ -243,4 +243,7 @@ METHOD = MethodEntry(
     summary="DeMo: local momenta, all-gather of the top-k of their chunked DCT, sign step",
     strategy="thinwire.strategies.demo:DeMoStrategy", options=Options,
     label=lambda o: f"demo(k={o.topk}/{o.chunk}x{o.chunk})", traffic=traffic,
-    check=_check, memory=("recompute",), fault_tolerant=True)
+    check=_check, memory=("recompute",), fault_tolerant=True,
+    # the parameters twice (the optimizer's and the model's state), the momenta start at zero
+    recovery=lambda o: Recovery(copies=2, optimizer=False, lost_steps=1,
+                                parts=("model", "parameters")))

@@ -76,7 +76,7 @@ from thinwire.strategies.base import (
     WrappedStrategy,
     optimizer_bytes,
 )
-from thinwire.strategies.entry import Compressed, MethodEntry, Rescalable
+from thinwire.strategies.entry import Compressed, MethodEntry, Recovery, Rescalable
 from thinwire.strategies.traffic import Layout, Traffic
 
 
@@ -412,6 +412,16 @@ def _label(o: Options) -> str:
     return f"diloco(H={o.period}{stream}){extra}"
 
 
+def _recovery(o: Options) -> Recovery:
+    """A joiner's copy: the model, the inner optimizer, theta_g, the outer momentum and a
+    pending fragment's mean (Streaming's delay); a refused outer step loses its round (the
+    steps to the next fragment's outer step)."""
+    copies = 2 + (o.outer_momentum > 0) + (1 / o.fragments if o.delay else 0)
+    parts = ("model", "optimizer", "theta_g") + (("outer momentum",) if o.outer_momentum else ())
+    return Recovery(copies=copies, lost_steps=o.period / o.fragments,
+                    parts=parts + (("pending mean",) if o.delay else ()))
+
+
 class DiLoCoEntry(MethodEntry, Rescalable, Compressed):
     """diloco's registry entry: its outer delta's codec is ``compressor``."""
 
@@ -429,4 +439,5 @@ class DiLoCoEntry(MethodEntry, Rescalable, Compressed):
 METHOD = DiLoCoEntry(
     name="diloco", summary="DiLoCo: H inner steps, outer Nesterov step on the mean pseudo-gradient",
     strategy="thinwire.strategies.diloco:DiLoCoStrategy", options=Options, label=_label,
-    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",), fault_tolerant=True)
+    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",), fault_tolerant=True,
+    recovery=_recovery)

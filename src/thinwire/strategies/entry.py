@@ -81,6 +81,32 @@ class WorkerShare:
     """Parameters its optimizer updates a step (sparse updates touch fewer; None: all)."""
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """What a fault-tolerant method's joining worker receives from a live peer (torchft's
+    recovery, the ledger's ``recovery`` tag) and what a failure discards, as data the planner
+    prices (:mod:`thinwire.planner.failure`): the bytes follow from the model's parameters,
+    buffers and optimizer, the time lost from the planned step time.
+
+    A restart-based recovery loads a one-worker checkpoint that holds the same state, so the
+    planner prices its load with the same bytes."""
+
+    copies: float = 1.0
+    """fp32 tensors the size of the model's parameters: the model itself (1), plus the
+    method's own (DiLoCo's theta_g and outer momentum, SparseLoCo's theta, DeMo's second copy
+    of the parameters; IST's new keeper: the whole store)."""
+    buffers: bool = True
+    """Whether the model's buffers (batch-norm statistics) travel with it."""
+    optimizer: bool = True
+    """Whether the (inner) optimizer's per-element state and per-tensor scalars travel (a
+    method whose momentum is each worker's own starts it at zero instead)."""
+    lost_steps: float = 1.0
+    """Steps of every survivor's work one failure discards: the refused step (dp, DeMo), the
+    refused round (the periodic methods), none (IST: only the lost worker's round)."""
+    parts: tuple[str, ...] = ("model", "optimizer")
+    """What the copies are, for the planner's report."""
+
+
 @runtime_checkable
 class HasRunLayout(Protocol):
     """The method's traffic formula reads a run's :class:`~thinwire.strategies.traffic.Layout`
@@ -239,7 +265,9 @@ class MethodEntry:
       a table it loses still names where it wins);
     - ``fault_tolerant``: the method keeps training over a torchft quorum when a worker dies
       (``runtime.fault_tolerance torchft``: its strategy takes ``Context.replica``); others
-      are refused in one line.
+      are refused in one line;
+    - ``recovery(options)``: a fault-tolerant method's :class:`Recovery` (what a joiner
+      receives, what a failure discards), which the planner prices.
     """
 
     name: str
@@ -258,6 +286,7 @@ class MethodEntry:
     model_kinds: tuple[str, ...] = ()
     fault_tolerant: bool = False
     regime: str = ""
+    recovery: Callable[[Any], Recovery] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A method's entry class that names a capability as its base defines every member of

@@ -141,6 +141,13 @@ class FaultTolerantDP:
         steps (a dropped step is run again)."""
         return self.step_index
 
+    def resume_at(self, clock: int) -> None:
+        """A resumed run (``thinwire.ft_trainer``): the committed steps (torchft's step, this
+        wrapper's clock) go on from the checkpoint's step on every resumed worker alike."""
+        manager = self.replica.manager
+        manager.load_state_dict({"step": int(clock),
+                                 "batches_committed": manager.batches_committed()})
+
     def state_dict(self) -> dict[str, Any]:
         """The codec's state (this rank's residuals included) and the step counts."""
         return {"codec": self.codec.state_dict(), "step": self.step_index,

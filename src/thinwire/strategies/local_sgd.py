@@ -24,7 +24,7 @@ from torch import nn
 from thinwire.options import check, opt
 from thinwire.strategies.averaging import LocalSGD
 from thinwire.strategies.base import Context, WrappedStrategy
-from thinwire.strategies.entry import MethodEntry, Rescalable
+from thinwire.strategies.entry import MethodEntry, Recovery, Rescalable
 from thinwire.strategies.traffic import Layout, Traffic, averaging_traffic
 
 
@@ -64,4 +64,5 @@ METHOD = LocalSGDEntry(
     name="localsgd", summary="local SGD: H local steps, then average the models",
     strategy="thinwire.strategies.local_sgd:LocalSGDStrategy", options=Options,
     label=lambda o: f"localsgd(H={o.period})", sync_every=lambda o: o.period, traffic=traffic,
-    memory=("recompute",), fault_tolerant=True)
+    memory=("recompute",), fault_tolerant=True,
+    recovery=lambda o: Recovery(lost_steps=o.period))

@@ -48,7 +48,7 @@ from thinwire.strategies.base import (
     flat_params,
     load_flat,
 )
-from thinwire.strategies.entry import MethodEntry
+from thinwire.strategies.entry import MethodEntry, Recovery
 from thinwire.strategies.traffic import Layout, Traffic
 
 
@@ -167,4 +167,6 @@ METHOD = MethodEntry(
             "feedback for outer momentum",
     strategy="thinwire.strategies.sparseloco:SparseLoCoStrategy", options=Options,
     label=lambda o: f"sparseloco(H={o.period},k={o.topk}/{o.chunk})",
-    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",), fault_tolerant=True)
+    sync_every=lambda o: o.period, traffic=traffic, memory=("recompute",), fault_tolerant=True,
+    recovery=lambda o: Recovery(copies=2, lost_steps=o.period,
+                                parts=("model", "optimizer", "theta")))

@@ -25,6 +25,7 @@ from harness import run_workers
 from ist_cases import (
     CASES,
     GRAPH_CASES,
+    Conv1dNet,
     EncoderClassifier,
     ResidualCNN,
     ResNet18,
@@ -79,6 +80,29 @@ def test_derived_plan_equals_the_gpt_adapter() -> None:
     model = CASES["gpt"].build()
     derived = derive_adapter(model, CASES["gpt"].batch(0, 0)[0])
     assert _canonical(derived.plan) == _canonical(GPTAdapter(model).plan)
+
+
+@pytest.mark.parametrize("make,shape", [(ResidualCNN, (4, 1, 8, 8)), (ResNeXtNet, (4, 1, 8, 8)),
+                                        (Conv1dNet, (4, 3, 6))])
+def test_an_exported_conv_graph_is_cut_as_the_fx_graph(monkeypatch: pytest.MonkeyPatch,
+                                                       make: type, shape: tuple) -> None:
+    """torch.export's aten graph (the tracer of last resort) cuts convolutions, batch and
+    group norms, pooling and flatten by the same rules as fx's module graph: the same plan
+    (grouped convolutions' whole paths and BatchNorm's statistics scaling included)."""
+    from thinwire.models.graph import tracing
+
+    torch.manual_seed(0)
+    model, x = make(), torch.randn(*shape)
+    want = _canonical(derive_adapter(model, x).plan)
+
+    def no_fx(*args: object) -> None:
+        raise tracing._FxFailed("", None, "forced")
+
+    monkeypatch.setattr(tracing, "_trace_fx", no_fx)
+    assert tracing.trace(model, (x,), {}, ()).exported
+    got = derive_adapter(model, x).plan
+    assert any(t.cuts for t in got.tensors if ".weight" in t.name and "conv" in t.name)
+    assert _canonical(got) == want
 
 
 def test_derived_blocks_equal_resist() -> None:
@@ -340,6 +364,22 @@ def test_shared_reaches_inside_a_transformer_layer() -> None:
     layer_whole = cuts(("encoder.layers.0",))
     assert all(v == [] for k, v in layer_whole.items() if k.startswith("encoder.layers.0."))
     assert layer_whole["encoder.layers.1.linear1.weight"] != []
+
+
+def test_shared_keeps_a_module_whole_where_the_meta_tracer_traces() -> None:
+    """thinwire's GPT traces through fx's meta tracer (its forward reads a shape); naming a
+    block's attention in ``shared`` keeps that module one node (the modules its forward calls,
+    run to learn its output, are not recorded): its q, k, v and proj are not cut, the other
+    block's heads and both FFNs still are."""
+    from thinwire.models.gpt import GPT
+    x = torch.randint(0, 65, (2, 16))
+    plan = derive_adapter(GPT(65, 16, n_layer=2, n_head=4, d_model=32), x,
+                          shared=("blocks.0.attn",)).plan
+    cuts = {t.name: [c.group for c in t.cuts] for t in plan.tensors}
+    for p in ("q", "k", "v", "proj"):
+        assert cuts[f"blocks.0.attn.{p}.weight"] == [], p
+        assert cuts[f"blocks.1.attn.{p}.weight"] != [], p
+    assert cuts["blocks.0.mlp.fc1.weight"] != [] and cuts["blocks.1.mlp.fc1.weight"] != []
 
 
 def test_a_model_with_nothing_to_cut_is_refused_and_bad_options_are_one_line() -> None:

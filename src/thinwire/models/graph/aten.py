@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from thinwire.models.graph import rules
 from thinwire.models.graph.context import Context
 from thinwire.models.graph.groups import Ann, Use
 from thinwire.models.graph.rules import ADDITIVE, register_function_rule
@@ -203,6 +204,39 @@ def cat(p: Context, n: fx.Node, out: Any) -> Ann:
     return {d: v for d, v in joined.items() if d != d0}
 
 
+def _module_of(p: Context, n: fx.Node, i: int, name: str, kinds: tuple[type, ...]
+               ) -> tuple[str, Any] | None:
+    """The module that owns the parameter in argument ``i`` (``name``) of ``n``, when it is one
+    of ``kinds``: the module rule is then the operator's rule."""
+    w = _param(_arg(n, i, name))
+    owner = _owner(w) if w is not None else None
+    module = p.owners.get(owner) if owner is not None else None
+    return (owner, module) if owner is not None and isinstance(module, kinds) else None
+
+
+def convolution(p: Context, n: fx.Node, out: Any) -> Ann:
+    """``aten.conv{1,2,3}d(x, W, b, ..., groups)``: as the ``nn.Conv*d`` that owns ``W``
+    (:func:`~thinwire.models.graph.rules.conv`; grouped and depthwise ones included)."""
+    found = _module_of(p, n, 1, "weight", (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d))
+    if found is None or not isinstance(out, torch.Tensor):
+        p.poison_inputs(n)
+        return {}
+    return rules.conv(p, n, found[1], found[0], out)
+
+
+def channel_norm(p: Context, n: fx.Node, out: Any) -> Ann:
+    """``aten.batch_norm(x, W, b, ...)``, ``aten.group_norm(x, groups, W, b, ...)`` and
+    ``aten.instance_norm``: as the norm module that owns ``W``
+    (:func:`~thinwire.models.graph.rules.channel_norm`); without an affine weight, not cut."""
+    kinds = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm)
+    index = 2 if n.target == aten.group_norm.default else 1
+    found = _module_of(p, n, index, "weight", kinds)
+    if found is None:
+        p.poison_inputs(n)
+        return {}
+    return rules.channel_norm(p, n, found[1], found[0], out)
+
+
 def nothing(p: Context, n: fx.Node, out: Any) -> Ann:
     return {}
 
@@ -236,6 +270,18 @@ def _register() -> None:
     register_function_rule(aten.scaled_dot_product_attention.default,
                            lambda p, n, out: p.attend(n))
     register_function_rule(aten._assert_tensor_metadata.default, nothing)
+    for op in (aten.conv1d.default, aten.conv2d.default, aten.conv3d.default,
+               aten.conv1d.padding, aten.conv2d.padding, aten.conv3d.padding):
+        register_function_rule(op, convolution)
+    for op in (aten.batch_norm.default, aten.group_norm.default, aten.instance_norm.default):
+        register_function_rule(op, channel_norm)
+    for op in (aten.adaptive_avg_pool1d.default, aten.adaptive_avg_pool2d.default,
+               aten.adaptive_avg_pool3d.default, aten.adaptive_max_pool1d.default,
+               aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
+               aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default,
+               aten.max_pool1d.default, aten.max_pool2d.default, aten.max_pool3d.default):
+        register_function_rule(op, rules.pool_call)
+    register_function_rule(aten.flatten.using_ints, rules.flatten_call)
 
 
 _register()

@@ -358,12 +358,14 @@ def _binary(p: Context, n: fx.Node, out: Any) -> Ann:
     return p.binary(n, n.args[:2], out)
 
 
-def _pool_call(p: Context, n: fx.Node, out: Any) -> Ann:
+def pool_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    """A pooling function (or aten operator): the channel dimension (1) passes on."""
     a = p.annotation(n.args[0])
     return {1: a[1]} if 1 in a else {}
 
 
-def _flatten_call(p: Context, n: fx.Node, out: Any) -> Ann:
+def flatten_call(p: Context, n: fx.Node, out: Any) -> Ann:
+    """``torch.flatten(x, start, end)`` (and ``aten.flatten.using_ints``)."""
     x = n.args[0]
     start = n.args[1] if len(n.args) > 1 else n.kwargs.get("start_dim", 0)
     end = n.args[2] if len(n.args) > 2 else n.kwargs.get("end_dim", -1)
@@ -450,8 +452,8 @@ def _register_calls() -> None:
                F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d,
                F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.max_pool1d, F.max_pool2d,
                F.max_pool3d):
-        register_function_rule(fn, _pool_call)
-    register_function_rule(torch.flatten, _flatten_call)
+        register_function_rule(fn, pool_call)
+    register_function_rule(torch.flatten, flatten_call)
     register_function_rule(operator.getitem, lambda p, n, out: p.getitem(n, out))
     register_function_rule(F.scaled_dot_product_attention, lambda p, n, out: p.attend(n))
     register_function_rule(torch.transpose, _transpose_call)
@@ -466,7 +468,7 @@ def _register_calls() -> None:
     for name in ("add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_"):
         register_method_rule(name, _binary)
     register_method_rule("permute", _permute_call)
-    register_method_rule("flatten", _flatten_call)
+    register_method_rule("flatten", flatten_call)
     register_method_rule("transpose", _transpose_call)
     for name in ("view", "reshape"):
         register_method_rule(name, _reshape_call)

@@ -39,12 +39,21 @@ class _Leaves:
 
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
+        if getattr(self, "_inside_leaf", False):
+            # the meta tracer runs a leaf's forward on values to learn its output; the
+            # modules that forward calls are its inside, not nodes of the graph
+            return forward(*args, **kwargs)
+        path = self.path_of_module(m)  # type: ignore[attr-defined]
+        leaf = self.is_leaf_module(m, path)
+        self._inside_leaf = leaf
         try:
             return super().call_module(m, forward, args, kwargs)  # type: ignore[misc]
         except Exception:
             if self.failed_at is None:
-                self.failed_at = self.path_of_module(m)  # type: ignore[attr-defined]
+                self.failed_at = path
             raise
+        finally:
+            self._inside_leaf = False
 
 
 class _SymbolicTracer(_Leaves, fx.Tracer):

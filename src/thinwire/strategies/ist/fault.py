@@ -43,12 +43,18 @@ Round r:
      units, the mean of their live holders' updates); every member sets the shared tensors to
      base + (sum of the live workers' deltas, in worker order) / (live workers).
 
+With an outer optimizer (``outer_lr``/``outer_momentum``, :class:`IST`'s step 5) every worker
+takes the outer step on what it stores after step 6 (keepers: the whole model; others: the
+shared tensors), its momentum kept per stored tensor: a new keeper receives the cut tensors'
+with the store (step 2), a joiner the shared tensors' with its boundary state (step 1), both
+tagged ``recovery``.
+
 Sharded deployment (``deployment="sharded"``): :class:`FaultTolerantIST` builds a
 :class:`ShardedFaultTolerantIST` instead (its store in
 :mod:`~thinwire.strategies.ist.fault_sharded`), which keeps every block of units on
 ``keepers`` workers (no worker stores the whole model) and runs the same steps with the
-blocks in place of the whole store. The outer optimizer's momentum
-(``outer_lr``/``outer_momentum``) is refused: it is not yet carried to new keepers.
+blocks in place of the whole store; it refuses the outer optimizer (its blocks do not carry
+the momentum yet).
 
 One concept, one file (over 400 lines): IST's round on a torchft quorum (its live sets, keepers,
 agreement and a joiner's state).
@@ -87,16 +93,12 @@ def replica_number(replica_id: str) -> int:
     return int(replica_id[-digits:])
 
 
-def _refuse(deployment: str, outer_lr: float, outer_momentum: float, adapter: Any,
+def _refuse(deployment: str, adapter: Any,
             example_input: Any, keepers: int, workers: int, overlap: int, replica: Any,
             replica_id: str | None, lighthouse: str | None) -> None:
     """What :class:`FaultTolerantIST` cannot run, in one line each (module docstring)."""
     if deployment not in ("central", "sharded"):
         raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
-    if (outer_lr, outer_momentum) != (1.0, 0.0):
-        raise FaultToleranceError(
-            "FaultTolerantIST: outer_lr/outer_momentum keep momentum a new keeper does not "
-            "receive yet; leave them at 1 and 0")
     if adapter is None and example_input is None:
         raise FaultToleranceError(
             "FaultTolerantIST needs the model's plan before its first quorum: pass "
@@ -153,7 +155,7 @@ class FaultTolerantIST(IST):
                  outer_momentum: float = 0.0, timeout: float = 30.0,
                  quorum_timeout: float = 60.0, host: str = "127.0.0.1",
                  **kwargs: Any) -> None:
-        _refuse(deployment, outer_lr, outer_momentum, adapter, example_input, keepers, workers,
+        _refuse(deployment, adapter, example_input, keepers, workers,
                 overlap, replica, replica_id, lighthouse)
         self.number = replica_number(replica.replica_id if replica is not None
                                      else str(replica_id))
@@ -177,7 +179,8 @@ class FaultTolerantIST(IST):
         try:
             super().__init__(model, optimizers, comm=Comm.local(ledger=self.replica.ledger),
                              deployment="central", adapter=adapter,
-                             example_input=example_input, overlap=1, **kwargs)
+                             example_input=example_input, overlap=1, outer_lr=outer_lr,
+                             outer_momentum=outer_momentum, **kwargs)
             for g in self.plan.groups:
                 if g.kind == "disjoint" and g.size < workers:
                     raise UsageError(f"IST cuts {g.name} ({g.size} units) into {workers} "
@@ -207,7 +210,9 @@ class FaultTolerantIST(IST):
                 "scalars": {k: v for k, v in self.opt_state.scalars.items()
                             if isinstance(v, (torch.Tensor, int, float))},
                 "shared": {t.name: [x.clone() for x in self._store.stored(t, keys)]
-                           for t in self._shared()}}
+                           for t in self._shared()},
+                "outer": {t.name: self._store.outer[t.name].clone() for t in self._shared()
+                          if t.name in self._store.outer}}
 
     def _ft_load(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
@@ -223,6 +228,7 @@ class FaultTolerantIST(IST):
             for t in self._shared():
                 for x, y in zip(self._store.stored(t, keys), state["shared"][t.name]):
                     x.copy_(y)
+        self._store.outer = {k: v.to(self.device).clone() for k, v in state["outer"].items()}
 
     # --- what a worker stores ------------------------------------------------------------------
     @property
@@ -241,6 +247,7 @@ class FaultTolerantIST(IST):
         for t in self.plan.tensors:
             if t.shared or t.name not in st.slices:
                 continue
+            st.outer.pop(t.name, None)  # a keeper's outer momentum goes with its store
             if t.unit is not None:
                 st.slices.pop(t.name)
                 st.state.pop(t.name, None)
@@ -254,15 +261,20 @@ class FaultTolerantIST(IST):
         return [t for t in self.plan.tensors if not t.shared and not t.buffer]
 
     def _store_numel(self) -> int:
-        """Elements of the whole store a new keeper receives (cut slices, then their state)."""
+        """Elements of the whole store a new keeper receives (cut slices, then their state,
+        then their outer momentum when there is an outer optimizer)."""
         keys = self.opt_state.travelling()
+        outer = self.outer != (1.0, 0.0)
         return (self._store.owned_numel(0)
-                + sum(t.numel for t in self._cut_params()) * len(keys))
+                + sum(t.numel for t in self._cut_params()) * (len(keys) + outer))
 
     def _store_payload(self) -> torch.Tensor:
         keys = self.opt_state.travelling()
         st = self._store
         state = [st.state[t.name][k].reshape(-1) for t in self._cut_params() for k in keys]
+        if self.outer != (1.0, 0.0):  # none before the first close: zero, the same first step
+            state += [st.outer[t.name].reshape(-1) if t.name in st.outer
+                      else torch.zeros(t.numel, device=self.device) for t in self._cut_params()]
         return self._store_view.flat([st.owned_flat(), *state])
 
     def _load_store_payload(self, flat: torch.Tensor) -> None:
@@ -283,6 +295,10 @@ class FaultTolerantIST(IST):
                     x = st.slices[t.name]
                     st.state[t.name][k] = flat[at:at + t.numel].view(t.shape).to(x.dtype).clone()
                     at += t.numel
+            for t in self._cut_params() if self.outer != (1.0, 0.0) else ():
+                x = st.slices[t.name]
+                st.outer[t.name] = flat[at:at + t.numel].view(t.shape).to(x.dtype).clone()
+                at += t.numel
 
     # --- steps 1-3 -----------------------------------------------------------------------------
     def _rank_of(self, number: int) -> int:
@@ -405,7 +421,10 @@ class FaultTolerantIST(IST):
             if self.replica.comm.agree(shared is not None) and self.replica.commit():
                 break
         assert shared is not None
+        outer = self.outer != (1.0, 0.0)
         with torch.no_grad():
+            before = ({k: x.clone() for k, x in self._store.parameter_slices().items()}
+                      if outer else {})
             if self.keeper:
                 got = dict(recvs)
                 got[self.number] = mine
@@ -418,6 +437,8 @@ class FaultTolerantIST(IST):
                 if ov is not None:
                     self._store.average_overlap(ov, keys)
             self._apply_shared(sub, keys, shared, len(live))
+            if outer:  # every worker moves its stored slices (the shared ones at least) alike
+                self._store.outer_step(before, *self.outer)
         self._keepers = keepers
         self.log.append((self.round, list(order), live))
         self._end_common()
