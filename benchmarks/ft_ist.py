@@ -1,21 +1,26 @@
 """IST without a restart: bytes of the kept store and time lost per failure (FaultTolerantIST).
 
     PYTHONPATH=src python benchmarks/ft_ist.py [--workers 4] [--rounds 12] [--die-at 5]
+        [--deployment central|sharded]
 
 Starts a lighthouse on 127.0.0.1 and ``--workers`` workers (one process each) training a
 784-512-512-10 MLP on random batches with SGD through
-``thinwire.strategies.ist.fault.FaultTolerantIST`` (central, K = ``--local-steps``, overlap 1),
-three times:
-  1. ``keepers=1``, no failure: the subnet traffic of central IST (worker 0 stores the model);
-  2. ``keepers=2``, no failure: the same with a second full copy of the store, which every
-     worker's trained pieces also reach: the extra bytes of surviving a keeper's loss;
+``thinwire.strategies.ist.fault.FaultTolerantIST`` (``--deployment``, central by default;
+K = ``--local-steps``, overlap 1), three times:
+  1. ``keepers=1``, no failure: the subnet traffic of central IST (worker 0 stores the model),
+     or, sharded, of sharded IST (each block of units on one worker);
+  2. ``keepers=2``, no failure: the same with a second full copy of the store (sharded: of
+     every block), which every worker's trained pieces also reach: the extra bytes of
+     surviving a keeper's loss;
   3. ``keepers=2``, worker 0 (the keeper that sends the subnets) SIGKILLed after the first local
      step of round ``--die-at``: the survivors close that round without it, the next live
      worker becomes a keeper from the other keeper's copy (``recovery`` bytes), the rounds
-     after it are dealt over the survivors.
+     after it are dealt over the survivors (sharded: worker 0's blocks are copied from their
+     other holders to survivors, tagged ``recovery``).
 Prints, per run, the bytes sent per worker and round by ledger tag (mean over the workers that
-finished), and for run 3 the time lost: the wall time from the failed round's start to its
-close less the median round before it. Every process is bounded (``--timeout``) and torn down.
+finished) and the most any one worker sent (central: the keeper; sharded: spread), and for run
+3 the time lost: the wall time from the failed round's start to its close less the median
+round before it. Every process is bounded (``--timeout``) and torn down.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ def worker(index: int, lighthouse: str, out: Path, a: argparse.Namespace) -> int
     ist = FaultTolerantIST(model, opt, replica_id=f"w{index}", lighthouse=lighthouse,
                            workers=a.workers, min_workers=2, keepers=a.keepers,
                            local_steps=a.local_steps, overlap=1,
-                           example_input=torch.zeros(2, 784), timeout=5.0, quorum_timeout=30.0)
+                           example_input=torch.zeros(2, 784), timeout=5.0, quorum_timeout=30.0,
+                           deployment=a.deployment)
     (out / f"ready{index}").touch()
     while not all((out / f"ready{i}").exists() for i in range(a.workers)):
         time.sleep(0.02)
@@ -83,7 +89,8 @@ def run(a: argparse.Namespace, keepers: int, kill: bool) -> dict[int, dict]:
         env = dict(os.environ, FT_OUT=str(out), OMP_NUM_THREADS="1", RUST_LOG="error")
         args = [sys.executable, __file__, "--workers", str(a.workers), "--rounds", str(a.rounds),
                 "--die-at", str(a.die_at), "--local-steps", str(a.local_steps),
-                "--keepers", str(keepers)] + (["--kill"] if kill else [])
+                "--keepers", str(keepers), "--deployment", a.deployment] + (
+                    ["--kill"] if kill else [])
         with Lighthouse(min_workers=2, join_timeout_ms=3000, heartbeat_timeout_ms=2000) as lh:
             procs = [subprocess.Popen([*args, "--worker", str(i), lh.address], env=env,
                                       stderr=subprocess.DEVNULL) for i in range(a.workers)]
@@ -94,7 +101,7 @@ def run(a: argparse.Namespace, keepers: int, kill: bool) -> dict[int, dict]:
                     if p.poll() is None:
                         p.kill()
                         p.wait()
-        print(f"keepers={keepers}{' with worker 0 killed in round ' + str(a.die_at) if kill else ''}"
+        print(f"{a.deployment}, keepers={keepers}{' with worker 0 killed in round ' + str(a.die_at) if kill else ''}"
               f": exit codes {codes}")
         return {i: json.loads((out / f"w{i}.json").read_text())
                 for i in range(a.workers) if (out / f"w{i}.json").exists()}
@@ -105,8 +112,10 @@ def report(results: dict[int, dict], rounds: int, what: str = "per worker and ro
     tags = sorted({t for r in results.values() for t in r["sent"]})
     per = {t: statistics.mean(r["sent"].get(t, 0) for r in results.values()) / rounds
            for t in tags}
+    most = max(sum(r["sent"].values()) for r in results.values()) / rounds
     print(f"  sent {what}, by tag (mean over finishing workers): "
-          + ", ".join(f"{t} {v / 1e6:.3f} MB" for t, v in per.items()))
+          + ", ".join(f"{t} {v / 1e6:.3f} MB" for t, v in per.items())
+          + f"; all tags, the most any worker sent: {most / 1e6:.3f} MB")
     return per
 
 
@@ -117,6 +126,7 @@ def main() -> int:
     ap.add_argument("--local-steps", type=int, default=10)
     ap.add_argument("--die-at", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--deployment", choices=("central", "sharded"), default="central")
     ap.add_argument("--keepers", type=int, default=2, help=argparse.SUPPRESS)
     ap.add_argument("--kill", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)

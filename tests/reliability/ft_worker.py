@@ -8,8 +8,10 @@ Run as ``python -m ft_worker RUN/config.toml`` with this folder on PYTHONPATH, b
 - ``THINWIRE_TEST_FT_KILL="I:S"``: worker I SIGKILLs itself inside step S (after its round's
   quorum formed: the round is lost for everyone), leaving ``RUN/workerI/killed``;
 - ``THINWIRE_TEST_FT_JOIN="I:S:H"``: worker I starts only once worker 0 began step S
-  (``RUN/worker0/reached``), and worker 0 holds before step H until worker I is heartbeating,
-  so worker I joins the quorum of the round starting at H.
+  (``RUN/worker0/reached``), and every other worker holds before step H until worker I is
+  heartbeating and worker 0 has seen its quorum request alone in the lighthouse
+  (``RUN/joiner_asking``), so worker I joins the quorum of the round starting at H (and no
+  worker waits for that quorum while the joiner is still starting, however slow the machine).
 
 At the end each worker saves its wrapper's state (``RUN/workerI/wrapper.pt``: theta_g, the
 outer optimizer, the codec's state) for the test to compare.
@@ -36,6 +38,27 @@ def wait_for(paths: list[Path]) -> None:
                 print(f"ft_worker: {p} never appeared", file=sys.stderr)
                 os._exit(2)
             time.sleep(0.02)
+
+
+def joiner_asking() -> None:
+    """Wait until the lighthouse holds exactly one quorum request, the joiner's (every other
+    worker holds), read off its own status page: torchft's fast quorum would otherwise form
+    without a request that comes late."""
+    import http.client
+
+    host, port = os.environ["THINWIRE_FT_LIGHTHOUSE"].removeprefix("http://").rsplit(":", 1)
+    deadline = time.monotonic() + LIMIT
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            conn.request("GET", "/status")
+            if "only have 1 participants" in conn.getresponse().read().decode():
+                return
+        finally:
+            conn.close()
+        time.sleep(0.05)
+    print("ft_worker: the joiner's quorum request never reached the lighthouse", file=sys.stderr)
+    os._exit(2)
 
 
 def _pair(name: str) -> list[int]:
@@ -76,8 +99,12 @@ def install(run: Path, me: int) -> None:
             return out
 
         def _next_step(self, step: int) -> int:
-            if join and me == 0 and step == join[2]:
+            if join and me != join[0] and step == join[2]:
                 wait_for([run / f"worker{join[0]}" / "ready"])
+                if me == 0:  # the joiner's request alone in the lighthouse, then the others'
+                    joiner_asking()
+                    (run / "joiner_asking").touch()
+                wait_for([run / "joiner_asking"])
             return int(super()._next_step(step))
 
     mod.FaultTolerantTrainer = Faulty  # type: ignore[misc]

@@ -210,21 +210,27 @@ def test_what_dp_cannot_carry_on_the_quorum_is_refused_in_one_line(
     assert "\n" not in msg and needle in msg, msg
 
 
-def test_ist_loses_a_keeper_mid_round_and_one_joins(tmp_path: Path) -> None:
-    """ist (central, K = 4, a 64-12-10 MLP without norms, plain SGD), 4 workers configured,
+@pytest.mark.parametrize("deployment", ["central", "sharded"])
+def test_ist_loses_a_keeper_mid_round_and_one_joins(tmp_path: Path, deployment: str) -> None:
+    """ist (K = 4, a 64-12-10 MLP without norms, plain SGD), 4 workers configured,
     min_workers 2: workers 0-2 begin; worker 1 (a keeper, with worker 0) SIGKILLs itself inside
     step 5, the second step of round 1. Workers 0 and 2 close round 1 without it (its units
     keep their round-start values), worker 2 becomes a keeper from worker 0's copy, round 2 is
     dealt over {0, 2}; worker 3 starts once worker 0 began step 8 and joins the round starting
-    at 12 (worker 0 holds there until it is heartbeating), recovering the round's boundary
+    at 12 (workers 0 and 2 hold there until its quorum request is in), recovering the round's boundary
     state over the ledger's ``recovery`` kind. No worker restarts; the summary names worker 1,
     lost in the round that closed at step 8; workers 0, 2 and the joiner end with the same
     full model, equal bit for bit to the one-process reference of IST's rule on the recorded
     live sets (tests/reliability/test_ist_fault_tolerance.py's, on this network and these
-    batches); losing worker 1 changes it by more than 1e-3."""
+    batches); losing worker 1 changes it by more than 1e-3. Sharded (every block of units on
+    two workers, fault_sharded): the same, worker 1's blocks copied to survivors (``recovery``)
+    and the joiner made a holder of some; the one checkpoint, written at the end by the lowest
+    live worker (worker 0, which ``finish`` gave the whole store), holds the final model, as
+    the central keeper's does."""
     from test_ist_fault_tolerance import _reference
 
     run, cfg = make_run(tmp_path, {"method.name": "ist", "method.local_steps": "4",
+                                   "method.deployment": deployment,
                                    "model.hidden": "12", "model.norm": "none"}, 4, 2)
     summary = run_job(run, cfg, start="0,1,2", kill="1:5", join="3:8:12")
     ft = summary["fault_tolerance"]
@@ -254,10 +260,17 @@ def test_ist_loses_a_keeper_mid_round_and_one_joins(tmp_path: Path) -> None:
     whole = ref([(0, [0, 1, 2], [0, 1, 2]), (1, [0, 1, 2], [0, 1, 2]), *rounds[2:]])
     assert max((x - y).abs().max().item() for x, y in zip(expected, whole)) > 1e-3
     assert checkpoint.complete_steps(run) == [20]  # written by worker 0, the first keeper
+    store = checkpoint.load_rank(run, 20, 0, 1)["strategy"]["ist"]["store"]
+    names = [n for n, _ in build_model(cfg, ds).named_parameters()]
+    assert all(torch.equal(store[n], x) for n, x in zip(names, final[0]))
 
 
 @pytest.mark.parametrize("over,needle", [
-    ({"method.deployment": "sharded"}, "method.deployment"),
+    ({"method.deployment": "sharded", "train.eval_every": "20"}, "train.eval_every"),
+    ({"method.deployment": "sharded", "train.eval_every": "0", "run.checkpoint_every": "20"},
+     "run.checkpoint_every"),
+    ({"method.deployment": "sharded", "train.eval_every": "0", "method.outer_lr": "0.7"},
+     "method.outer_lr"),
     ({"method.switch_at": "40"}, "method.switch_at"),
     ({"method.shards": "whole"}, "method.shards"),
     ({"method.local_steps": "4", "train.eval_every": "10"}, "train.eval_every"),

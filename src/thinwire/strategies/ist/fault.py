@@ -43,14 +43,18 @@ Round r:
      units, the mean of their live holders' updates); every member sets the shared tensors to
      base + (sum of the live workers' deltas, in worker order) / (live workers).
 
-Why not sharded: a sharded owner stores 1/n of every layer and nobody else does, so a lost
-owner loses those units' trained values for good; making it safe means a second copy of every
-shard and a re-shard over the live set at every change, which is what ``keepers`` does for
-the central store. ``deployment="sharded"`` is refused in one line. With an outer optimizer
-(``outer_lr``/``outer_momentum``, :class:`IST`'s step 5) every worker takes the outer step on
-what it stores after step 6 (keepers: the whole model; others: the shared tensors), its
-momentum kept per stored tensor: a new keeper receives the cut tensors' with the store (step
-2), a joiner the shared tensors' with its boundary state (step 1), both tagged ``recovery``.
+With an outer optimizer (``outer_lr``/``outer_momentum``, :class:`IST`'s step 5) every worker
+takes the outer step on what it stores after step 6 (keepers: the whole model; others: the
+shared tensors), its momentum kept per stored tensor: a new keeper receives the cut tensors'
+with the store (step 2), a joiner the shared tensors' with its boundary state (step 1), both
+tagged ``recovery``.
+
+Sharded deployment (``deployment="sharded"``): :class:`FaultTolerantIST` builds a
+:class:`ShardedFaultTolerantIST` instead (its store in
+:mod:`~thinwire.strategies.ist.fault_sharded`), which keeps every block of units on
+``keepers`` workers (no worker stores the whole model) and runs the same steps with the
+blocks in place of the whole store; it refuses the outer optimizer (its blocks do not carry
+the momentum yet).
 
 One concept, one file (over 400 lines): IST's round on a torchft quorum (its live sets, keepers,
 agreement and a joiner's state).
@@ -72,10 +76,11 @@ from thinwire.strategies.ist import pieces as pc
 from thinwire.strategies.ist import subnet as sn
 from thinwire.strategies.ist.core import IST
 from thinwire.strategies.ist.elements import View
+from thinwire.strategies.ist.fault_sharded import ShardedStore
 from thinwire.strategies.ist.partition import resolve_overlap
 from thinwire.strategies.ist.store import Dealt, Overlap
 
-__all__ = ["FaultTolerantIST", "replica_number"]
+__all__ = ["FaultTolerantIST", "ShardedFaultTolerantIST", "replica_number"]
 
 
 def replica_number(replica_id: str) -> int:
@@ -92,11 +97,8 @@ def _refuse(deployment: str, adapter: Any,
             example_input: Any, keepers: int, workers: int, overlap: int, replica: Any,
             replica_id: str | None, lighthouse: str | None) -> None:
     """What :class:`FaultTolerantIST` cannot run, in one line each (module docstring)."""
-    if deployment != "central":
-        raise FaultToleranceError(
-            f"FaultTolerantIST deployment {deployment!r}: a lost sharded owner's slices "
-            "exist nowhere else; use deployment='central' (its store is kept whole on "
-            "`keepers` workers)")
+    if deployment not in ("central", "sharded"):
+        raise UsageError(f"IST deployment {deployment!r}: use central or sharded")
     if adapter is None and example_input is None:
         raise FaultToleranceError(
             "FaultTolerantIST needs the model's plan before its first quorum: pass "
@@ -120,7 +122,8 @@ class FaultTolerantIST(IST):
 
     ``workers``: the configured number of workers (the most a round may have: the adapter's
     cut groups need at least that many units); ``keepers``: how many live workers store the
-    whole model; ``replica_id`` (ending in a distinct number), ``lighthouse``,
+    whole model (sharded: each block of units); ``replica_id`` (ending in a distinct number),
+    ``lighthouse``,
     ``min_workers``, ``timeout``, ``quorum_timeout``, ``host``: as for
     :class:`~thinwire.runtime.ft.Replica`; the other arguments as for :class:`IST`, with the
     plan known up front (``example_input`` or ``adapter``: a joining worker's state is read
@@ -134,6 +137,14 @@ class FaultTolerantIST(IST):
     (rounds closed times K plus the steps of the open round) and :attr:`history` holds each
     closed round's (clock, workers that closed it, kept, workers that began it).
     """
+
+    def __new__(cls, *args: Any, deployment: str = "central", **kwargs: Any
+                ) -> FaultTolerantIST:
+        """``deployment="sharded"`` builds the sharded store's class (module docstring)."""
+        del args, kwargs
+        if cls is FaultTolerantIST and deployment == "sharded":
+            cls = ShardedFaultTolerantIST
+        return super().__new__(cls)
 
     def __init__(self, model: nn.Module, optimizers: torch.optim.Optimizer |
                  Sequence[torch.optim.Optimizer], *, replica_id: str | None = None,
@@ -363,12 +374,22 @@ class FaultTolerantIST(IST):
         self.comm.exchange(sends, recvs, tag=self.tag)
         if not self.replica.comm.agree(True):
             return False
+        pieces = [(0, buf) for _, buf in recvs]
+        if self.number == primary and view.piece_size(held, 0, me, keys):
+            pieces = [(0, self._store.extract(held, me, keys))]
+        self._install_subnet(view, held, order, pieces)
+        return True
+
+    def _install_subnet(self, view: View, held: dict[str, tuple[Any, ...]], order: list[int],
+                        pieces: Sequence[tuple[int, torch.Tensor]]) -> None:
+        """The agreed round's subnet into the model: the pieces (owner, flat) loaded, the
+        optimizer's state installed, the adapter configured, the round open."""
+        me = order.index(self.number)
+        keys = self.opt_state.travelling()
         self.held, self.view, self._order = held, view, order
         sub = sn.allocate(view, held, self._store, self._tensors, keys)
-        if self.number == primary and view.piece_size(held, 0, me, keys):
-            sn.load(view, held, sub, 0, self._store.extract(held, me, keys), keys)
-        for _, buf in recvs:
-            sn.load(view, held, sub, 0, buf, keys)
+        for owner, piece in pieces:
+            sn.load(view, held, sub, owner, piece, keys)
         with torch.no_grad():
             for name, xs in sub.items():
                 self._tensors[name].data = xs[0]
@@ -377,7 +398,6 @@ class FaultTolerantIST(IST):
         self._install_scaling()
         self.active = True
         self.in_round = 0
-        return True
 
     # --- steps 5-6 -----------------------------------------------------------------------------
     def end_round(self) -> None:
@@ -387,14 +407,7 @@ class FaultTolerantIST(IST):
         keys = self.opt_state.travelling()
         mine = sn.take(view, held, sub, 0, keys)
         while True:
-            self.replica.begin(shrink_only=True)
-            self._members = self.replica.members()
-            if any(x not in order for x in self._members):
-                raise FaultToleranceError(
-                    f"fault tolerance: round {self.round} closed with workers "
-                    f"{self._members}, not all of which began it ({order}); torchft's "
-                    "shrink_only quorum should have excluded a joiner")
-            live = [x for x in order if x in self._members]
+            live = self._close_quorum(order)
             keepers = self._live_keepers()
             sends = ([(self._rank_of(k), mine) for k in keepers if k != self.number]
                      if mine.numel() else [])
@@ -429,6 +442,17 @@ class FaultTolerantIST(IST):
         self._keepers = keepers
         self.log.append((self.round, list(order), live))
         self._end_common()
+
+    def _close_quorum(self, order: list[int]) -> list[int]:
+        """Step 5's quorum: the round's workers still alive, in worker order."""
+        self.replica.begin(shrink_only=True)
+        self._members = self.replica.members()
+        if any(x not in order for x in self._members):
+            raise FaultToleranceError(
+                f"fault tolerance: round {self.round} closed with workers {self._members}, "
+                f"not all of which began it ({order}); torchft's shrink_only quorum should "
+                "have excluded a joiner")
+        return [x for x in order if x in self._members]
 
     def _gather_shared(self, sub: sn.Subnet, keys: Sequence[str], live: list[int]
                        ) -> list[torch.Tensor] | None:
@@ -541,3 +565,9 @@ class FaultTolerantIST(IST):
         super().close()
         if self._owns_replica:
             self.replica.close()
+
+
+class ShardedFaultTolerantIST(ShardedStore, FaultTolerantIST):
+    """:class:`FaultTolerantIST` with the sharded store (every block of units on ``keepers``
+    workers: :mod:`~thinwire.strategies.ist.fault_sharded`), which
+    ``FaultTolerantIST(..., deployment="sharded")`` builds."""

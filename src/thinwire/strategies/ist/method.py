@@ -46,14 +46,19 @@ rank's stored slices to every other rank once, then local SGD's averages follow.
 
 Over a torchft quorum (``--runtime.fault_tolerance torchft``, ``Context.replica``): the
 Strategy wraps the model with :class:`~thinwire.strategies.ist.fault.FaultTolerantIST` instead
-(central; its steps 1-6: a worker lost mid-round loses only its round, the next round is dealt
-over the workers alive then, a joining worker receives its subnet at the next round boundary;
-the whole model on :data:`KEEPERS` workers). Every keeper evaluates its stored model; at the
-last step every live worker receives the full model (``finish``) and evaluates and exports it;
-the first live keeper writes the checkpoint (a one-worker central IST state). Refused in one
-line, as ``FaultTolerantIST`` refuses them: ``deployment = sharded`` and
-the hybrid schedule (its switch needs a message outside a round); and ``shards = whole`` (each
-worker reads its own shard over the quorum).
+(its steps 1-6: a worker lost mid-round loses only its round, the next round is dealt over the
+workers alive then, a joining worker receives its subnet at the next round boundary; central:
+the whole model on :data:`KEEPERS` workers, sharded: every block of units on :data:`KEEPERS`
+workers, :mod:`~thinwire.strategies.ist.fault_sharded`). Central: every keeper evaluates its
+stored model; at the last step every live worker receives the full model (``finish``) and
+evaluates and exports it; the first live keeper writes the checkpoint (a one-worker central IST
+state). Sharded: no worker holds the whole model between rounds, so the run evaluates and
+checkpoints only at its end (``train.eval_every`` and ``run.checkpoint_every`` other than
+``train.steps`` or 0 are refused in one line); ``finish`` assembles the model on every live
+worker and the lowest writes the same one-worker checkpoint. Refused in one line, as
+``FaultTolerantIST`` refuses them: the hybrid schedule (its switch needs a message outside a
+round), the outer optimizer with the sharded store (its blocks do not carry the momentum yet);
+and ``shards = whole`` (each worker reads its own shard over the quorum).
 
 One concept, one file (over 400 lines): the ist method (its options, checks, label, strategy
 and traffic formula), as every method lives in one module.
@@ -211,17 +216,26 @@ def local_steps_of(cfg: Any) -> int:
 
 
 KEEPERS = 2
-"""Over a torchft quorum: the live workers storing the whole model (FaultTolerantIST's
-``keepers``): one may be lost in a round and nothing is lost."""
+"""Over a torchft quorum: the live workers storing the whole model (central) or each block of
+units (sharded; FaultTolerantIST's ``keepers``): one may be lost in a round and nothing is
+lost."""
 
 
 def _check_quorum(cfg: Any) -> None:
     """Over a torchft quorum, what FaultTolerantIST refuses (one line each), and the
     evaluations and checkpoints at round boundaries."""
     o: Options = cfg.method.options
-    check(o.deployment == "central", "method.deployment",
-          "over a torchft quorum a lost sharded owner's slices exist nowhere else; use "
-          "--method.deployment central (the model is stored whole on 2 workers)")
+    if o.deployment == "sharded":
+        for name, every in (("train.eval_every", cfg.train.eval_every),
+                            ("run.checkpoint_every", cfg.run.checkpoint_every)):
+            check(every in (0, cfg.train.steps), name,
+                  f"{every}: over a torchft quorum sharded ist holds the whole model on no "
+                  "worker between rounds, so it evaluates and checkpoints only at the end; "
+                  f"use 0 or train.steps ({cfg.train.steps}), or --method.deployment central")
+        check((o.outer_lr, o.outer_momentum) == (1.0, 0.0), "method.outer_lr",
+              "over a torchft quorum the sharded store's blocks do not carry the outer "
+              "optimizer's momentum yet; leave method.outer_lr at 1 and method.outer_momentum "
+              "at 0, or use --method.deployment central")
     check(not (o.switch_at or o.switch_patience), "method.switch_at",
           "over a torchft quorum the hybrid schedule's switch is not carried yet; leave "
           "method.switch_at and method.switch_patience at 0")
@@ -341,6 +355,7 @@ class ISTStrategy(Strategy):
             self.ist = self.ft = FaultTolerantIST(
                 self.model, self.opt, replica=ctx.replica, workers=self.cfg.runtime.workers,
                 keepers=KEEPERS, local_steps=self.k, seed=self.cfg.train.seed,
+                deployment=o.deployment,
                 scale=None if o.scale == "auto" else o.scale,
                 optimizer_state=o.optimizer_state, adapter=adapter,
                 drop_last_step=o.drop_last_step, overlap=o.overlap, outer_lr=o.outer_lr,
@@ -368,14 +383,16 @@ class ISTStrategy(Strategy):
 
     def live_model(self, final: bool) -> nn.Module | None:
         """The model this worker evaluates over the quorum: a keeper's stored model (None on
-        other workers: no message outside a round); at the end, the full model on every live
-        worker (``finish``: the first live keeper's store over the last quorum), the keeper's
-        one-worker state kept first for the checkpoint."""
+        other workers, and on every worker of the sharded store: no message outside a round);
+        at the end, the full model on every live worker (``finish``: the first live keeper's
+        store, or every block, over the last quorum), then the checkpoint writer's one-worker
+        state (a keeper's store; sharded, the store ``finish`` assembled on it)."""
         if not final:
             return self.ist.full_model()
+        model = self.ist.finish()
         if self.ft.writes_checkpoint:
             self._final_state = self.ist.state_dict()
-        return self.ist.finish()
+        return model
 
     def _switch(self, *, resuming: bool = False) -> None:
         """Hybrid schedule: every rank gets the full model, then local SGD continues, averaging
@@ -559,7 +576,9 @@ METHOD = ISTEntry(
     fault_tolerant=True,
     # a lost keeper's replacement receives the whole store (the dealt optimizer state and the
     # outer momentum with it); the survivors lose no step: the lost worker's units keep their
-    # round-start values
+    # round-start values. Sharded: the lost worker's blocks move, about 2/n of the store
+    # (measured: half the central recovery at 4 workers); priced as the whole store, an upper
+    # bound (the entry's recovery does not see the worker count)
     recovery=lambda o: Recovery(copies=1 + ((o.outer_lr, o.outer_momentum) != (1.0, 0.0)),
                                 optimizer=o.optimizer_state != "reset", lost_steps=0,
                                 parts=("keeper's store",)),

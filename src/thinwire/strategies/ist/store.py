@@ -45,11 +45,15 @@ returned blocks per copy [tensor, *state]), all shaped as the stored slice."""
 class Store:
     """This rank's stored slices (module docstring)."""
 
-    def __init__(self, view: View, tensors: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, view: View, tensors: Mapping[str, torch.Tensor] | None) -> None:
+        """``view.rank``'s slices cut out of the full ``tensors``; None: an empty store, filled
+        by its caller (a block received whole, :mod:`.fault_sharded`)."""
         self.view = view
         self.slices: dict[str, torch.Tensor] = {}
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         self.outer: dict[str, torch.Tensor] = {}
+        if tensors is None:
+            return
         plan, own, rank = view.plan, view.own, view.rank
         with torch.no_grad():
             for t in plan.tensors:
