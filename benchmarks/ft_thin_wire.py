@@ -23,11 +23,12 @@ Recoveries:
   is not run (a restart brings every worker back: it is ``one``);
 - ``torchft``: torchft's own ``DiLoCo`` wrapper (:mod:`ft_thin_wire_torchft`, diloco only).
 
-Per run one line goes to ``OUT/results.jsonl`` (a run already there is not run again; delete
-the line to rerun it); at the end, and with ``--table`` alone, the table of every line:
+Per run one line goes to ``OUT/results.jsonl`` (a failed run's with its one-line error; a run
+already there is not run again: delete the line to rerun it); at the end, and with ``--table`` alone, the table of every line:
 job time (first worker start to last exit, measured), training time (the lowest surviving
-worker's, evaluation excluded), time lost per failure (job time minus the uninterrupted run's
-of the same method and recovery, over the failures), final metric and its change against
+worker's, evaluation excluded), job time minus the uninterrupted run's of the same method and
+recovery, over the failures (start-up noise and, on a shared machine, the cores a lost worker
+frees are in it), the time lost at each fault measured directly (:func:`stalls`), final metric and its change against
 that run, bytes: wire (kernel counters of every veth, everything included) and ledger (wire
 bytes sent of the workers whose ledger was written: a killed worker writes none), with the
 ledger's ``recovery`` bytes apart.
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -75,7 +77,7 @@ def config_of(model: str, method: str, recovery: str, scenario: str, a: argparse
                             "train.eval_every": a.steps, "train.log_every": 1,
                             "runtime.workers": a.workers, "runtime.threads": 1,
                             "runtime.timeout_s": a.worker_timeout, "run.progress": False,
-                            "run.out": str(a.out / model), "run.overwrite": True,
+                            "run.out": str(a.out / model),
                             "run.name": f"{method}-{recovery}-{scenario}"}
     if recovery == "quorum":
         over.update({"runtime.fault_tolerance": "torchft", "runtime.min_workers": 2})
@@ -109,6 +111,7 @@ def run_one(model: str, method: str, recovery: str, scenario: str,
     faults = parse_faults(faults_of(scenario, a), a.workers)
     failures = sum(f.action == "kill" for f in faults)
     cfg = config_of(model, method, recovery, scenario, a, failures)
+    shutil.rmtree(Path(cfg.run.out) / cfg.run_name, ignore_errors=True)  # a failed try's
     with run_directory(cfg) as rd:
         if recovery == "quorum":
             wire = run_quorum_in_testbed(rd.path, link, 1, deadline, faults, workers=a.workers,
@@ -128,17 +131,43 @@ def run_one(model: str, method: str, recovery: str, scenario: str,
             "uptime": os.getloadavg(), "run_dir": str(rd.final)}
 
 
+def stalls(row: dict[str, Any]) -> str:
+    """The time lost at each fault, seconds. Restart: from the kill until the restarted job
+    is back at the step it was killed at (restart, checkpoint load, steps redone). Quorum and
+    torchft: the longest gaps of worker 0's training clock, one per fault (a failure's
+    heartbeat timeout and refused round, a join's recovery), less its median step."""
+    faults = len(row["fired"])
+    if row["recovery"] == "restart":
+        back = [f"{f['back_s'] - f['at_s']:.1f}" for f in row["fired"] if "back_s" in f]
+        return ", ".join(back) or "-"
+    path = Path(row["run_dir"]) / "worker0" / "metrics.jsonl"
+    if not faults or not path.exists():
+        return "-"
+    walls = [float(r["wall_s"]) for r in map(json.loads, path.read_text().splitlines())
+             if r.get("kind", "train") == "train"]
+    gaps = sorted(b - a for a, b in zip(walls, walls[1:]))
+    if not gaps:
+        return "-"
+    median = gaps[len(gaps) // 2]
+    return ", ".join(f"{g - median:.1f}" for g in gaps[::-1][:faults])
+
+
 def fmt_mb(b: float) -> str:
     return f"{b / 1e6:.1f} MB"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    base = {(r["model"], r["method"], r["recovery"]): r for r in rows if r["scenario"] == "none"}
-    out = ["| model | method | recovery | scenario | job s | train s | lost s / failure "
-           "| final | vs uninterrupted | wire tx (kernel) | ledger sent (files) "
+    base = {(r["model"], r["method"], r["recovery"]): r for r in rows
+            if r["scenario"] == "none" and "error" not in r}
+    out = ["| model | method | recovery | scenario | job s | train s | job s vs uninterrupted / failure "
+           "| lost at each fault, s | final | vs uninterrupted | wire tx (kernel) | ledger sent (files) "
            "| recovery (ledger) | faults fired at step |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
+        if "error" in r:
+            out.append(f"| {r['model']} | {r['method']} | {r['recovery']} | {r['scenario']} "
+                       f"| failed: {r['error'][:160]} |")
+            continue
         b = base.get((r["model"], r["method"], r["recovery"]))
         lost = "-"
         if b is not None and r["failures"]:
@@ -148,7 +177,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         if r.get("attempts", 1) > 1:
             fired += f" ({r['attempts']} attempts)"
         out.append(f"| {r['model']} | {r['method']} | {r['recovery']} | {r['scenario']} "
-                   f"| {r['job_s']:.1f} | {r['train_s']:.1f} | {lost} | {r['final']:.4f} "
+                   f"| {r['job_s']:.1f} | {r['train_s']:.1f} | {lost} | {stalls(r)} | {r['final']:.4f} "
                    f"| {delta} | {fmt_mb(r['wire_tx'])} | {fmt_mb(r['ledger_sent'])} "
                    f"({r['ledger_files']}) | {fmt_mb(r['recovery_sent'])} | {fired} |")
     return "\n".join(out)
@@ -230,9 +259,12 @@ def bench(a: argparse.Namespace, results: Path) -> None:
                 print(f"   failed: {exc}", flush=True)
                 if time.monotonic() > deadline:
                     break
-                continue
+                row = {**dict(zip(("model", "method", "recovery", "scenario"), key)),
+                       "error": str(exc), "uptime": os.getloadavg()}
             with open(results, "a") as f:
                 f.write(json.dumps(row) + "\n")
+            if "error" in row:
+                continue
             print(f"   job {row['job_s']:.1f} s, final {row['final']:.4f}, wire "
                   f"{fmt_mb(row['wire_tx'])}, recovery {fmt_mb(row['recovery_sent'])}",
                   flush=True)

@@ -28,7 +28,9 @@ deadline):
   does: it stops the others and starts every worker again (``TORCHELASTIC_RESTART_COUNT``
   counts the attempt; each resumes from the newest complete checkpoint; a fresh rendezvous
   port per attempt), at most ``max_restarts`` times. Progress is read from rank 0's
-  ``RUN_DIR/metrics.jsonl``; a fault fires once, whatever the attempt.
+  ``RUN_DIR/metrics.jsonl``; a fault fires once, whatever the attempt, and records when the
+  restarted job is back at the step it was killed at (``back_s``: the time the failure cost,
+  restart and steps redone, whatever the start-up of the first attempt took).
 
 Both measure the kernel's counters of every worker's veth from before the first process
 starts until the last one ends (every attempt, every rejoin, the lighthouse's heartbeats
@@ -161,6 +163,17 @@ class _Plan:
             out.append(f)
         return out
 
+    def back(self, progress: int) -> None:
+        """Restart: a fired fault's ``back_s``, the second the job's progress (read again from
+        the restarted rank 0's records, once they dropped below it) is back at the fault's."""
+        for rec in self.run.fired:
+            if "back_s" in rec:
+                continue
+            if progress < rec["at_step"]:
+                rec["dipped"] = True
+            elif rec.pop("dipped", False):
+                rec["back_s"] = round(time.monotonic() - self.t0, 3)
+
 
 def _popen(argv: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +280,7 @@ def _watch_quorum(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, plan
                   t0: float) -> None:
     """Steps 3-4 of the module docstring: fire the faults, wait for the survivors."""
     killed: set[int] = set()
+    logs = {r: "output.log" for r in procs}
     joins = 0
     try:
         while True:
@@ -278,12 +292,13 @@ def _watch_quorum(procs: dict[int, subprocess.Popen[bytes]], run_dir: Path, plan
                     killed.add(f.worker)
                 else:
                     joins += 1
-                    procs[f.worker] = start(f.worker, f"output.join{joins}.log")
+                    logs[f.worker] = f"output.join{joins}.log"
+                    procs[f.worker] = start(f.worker, logs[f.worker])
                     killed.discard(f.worker)
             codes = {r: p.poll() for r, p in procs.items()}
             for r, c in codes.items():
                 if c not in (None, 0) and r not in killed:
-                    log = run_dir / f"worker{r}" / "output.log"
+                    log = run_dir / f"worker{r}" / logs[r]
                     raise BenchFailed(f"worker {r} failed (exit code {c}): {_tail(log)} "
                                       f"(log: {log})")
             if all(c is not None for c in codes.values()):
@@ -336,9 +351,11 @@ def _watch_attempt(procs: list[subprocess.Popen[bytes]], run_dir: Path, plan: _P
     failure in one line (every worker of the attempt is stopped before returning)."""
     try:
         while True:
-            for f in plan.due(last_step(run_dir / "metrics.jsonl")):
+            progress = last_step(run_dir / "metrics.jsonl")
+            for f in plan.due(progress):
                 os.kill(procs[f.worker].pid, signal.SIGKILL)
                 procs[f.worker].wait()
+            plan.back(progress)
             codes = [p.poll() for p in procs]
             bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if bad:
