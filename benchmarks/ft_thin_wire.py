@@ -161,8 +161,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             if r["scenario"] == "none" and "error" not in r}
     out = ["| model | method | recovery | scenario | job s | train s | job s vs uninterrupted / failure "
            "| lost at each fault, s | final | vs uninterrupted | wire tx (kernel) | ledger sent (files) "
-           "| recovery (ledger) | faults fired at step |",
-           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| recovery (ledger) | faults fired at step | load |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    order = [list(MODELS), list(METHODS), list(RECOVERIES), list(SCENARIOS)]
+    rows = sorted(rows, key=lambda r: [o.index(r[k]) for o, k in
+                                       zip(order, ("model", "method", "recovery", "scenario"))])
     for r in rows:
         if "error" in r:
             out.append(f"| {r['model']} | {r['method']} | {r['recovery']} | {r['scenario']} "
@@ -179,7 +182,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         out.append(f"| {r['model']} | {r['method']} | {r['recovery']} | {r['scenario']} "
                    f"| {r['job_s']:.1f} | {r['train_s']:.1f} | {lost} | {stalls(r)} | {r['final']:.4f} "
                    f"| {delta} | {fmt_mb(r['wire_tx'])} | {fmt_mb(r['ledger_sent'])} "
-                   f"({r['ledger_files']}) | {fmt_mb(r['recovery_sent'])} | {fired} |")
+                   f"({r['ledger_files']}) | {fmt_mb(r['recovery_sent'])} | {fired} "
+                   f"| {r['uptime'][0]:.1f} |")
     return "\n".join(out)
 
 
