@@ -16,8 +16,10 @@ Three kinds of figure, always labelled:
 Modules: :mod:`.rates` (``100mbit``, ``5ms``), :mod:`.netns` (namespaces, shaping, teardown),
 :mod:`.run` (workers under a deadline), :mod:`.measure`, :mod:`.modelled`, :mod:`.report`
 (table and plot), :mod:`.bench` (the loop over links and methods), :mod:`.thin_links` (time to
-a target on thin links for ``thinwire compare``'s loopback runs); the command line is
-:mod:`thinwire.commands.bench`.
+a target on thin links for ``thinwire compare``'s loopback runs), :mod:`.faults` (fault-tolerant
+jobs: torchft's lighthouse on the bridge (:mod:`.lighthouse`), one replica group per namespace,
+workers SIGKILLed and rejoined from outside at chosen steps, and restart-based recovery under
+the same kills); the command line is :mod:`thinwire.commands.bench`.
 """
 
 from thinwire.testbed.rates import Link, parse_delay, parse_links, parse_rate
