@@ -206,6 +206,8 @@ class Replica:
                                timeout=timedelta(seconds=quorum_timeout))
         transport = PGTransport(_CountingGroup(self.pg, lambda: self.ledger, self.device),  # type: ignore[arg-type]
                                 timeout=td, device=self.device)
+        if load_state_dict is not None:
+            load_state_dict = _named_load("state", load_state_dict)
         with _manager_server_on(host):
             self.manager: Any = Manager(
                 pg=self.pg, load_state_dict=load_state_dict, state_dict=state_dict,
@@ -224,7 +226,7 @@ class Replica:
                load_state_dict: Callable[[Any], None]) -> None:
         """Add a part of the state a joining replica receives (``key`` names it; a wrapper
         built on this replica attaches its own: model, optimizers, outer state)."""
-        self.manager.register_state_dict_fn(key, load_state_dict, state_dict)
+        self.manager.register_state_dict_fn(key, _named_load(key, load_state_dict), state_dict)
 
     @property
     def step(self) -> int:
@@ -239,6 +241,8 @@ class Replica:
         try:
             self.manager.start_quorum(timeout=timedelta(seconds=self._quorum_timeout),
                                       shrink_only=shrink_only)
+        except RecoveryFailed as exc:
+            raise FaultToleranceError(str(exc)) from None
         except Exception as exc:  # torchft raises its RPC errors as RuntimeError
             raise FaultToleranceError(_quorum_problem(exc, self.min_workers,
                                                       self._quorum_timeout)) from None
@@ -262,6 +266,8 @@ class Replica:
         """Step 3: the quorum's vote on this step (apply it only when True)."""
         try:
             return bool(self.manager.should_commit())
+        except RecoveryFailed as exc:
+            raise FaultToleranceError(str(exc)) from None
         except Exception as exc:
             raise FaultToleranceError(_quorum_problem(exc, self.min_workers,
                                                       self._quorum_timeout)) from None
@@ -272,6 +278,27 @@ class Replica:
             self.manager.shutdown(wait=False)
         with contextlib.suppress(Exception):
             self.pg.shutdown()
+
+
+class RecoveryFailed(Exception):
+    """A live peer's state, received by a joining (or healed) replica, did not load: a
+    different problem from a quorum that does not form, named as such."""
+
+
+def _named_load(key: str, load: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``load`` whose failure is a :class:`RecoveryFailed` naming the part of the state
+    (``key``) and the cause, so the worker's one line says the recovery failed, not the
+    quorum."""
+    def loading(state: Any) -> None:
+        try:
+            load(state)
+        except Exception as exc:  # noqa: BLE001 - any load failure is the same one line
+            text = str(exc).strip().replace("\n", " ")
+            raise RecoveryFailed(
+                f"fault tolerance: the state received from a live peer did not load ({key}: "
+                f"{text[:300]}); this worker cannot join: start it again to retry, the live "
+                "workers go on") from None
+    return loading
 
 
 def replica_index(replica_id: str) -> int:
