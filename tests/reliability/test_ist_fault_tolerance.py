@@ -51,6 +51,20 @@ def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], rounds: int,
     return codes
 
 
+def kill_first_and_join(tmp: Path, first: list[str], rounds: int) -> dict[int, dict]:
+    """Workers 0-2 begin (``first``: their options, a ``--hold`` first), worker 0 dies in round
+    1, workers 1 and 2 hold before round 3 until worker 3's quorum request is in, worker 3
+    joins there; every other worker ends cleanly. Each survivor's saved output."""
+    survivor = [*first, "--hold", "3:go"]
+    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+        codes = _run(tmp, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
+                                       2: survivor, 3: ["--after", "3:1,2", *first[2:]]},
+                     rounds, meanwhile=lambda: release_joiner(tmp, lh.address))
+    assert codes == {0: -9, 1: 0, 2: 0, 3: 0}, (codes, [(tmp / f"err{i}").read_text()[-800:]
+                                                       for i in codes])
+    return {i: torch.load(tmp / f"worker{i}.pt") for i in (1, 2, 3)}
+
+
 def release_joiner(tmp: Path, lighthouse: str) -> None:
     """Once workers 1 and 2 hold before round 3 and the lighthouse holds worker 3's quorum
     request (torchft's fast quorum would otherwise leave a late request out), let them go."""
@@ -196,14 +210,7 @@ def test_keeper_killed_mid_round_and_one_joining(tmp_path: Path, overlap: int,
     rounds = 5
     first = ["--hold", "0:0,1,2", "--overlap", str(overlap), "--momentum", str(momentum),
              "--outer", f"{outer[0]}:{outer[1]}"]
-    survivor = [*first, "--hold", "3:go"]
-    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
-        codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
-                                            2: survivor, 3: ["--after", "3:1,2", *first[2:]]},
-                     rounds, meanwhile=lambda: release_joiner(tmp_path, lh.address))
-    assert codes == {0: -9, 1: 0, 2: 0, 3: 0}, (codes, [(tmp_path / f"err{i}").read_text()[-800:]
-                                                       for i in codes])
-    out = {i: torch.load(tmp_path / f"worker{i}.pt") for i in (1, 2, 3)}
+    out = kill_first_and_join(tmp_path, first, rounds)
     log = out[1]["log"]
     assert out[2]["log"] == log
     assert [(r, b, c) for r, b, c in log] == [

@@ -22,7 +22,7 @@ from thinwire.strategies.ist.fault_sharded import assign, initial_holders  # noq
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import ist_replica  # noqa: E402
-from test_ist_fault_tolerance import _reference, _run, release_joiner  # noqa: E402
+from test_ist_fault_tolerance import _reference, _run, kill_first_and_join  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -62,14 +62,7 @@ def test_sharded_owner_killed_mid_round_and_one_joining(tmp_path: Path) -> None:
     rounds = 5
     first = ["--hold", "0:0,1,2", "--overlap", "2", "--momentum", "0.9",
              "--deployment", "sharded"]
-    survivor = [*first, "--hold", "3:go"]
-    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
-        codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
-                                            2: survivor, 3: ["--after", "3:1,2", *first[2:]]},
-                     rounds, meanwhile=lambda: release_joiner(tmp_path, lh.address))
-    assert codes == {0: -9, 1: 0, 2: 0, 3: 0}, (codes, [(tmp_path / f"err{i}").read_text()[-800:]
-                                                       for i in codes])
-    out = {i: torch.load(tmp_path / f"worker{i}.pt") for i in (1, 2, 3)}
+    out = kill_first_and_join(tmp_path, first, rounds)
     log = out[1]["log"]
     assert out[2]["log"] == log and out[3]["log"] == log[3:] and out[3]["joined"] == 3
     assert [(r, b, c) for r, b, c in log] == [
