@@ -110,6 +110,14 @@ def parse_faults(text: str, workers: int) -> list[Fault]:
     return out
 
 
+def _size(path: Path) -> int:
+    """A file's size, -1 while it does not exist."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
 def last_step(path: Path) -> int:
     """The highest ``step`` among the last records of a ``metrics.jsonl`` (-1: none yet)."""
     try:
@@ -153,6 +161,7 @@ class _Plan:
 
     def __init__(self, faults: Sequence[Fault], run: FaultRun, t0: float) -> None:
         self.todo, self.run, self.t0 = list(faults), run, t0
+        self.size = -1  # the metrics file's size at the last look
 
     def due(self, progress: int) -> list[Fault]:
         out = []
@@ -163,15 +172,19 @@ class _Plan:
             out.append(f)
         return out
 
-    def back(self, progress: int) -> None:
+    def back(self, progress: int, size: int) -> None:
         """Restart: a fired fault's ``back_s``, the second the job's progress (read again from
-        the restarted rank 0's records, once they dropped below it) is back at the fault's."""
+        the restarted rank 0's records, once they dropped below it) is back at the fault's.
+        The resume cuts the records after its checkpoint: a file that shrank since the last
+        look dropped below, even where the job was past the fault's step again by then."""
+        shrunk = 0 <= size < self.size
+        self.size = size
         for rec in self.run.fired:
             if "back_s" in rec:
                 continue
             if progress < rec["at_step"]:
                 rec["dipped"] = True
-            elif rec.pop("dipped", False):
+            elif rec.pop("dipped", False) or shrunk:
                 rec["back_s"] = round(time.monotonic() - self.t0, 3)
 
 
@@ -355,7 +368,7 @@ def _watch_attempt(procs: list[subprocess.Popen[bytes]], run_dir: Path, plan: _P
             for f in plan.due(progress):
                 os.kill(procs[f.worker].pid, signal.SIGKILL)
                 procs[f.worker].wait()
-            plan.back(progress)
+            plan.back(progress, _size(run_dir / "metrics.jsonl"))
             codes = [p.poll() for p in procs]
             bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if bad:
