@@ -44,18 +44,12 @@ def joiner_asking() -> None:
     """Wait until the lighthouse holds exactly one quorum request, the joiner's (every other
     worker holds), read off its own status page: torchft's fast quorum would otherwise form
     without a request that comes late."""
-    import http.client
+    from thinwire.runtime.ft import lighthouse_status
 
-    host, port = os.environ["THINWIRE_FT_LIGHTHOUSE"].removeprefix("http://").rsplit(":", 1)
     deadline = time.monotonic() + LIMIT
     while time.monotonic() < deadline:
-        conn = http.client.HTTPConnection(host, int(port), timeout=5)
-        try:
-            conn.request("GET", "/status")
-            if "only have 1 participants" in conn.getresponse().read().decode():
-                return
-        finally:
-            conn.close()
+        if "only have 1 participants" in lighthouse_status(os.environ["THINWIRE_FT_LIGHTHOUSE"]):
+            return
         time.sleep(0.05)
     print("ft_worker: the joiner's quorum request never reached the lighthouse", file=sys.stderr)
     os._exit(2)

@@ -5,7 +5,6 @@ ist_replica.py) on a lighthouse in this process; every process is bounded and to
 
 from __future__ import annotations
 
-import http.client
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from harness import wait_until
 pytest.importorskip("torchft")
 os.environ.setdefault("RUST_LOG", "error")
 
-from thinwire.runtime.ft import FaultToleranceError, Lighthouse  # noqa: E402
+from thinwire.runtime.ft import FaultToleranceError, Lighthouse, lighthouse_status  # noqa: E402
 from thinwire.strategies.ist.partition import partition_groups, resolve_overlap  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -70,16 +69,8 @@ def release_joiner(tmp: Path, lighthouse: str) -> None:
     request (torchft's fast quorum would otherwise leave a late request out), let them go."""
 
     def joiner_waiting() -> bool:
-        if not all((tmp / f"holding3.{i}").exists() for i in (1, 2)):
-            return False
-        # the lighthouse's own status page, on this machine's loopback
-        host, port = lighthouse.removeprefix("http://").rsplit(":", 1)
-        conn = http.client.HTTPConnection(host, int(port), timeout=5)
-        try:
-            conn.request("GET", "/status")
-            return "only have 1 participants" in conn.getresponse().read().decode()
-        finally:
-            conn.close()
+        return (all((tmp / f"holding3.{i}").exists() for i in (1, 2))
+                and "only have 1 participants" in lighthouse_status(lighthouse))
 
     wait_until(joiner_waiting, 120, "worker 3 waiting in the lighthouse before round 3")
     (tmp / "readygo").touch()

@@ -51,6 +51,7 @@ RECOVERY = "recovery"
 """The ledger tag of recovery transfers: a joining worker's state sent by a live peer."""
 
 __all__ = ["RECOVERY", "FaultToleranceError", "Lighthouse", "ManagedComm", "Replica",
+           "lighthouse_status",
            "replica_index"]
 
 
@@ -103,6 +104,21 @@ class Lighthouse:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def lighthouse_status(address: str, timeout: float = 5.0) -> str:
+    """The text of a lighthouse's own status page (``GET /status`` at ``address``, as
+    :attr:`Lighthouse.address` gives it): the quorum it is forming, the requests it holds
+    ("only have N participants ...") and the replica groups heartbeating."""
+    import http.client
+
+    host, port = address.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("GET", "/status")
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
 
 
 _BIND_LOCK = threading.Lock()
