@@ -162,6 +162,7 @@ class _Plan:
     def __init__(self, faults: Sequence[Fault], run: FaultRun, t0: float) -> None:
         self.todo, self.run, self.t0 = list(faults), run, t0
         self.size = -1  # the metrics file's size at the last look
+        self.at_restart = -2  # its size when the last attempt started (-2: none yet)
 
     def due(self, progress: int) -> list[Fault]:
         out = []
@@ -179,13 +180,23 @@ class _Plan:
         look dropped below, even where the job was past the fault's step again by then."""
         shrunk = 0 <= size < self.size
         self.size = size
+        written = size != self.at_restart  # the restarted job wrote (or cut) its records
         for rec in self.run.fired:
             if "back_s" in rec:
                 continue
             if progress < rec["at_step"]:
                 rec["dipped"] = True
-            elif rec.pop("dipped", False) or shrunk:
+            elif (rec.get("dipped") and written) or shrunk:
+                rec.pop("dipped", None)
                 rec["back_s"] = round(time.monotonic() - self.t0, 3)
+
+    def restarted(self) -> None:
+        """A new attempt starts: its resume goes back to a checkpoint at or before every fired
+        fault's step, so each is behind until the new attempt's records reach it again."""
+        self.at_restart = self.size
+        for rec in self.run.fired:
+            if "back_s" not in rec:
+                rec["dipped"] = True
 
 
 def _popen(argv: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -341,6 +352,8 @@ def run_restart_in_testbed(run_dir: Path, link: Link, threads: int, deadline: fl
                       {**worker_env(r, workers, tb.addr(0), MASTER_PORT + attempt, tb.ifname(r),
                                     threads), "TORCHELASTIC_RESTART_COUNT": str(attempt),
                        **(env or {})}) for r in range(workers)]
+            if attempt:
+                plan.restarted()
             suffix = "" if attempt == 0 else f".restart{attempt}"
             procs = [_popen(a, e, run_dir / f"worker{r}{suffix}.log")
                      for r, (a, e) in enumerate(specs)]
