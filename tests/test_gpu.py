@@ -129,7 +129,7 @@ def test_every_method_runs_on_cuda_devices_through_nccl(method: str, variant: st
 CODECS_ON_GPU = ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1",
                  "randk:ratio=0.1,ef=false", "qsgd", "int8", "sign", "powersgd:rank=2"]
 # codecs whose payload is a function of x alone with elementwise IEEE arithmetic: the GPU's bytes
-# are the CPU's (Top-k's tie rule and Rand-k's CPU-drawn indices make the selections agree)
+# are the CPU's (Top-k's tie rule, and Rand-k's indices computed by integer hashes on the device)
 BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8"}
 
 

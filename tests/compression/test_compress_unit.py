@@ -3,6 +3,7 @@ the registry's options and errors, and the CPU fast paths against the device-gen
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,6 +26,7 @@ from thinwire.compression.base import (
     unpack_bits,
     unpack_bits_torch,
 )
+from thinwire.compression.quantize import CounterUniform, counter_hash, counter_keys
 from thinwire.compression.sparse import _sample_plan, topk_indices
 from thinwire.options import OptionError
 
@@ -210,6 +212,27 @@ def test_randk_shared_indices_and_unbiased() -> None:
     # coordinate, while a missing or wrong scale (mean x/10, or 2x) misses by > 20 sd/sqrt(M).
     sd = x.double().abs() * math.sqrt(9)
     assert torch.all((mean - x.double()).abs() <= 5 * sd / math.sqrt(draws))
+
+
+def test_randk_offsets_are_the_counter_words_and_uniform_in_each_stratum() -> None:
+    """Guards Rand-k's index stream: the offset of stratum j is floor(h_j b_j / 2^32), h_j the
+    counter word QSGD's uniforms are cut from (the same hash, so one definition), and over many
+    steps each stratum's offsets are uniform (a chi-square over the offsets of all strata)."""
+    keys = counter_keys(7, 3, 1, None)
+    words = np.empty(4096, np.float32)
+    CounterUniform(keys, 4096).fill(0, words)
+    h = counter_hash(torch.arange(4096), keys)
+    assert np.array_equal(((h >> 8).float() * 2.0**-24).numpy(), words)
+    d, b = 1000, 10
+    c = RandK(1 / b, seed=3)
+    counts = torch.zeros(b)
+    for step in range(400):
+        idx, lengths = c.indices(d, step)
+        assert torch.equal(lengths, torch.full((d // b,), b))
+        counts += torch.bincount(idx % b, minlength=b).float()
+    expected = counts.sum() / b  # 4,000 a bin
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 30.0  # 9 degrees of freedom: P(chi2 > 30) < 5e-4; a skewed offset gives 1e3+
 
 
 @pytest.mark.parametrize("d", [100, 70_001])

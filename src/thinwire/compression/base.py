@@ -41,10 +41,13 @@ PowerSGD overrides both (two all-reduces, per tensor of a bucket). Whether a cod
 generic error feedback wrapper is the codec's property :attr:`Compressor.wants_error_feedback`.
 
 Devices: every tensor, buffer and generator follows the input's device. Randomness is never
-sent. Randomness every rank must agree on (Rand-k's indices, PowerSGD's first Q) comes from
-:meth:`Compressor.shared_generator`, a CPU ``torch.Generator`` seeded with (seed, step, key):
-it is drawn on the CPU (O(k) or O(m r) numbers) and moved to the input's device, so ranks agree
-whatever device each of them computes on, and results are identical across devices.
+sent. Randomness every rank must agree on comes from (seed, step, key) alone: PowerSGD's first
+Q from :meth:`Compressor.shared_generator`, a CPU ``torch.Generator`` drawn on the CPU (O(m r)
+numbers) and moved to the input's device; Rand-k's indices from a counter-based integer hash of
+each index and shared keys (:func:`~thinwire.compression.quantize.counter_hash`), computed
+with exact integer arithmetic wherever it is needed (the compiled kernels, or torch on the
+input's device). Either way ranks agree whatever device each of them computes on, and results
+are identical across devices.
 Randomness each rank draws for itself (QSGD's stochastic rounding, O(d) numbers) comes from
 :meth:`Compressor.private_generator` on the input's device (on the CPU, from a counter-based
 stream, :class:`~thinwire.compression.quantize.CounterUniform`); it also mixes in the rank, so

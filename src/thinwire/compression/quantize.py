@@ -66,11 +66,25 @@ LOWBIAS = (np.uint32(0x7FEB352D), np.uint32(0x846CA68B))
 x ^= x >> 15; x *= m2; x ^= x >> 16), a bijection of 32-bit words with low bias."""
 
 
-def counter_keys(seed: int, step: int, key: int, rank: int) -> tuple[int, int, int]:
-    """(k0 odd, k1, k2 odd): the 32-bit keys of this rank's counter stream at (step, key)."""
-    a = mix_seed(seed, step, key, rank, 0x5EED)
+def counter_keys(seed: int, step: int, key: int, rank: int | None) -> tuple[int, int, int]:
+    """(k0 odd, k1, k2 odd): the 32-bit keys of this rank's counter stream at (step, key);
+    ``rank`` None: the stream every rank shares (Rand-k's offsets)."""
+    a = mix_seed(seed, step, key, rank, 0x5EED) if rank is not None else mix_seed(
+        seed, step, key, 0x5A4D)
     b = mix_seed(a, 1)
     return (a & _M32) | 1, b & _M32, ((a >> 32) & _M32) | 1
+
+
+def counter_hash(index: torch.Tensor, keys: tuple[int, int, int]) -> torch.Tensor:
+    """h_i = lowbias32(lo32(i) k0 + k1 + hi32(i) k2) (mod 2^32) of int64 indices, as int64
+    holding 32-bit words, on the indices' device: :class:`CounterUniform`'s words before the
+    shift, computed with torch's int64 ops (every product of two 32-bit words wraps mod 2^64,
+    whose low 32 bits are the word's), the bits the compiled kernels compute."""
+    k0, k1, k2 = keys
+    h = ((index & _M32) * k0 + k1 + (index >> 32) * k2) & _M32
+    for shift, mult in ((16, int(LOWBIAS[0])), (15, int(LOWBIAS[1]))):
+        h = ((h ^ (h >> shift)) * mult) & _M32
+    return h ^ (h >> 16)
 
 
 class CounterUniform:

@@ -38,17 +38,21 @@ Compression", ICLR 2018, with the count then fixed to k so the payload keeps its
   Where the sample does not pay (small d, k > d / 4) it is the exact selection.
 
 Rand-k, all ranks alike:
-  1. draw the indices from the shared generator (seed, step, bucket), on the CPU, moved to the
-     input's device and cached there: every rank draws the same ones, so indices never go on
-     the wire;
+  1. draw the indices from shared randomness (seed, step, bucket): every rank draws the same
+     ones, so indices never go on the wire;
   2. send only the values (ratio d / k);
   3. linear: the values are summed by all-reduce and scattered once.
   Sampling is *stratified*: the d coordinates are cut into k consecutive blocks of length
-  b_j = floor((j+1) d / k) - floor(j d / k) and one uniform coordinate is drawn from each, which
-  costs O(k) instead of the O(d) of ``randperm`` (2.3 s for d = 64M on 2 cores). Each coordinate
-  is kept with probability 1 / b_j (= k / d when k divides d); scaling a kept value by b_j makes
-  the codec unbiased, E[C(x)] = x, with variance ||C(x) - x||^2 <= (max b_j - 1) ||x||^2,
-  the same bound as uniform Rand-k. With error feedback the unscaled (contractive) form is used,
+  b_j = floor((j+1) d / k) - floor(j d / k) and one coordinate is drawn from each, which
+  costs O(k) instead of the O(d) of ``randperm`` (2.3 s for d = 64M on 2 cores). Block j's offset
+  is floor(h_j b_j / 2^32) with h_j the shared counter-based word of j
+  (:func:`~thinwire.compression.quantize.counter_hash`, keys from (seed, step, bucket) and no
+  rank): uniform on the block up to 2^-32, and a function of j alone, so the compiled kernels
+  compute each index where they gather or scatter its value (no index tensor, no generator:
+  ``torch.rand`` of the k offsets cost more than a copy of x) and the torch path computes the
+  same indices on any device. Each coordinate is kept with probability 1 / b_j (= k / d when
+  k divides d); scaling a kept value by b_j makes the codec unbiased, E[C(x)] = x, with variance
+  ||C(x) - x||^2 <= (max b_j - 1) ||x||^2, the same bound as uniform Rand-k. With error feedback the unscaled (contractive) form is used,
   as in Stich et al.: scaled Rand-k expands the error by d / k and EF would diverge.
 
 One concept, one file (over 400 lines): the sparsifying codecs (Top-k's exact and approximate
@@ -77,6 +81,7 @@ from thinwire.compression.base import (
     empty,
     is_cpu_float32,
 )
+from thinwire.compression.quantize import counter_hash, counter_keys
 from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
 
@@ -380,38 +385,41 @@ class RandK(Compressor):
         if hit is not None and hit[0] == step:
             return hit[1], hit[2]
         k = count_k(self.ratio, numel)
-        starts = torch.arange(k + 1, dtype=torch.int64) * numel // k
+        j = torch.arange(k + 1, dtype=torch.int64, device=dev)
+        starts = j * numel // k
         lengths = starts[1:] - starts[:-1]
-        # drawn on the CPU: the same indices on every rank whatever its device
-        u = torch.rand(k, dtype=torch.float64, generator=self.shared_generator(step, key))
-        offsets = torch.minimum((u * lengths).long(), lengths - 1)
-        idx, lengths = (starts[:-1] + offsets).to(dev), lengths.to(dev)
+        h = counter_hash(j[:-1], self.keys(step, key))  # 1. the same words on every device
+        idx = starts[:-1] + ((h * lengths) >> 32)
         self._cache[slot] = (step, idx, lengths)
         return idx, lengths
 
+    def keys(self, step: int, key: int = 0) -> tuple[int, int, int]:
+        """The shared counter keys of (step, key): the same on every rank."""
+        return counter_keys(self.seed, step, key, None)
+
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         flat = x.reshape(-1)
-        # 1. shared indices; 2. values only
-        idx, _ = self.indices(flat.numel(), step, key, flat.device)
+        d = flat.numel()
         lib = kernels.wants(flat)
-        if lib is not None:
-            values = empty(idx.numel(), torch.float32)
-            lib.gather(flat.data_ptr(), idx.data_ptr(), idx.numel(), values.data_ptr(),
-                       kernels.threads())
+        if lib is not None:  # 1-2 in one compiled pass, each index computed where it is read
+            values = empty(count_k(self.ratio, d), torch.float32)
+            lib.randk_gather(flat.data_ptr(), d, values.numel(), *self.keys(step, key),
+                             values.data_ptr(), kernels.threads())
             return (values,)
+        # 1. shared indices; 2. values only
+        idx, _ = self.indices(d, step, key, flat.device)
         return (flat[idx],)
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,
                out: torch.Tensor | None = None) -> torch.Tensor:
         (values,) = payload
-        idx, lengths = self.indices(numel, step, key, values.device)
         lib = kernels.wants(values) if out is None or out.is_contiguous() else None
         if lib is not None and (out is None or out.dtype == torch.float32):
             res = out if out is not None else empty(numel, torch.float32)
-            lib.scatter_decode(values.data_ptr(), idx.data_ptr(), 1,
-                               lengths.data_ptr() if self.scale else None, values.numel(),
-                               res.data_ptr(), numel, 0, kernels.threads())
+            lib.randk_scatter(values.data_ptr(), numel, values.numel(), *self.keys(step, key),
+                              int(self.scale), res.data_ptr(), 0, kernels.threads())
             return res
+        idx, lengths = self.indices(numel, step, key, values.device)
         if out is None:
             out = values.new_zeros(numel)
         else:
@@ -420,6 +428,19 @@ class RandK(Compressor):
         kept = values * lengths.to(values.dtype) if self.scale else values
         out.view(-1)[idx] = kept.to(out.dtype)
         return out
+
+    def decode_add(self, payload: Payload, out: torch.Tensor, step: int, *, key: int = 0) -> None:
+        """``out += decode(payload)`` at the k indices alone (they are distinct: exact)."""
+        (values,) = payload
+        lib = kernels.wants(values)
+        if lib is not None and out.is_contiguous() and out.dtype == torch.float32:
+            lib.randk_scatter(values.data_ptr(), out.numel(), values.numel(),
+                              *self.keys(step, key), int(self.scale), out.data_ptr(), 1,
+                              kernels.threads())
+            return
+        idx, lengths = self.indices(out.numel(), step, key, values.device)
+        kept = values * lengths.to(values.dtype) if self.scale else values
+        out.view(-1).index_add_(0, idx, kept.to(out.dtype))
 
     def reset(self, key: int | None = None) -> None:
         self._cache.clear()

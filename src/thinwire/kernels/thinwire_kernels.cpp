@@ -51,19 +51,42 @@ inline uint32_t bits_of(float v) {
 // The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
 // and the loops would not be vectorised).
 // rint(x / safe): round half to even, as torch.round (the rounding mode is never changed), of
-// the same IEEE quotient as the reference's division. The division costs no more than a
-// multiply here: the loop waits on memory either way.
+// the same IEEE quotient as the reference's division. A division costs 3.5 cycles a vector,
+// most of the encode from the caches, so each vector is first rounded from x (1 / safe):
+// that product is within 3 units of 2^-24 |x / safe| <= 127 of the quotient (2.3e-5), so its
+// rounding can differ from the quotient's only where the product lies within 4.6e-5 of a
+// half-integer; where any of 32 products lies within 2^-13 of one (about 1 group in 130 on
+// smooth data, and every exact half), those 32 are rounded from the divisions instead. The
+// shortcut needs 1 / safe normal (safe a normal float whose reciprocal is normal too).
 inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe,
                        bool stream) {
   int64_t i = 0;
 #ifdef __AVX2__
   stream = stream && !(reinterpret_cast<uintptr_t>(q) & 31);
-  const __m256 sv = _mm256_set1_ps(safe);
+  const float inv = 1.0f / safe;
+  const bool fast = std::isnormal(safe) && std::isnormal(inv);
+  const __m256 sv = _mm256_set1_ps(safe), iv = _mm256_set1_ps(inv);
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 near = _mm256_set1_ps(0.5f - 0.0001220703125f);  // 0.5 - 2^-13
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   for (; i + 32 <= n; i += 32) {  // 32 at a time: four roundings, packed to 32 bytes
     __m256i v[4];
-    for (int j = 0; j < 4; ++j)  // round half to even (the default rounding mode)
-      v[j] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * j), sv));
+    bool exact = !fast;
+    if (fast) {
+      __m256 close = _mm256_setzero_ps();
+      for (int j = 0; j < 4; ++j) {
+        const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), iv);
+        const __m256 r = _mm256_round_ps(y, NEAREST);
+        close = _mm256_or_ps(close, _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(y, r), mag),
+                                                  near, _CMP_GE_OQ));
+        v[j] = _mm256_cvtps_epi32(r);
+      }
+      exact = _mm256_movemask_ps(close) != 0;
+    }
+    if (exact)
+      for (int j = 0; j < 4; ++j)  // round half to even (the default rounding mode)
+        v[j] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * j), sv));
     const __m256i w = _mm256_permutevar8x32_epi32(
         _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), perm);
     if (stream)
@@ -301,29 +324,43 @@ void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
 // for finite floats unsigned order is float order), by a radix selection on the bits: 11, 10
 // and 10 bits, each level counting only the magnitudes that share the levels above (a third of
 // nth_element's time on 1M candidates). An order statistic is one value: any selection finds it.
-float kth_largest(const std::vector<uint32_t>& mags, int64_t rank) {
+// `members` is scratch (kept by the caller, so a warm call allocates nothing).
+float kth_largest(const uint32_t* mags, int64_t n, int64_t rank,
+                  std::vector<uint32_t>& members) {
   uint32_t prefix = 0;
-  std::vector<uint32_t> members;
+  // four histograms, filled in turn and added: magnitudes near the threshold share their top
+  // bits, and one histogram would make a chain of increments of the same counter
+  int32_t hist[4][2048];
+  int64_t total[2048];
   const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
+  int64_t m = n;  // members of the current level (mags itself at level 0)
   for (int level = 0; level < 3; ++level) {
     const int sh = shifts[level];
     const uint32_t mask = (1u << widths[level]) - 1;
-    std::vector<int64_t> hist(static_cast<size_t>(mask) + 1, 0);
-    if (level == 0) {
-      for (uint32_t m : mags) ++hist[m >> sh];
-    } else {
+    for (auto& h : hist) std::fill(h, h + mask + 1, 0);
+    const uint32_t* from = mags;
+    if (level > 0) {
       const int up = shifts[level - 1];
-      std::vector<uint32_t> next;
-      const std::vector<uint32_t>& from = level == 1 ? mags : members;
-      for (uint32_t m : from)
-        if ((m >> up) == prefix) {
-          next.push_back(m);
-          ++hist[(m >> sh) & mask];
-        }
-      members.swap(next);
+      from = level == 1 ? mags : members.data();
+      if (level == 1) members.resize(static_cast<size_t>(n));
+      uint32_t* to = members.data();  // filtered in place at level 2 (to <= from)
+      int64_t w = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        const uint32_t v = from[i];
+        to[w] = v;
+        w += (v >> up) == prefix;
+      }
+      m = w;
+      from = to;
     }
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4)
+      for (int j = 0; j < 4; ++j) ++hist[j][(from[i + j] >> sh) & mask];
+    for (; i < m; ++i) ++hist[0][(from[i] >> sh) & mask];
+    for (uint32_t b = 0; b <= mask; ++b)
+      total[b] = int64_t{hist[0][b]} + hist[1][b] + hist[2][b] + hist[3][b];
     int64_t b = mask;
-    for (; b > 0 && hist[b] < rank; --b) rank -= hist[b];
+    for (; b > 0 && total[b] < rank; --b) rank -= total[b];
     prefix = (prefix << widths[level]) | static_cast<uint32_t>(b);
   }
   float v;
@@ -331,12 +368,83 @@ float kth_largest(const std::vector<uint32_t>& mags, int64_t rank) {
   return v;
 }
 
+// One block's top-k candidates (topk_encode), and the calling thread's scratch: grow-only
+// buffers, so a warm call allocates nothing (an allocation past malloc's mmap threshold would
+// fault its pages in on every call: measured as a seventh of the encode).
+struct Candidates {
+  std::vector<int64_t> idx;
+  std::vector<float> val;
+  std::vector<int64_t> group;  // scratch of topk_candidates' step 1
+  std::vector<uint32_t> mask;
+  int64_t n = 0;
+};
+struct TopkScratch {
+  std::vector<uint32_t> sample, members, mags;
+  std::vector<Candidates> blocks;
+  std::vector<int64_t> cand;
+  std::vector<float> cval;
+};
+thread_local TopkScratch topk_scratch;
+
+// Candidates |x_i| >= t of [a, e), with their values, into c (grown as needed); returns how
+// many. Two passes, so that no branch depends on the data where most groups have no candidate
+// (a branch per group of 16 was mispredicted once per candidate group: half the time):
+//   1. 16 elements tested at a time (vectorised), each group's start and bit mask written to
+//      a list that advances only past groups with a hit (written always, no branch), and
+//      the bits counted;
+//   2. the listed groups' set bits visited (mostly one each), into room made once.
+// Pointers are locals here (parameters), never reloaded after a store.
+int64_t topk_candidates(const float* __restrict x, int64_t a, int64_t e, int64_t d, float t,
+                        Candidates& c) {
+  const int64_t groups = (e - a) / 16;
+  if (static_cast<int64_t>(c.group.size()) < groups + 1) {
+    c.group.resize(static_cast<size_t>(groups + 1));
+    c.mask.resize(static_cast<size_t>(groups + 1));
+  }
+  int64_t* __restrict gs = c.group.data();
+  uint32_t* __restrict gm = c.mask.data();
+  const bool ahead = d >= STREAM;  // x from memory: read ahead (from the caches it only costs)
+  int64_t ng = 0, bits = 0, i = a;
+  for (; i + 16 <= e; i += 16) {  // 1.
+    if (ahead && !(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
+    const uint32_t hit = at_least(x + i, t);
+    gs[ng] = i;
+    gm[ng] = hit;
+    ng += hit != 0;
+    bits += __builtin_popcount(hit);
+  }
+  for (int64_t r = i; r < e; ++r) bits += std::fabs(x[r]) >= t;
+  if (static_cast<int64_t>(c.idx.size()) < bits) {
+    c.idx.resize(static_cast<size_t>(bits));
+    c.val.resize(static_cast<size_t>(bits));
+  }
+  int64_t* __restrict ci = c.idx.data();
+  float* __restrict cv = c.val.data();
+  int64_t w = 0;
+  for (int64_t g = 0; g < ng; ++g) {  // 2.
+    const int64_t s = gs[g];
+    uint32_t hit = gm[g];
+    do {
+      const int j = __builtin_ctz(hit);
+      hit &= hit - 1;
+      ci[w] = s + j;
+      cv[w++] = x[s + j];
+    } while (hit);
+  }
+  for (; i < e; ++i)
+    if (std::fabs(x[i]) >= t) {
+      ci[w] = i;
+      cv[w++] = x[i];
+    }
+  return w;
+}
+
 // Top-k's exact selection (compression/sparse.py, _keep_numpy): of n candidates (ascending
 // indices, their values), keep the k largest magnitudes, ties at the k-th going to the lowest
 // indices. Writes k (index, value) pairs in index order.
 template <class I>
 void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, I* out_idx,
-                  float* out_val) {
+                  float* out_val, TopkScratch& s) {
   if (n == k) {
     for (int64_t i = 0; i < n; ++i) {
       out_idx[i] = static_cast<I>(cand[i]);
@@ -345,9 +453,10 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
     return;
   }
   // v = the k-th largest magnitude
-  std::vector<uint32_t> mags(static_cast<size_t>(n));
+  s.mags.resize(static_cast<size_t>(n));
+  uint32_t* const mags = s.mags.data();
   for (int64_t i = 0; i < n; ++i) mags[i] = bits_of(vals[i]) & 0x7fffffffu;
-  const float v = kth_largest(mags, k);
+  const float v = kth_largest(mags, n, k, s.members);
   int64_t above = 0;
   for (int64_t i = 0; i < n; ++i) above += std::fabs(vals[i]) > v;
   int64_t equal_left = k - above, w = 0;
@@ -433,6 +542,299 @@ void for_chunks(int nt, int64_t d, int64_t chunk, F fn) {
   });
 }
 
+
+// --- scaled sign (compression/sign.py): the block bodies of sign_encode / sign_decode --------
+// Bits b_i = [x_i >= 0], packed most significant first, and ||x||_1 as the sign module's lane
+// sums: per block of SIGN_BLOCK elements, lane j = sum over the block's rows of 1024 of |x|
+// at column j, in row order, in double (a partial last row adds to its first lanes); lanes
+// summed over blocks in block order, then the lanes added in order (np.cumsum's last value);
+// scale = float(total / d), the sign module's.
+constexpr int64_t SIGN_BLOCK = 1 << 17;
+constexpr int64_t LANES = 1024;
+constexpr int64_t SIGN_ROWS = 8;  // rows added to a lane's register before it is stored
+
+struct Reversed {  // REVERSED[b]: the bits of byte b in the opposite order
+  uint8_t v[256];
+  Reversed() {
+    for (int b = 0; b < 256; ++b) {
+      int r = 0;
+      for (int j = 0; j < 8; ++j) r |= ((b >> j) & 1) << (7 - j);
+      v[b] = static_cast<uint8_t>(r);
+    }
+  }
+  uint8_t operator[](int b) const { return v[b]; }
+};
+const Reversed REVERSED;
+
+// Elements [a, e) (a a multiple of 1024): acc[j] += |x| of column j of each row in row order,
+// and the bits, in one read of x. Pointers arrive as parameters (as in every kernel body here):
+// a vector or byte store may alias any object, a lambda's captured pointers included, which
+// the compiler would then reload after every store (twice the time of a decode, measured).
+inline void sign_encode_block(const float* __restrict x, int64_t a, int64_t e, int64_t d,
+                              uint8_t* __restrict packed, double* __restrict acc) {
+  int64_t r = a;
+#ifdef __AVX2__
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 zero = _mm256_setzero_ps();
+  for (; r + SIGN_ROWS * LANES <= e; r += SIGN_ROWS * LANES) {  // whole groups of rows
+    if (d >= STREAM) prefetch_ahead(x, r, r + SIGN_ROWS * LANES, d);
+    for (int64_t j = 0; j < LANES; j += 8) {  // 8 lanes in two registers, SIGN_ROWS rows
+      __m256d lo = _mm256_loadu_pd(acc + j), hi = _mm256_loadu_pd(acc + j + 4);
+      for (int64_t k = 0; k < SIGN_ROWS; ++k) {
+        const int64_t i = r + k * LANES + j;
+        const __m256 v = _mm256_loadu_ps(x + i);  // bit j of the mask is element j
+        packed[i >> 3] = REVERSED[_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ))];
+        const __m256 m = _mm256_and_ps(v, mag);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(m)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1)));
+      }
+      _mm256_storeu_pd(acc + j, lo);
+      _mm256_storeu_pd(acc + j + 4, hi);
+    }
+  }
+#endif
+  const int64_t rest = r;  // the remaining rows (a partial last one adds to its first lanes)
+  for (; r < e; r += LANES) {
+    const int64_t w = std::min(LANES, e - r);
+    for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(std::fabs(x[r + j]));
+  }
+  for (int64_t i = rest; i < e; i += 8) {  // rest is a multiple of 8
+    uint8_t byte = 0;
+    const int64_t w = std::min<int64_t>(8, e - i);
+    for (int64_t j = 0; j < w; ++j) byte |= static_cast<uint8_t>((x[i + j] >= 0.0f) << (7 - j));
+    packed[i / 8] = byte;
+  }
+}
+
+// out[a, e) (a a multiple of 8) from the bits: one 8-float row of the table a byte.
+inline void sign_decode_block(const uint8_t* __restrict packed, const float* __restrict tab,
+                              int64_t a, int64_t e, float* __restrict out, int add,
+                              bool stream) {
+  int64_t i = a;
+#ifdef __AVX2__
+  if (stream) {
+    for (; i + 8 <= e; i += 8)
+      _mm256_stream_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
+    fence(stream);
+  } else if (add) {
+    for (; i + 8 <= e; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i),
+                                              _mm256_loadu_ps(tab + packed[i >> 3] * 8)));
+  } else {
+    for (; i + 8 <= e; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
+  }
+#else
+  (void)stream;
+#endif
+  for (; i + 8 <= e; i += 8) {
+    const float* row = tab + packed[i >> 3] * 8;
+    float* o = out + i;
+    if (add)
+      for (int j = 0; j < 8; ++j) o[j] += row[j];
+    else
+      for (int j = 0; j < 8; ++j) o[j] = row[j];
+  }
+  for (; i < e; ++i) {
+    const float v = tab[packed[i >> 3] * 8 + (i & 7)];
+    if (add)
+      out[i] += v;
+    else
+      out[i] = v;
+  }
+}
+
+
+// --- Rand-k's strata (the block bodies of randk_gather / randk_scatter) -----------------------
+constexpr int64_t RANDK_BLOCK = 1 << 11;  // strata per parallel block
+constexpr int64_t RANDK_CHUNK = 64;       // strata zeroed and written together (in L1)
+
+// The strata [j0, j1) of randk_gather's comment, in order: fn(j, index). s_j is kept
+// incrementally: s_j = j q + floor(j r / k) (q = d / k, r = d mod k), and floor((j + 1) r / k)
+// gains one exactly where the remainder (j r mod k) + r reaches k.
+struct Strata {
+  int64_t q, r, k, s, rem;
+  uint32_t k0, k1, k2;
+  Strata(int64_t d, int64_t k_, uint32_t a, uint32_t b, uint32_t c, int64_t j0)
+      : q(d / k_), r(d % k_), k(k_), k0(a), k1(b), k2(c) {
+    const unsigned __int128 jr = static_cast<unsigned __int128>(j0) * static_cast<uint64_t>(r);
+    s = j0 * q + static_cast<int64_t>(jr / static_cast<uint64_t>(k));
+    rem = static_cast<int64_t>(jr % static_cast<uint64_t>(k));
+  }
+  // stratum j's length and index; s moves to s_{j+1}
+  inline int64_t next(int64_t j, int64_t& len) {
+    rem += r;
+    len = q;
+    if (rem >= k) {
+      rem -= k;
+      ++len;
+    }
+    const uint32_t h = lowbias32(static_cast<uint32_t>(j) * k0 + k1 +
+                                 static_cast<uint32_t>(static_cast<uint64_t>(j) >> 32) * k2);
+    const int64_t i = s + static_cast<int64_t>((static_cast<uint64_t>(h) *
+                                                static_cast<uint64_t>(len)) >> 32);
+    s += len;
+    return i;
+  }
+};
+
+inline void randk_gather_block(const float* __restrict x, int64_t d, int64_t k, uint32_t k0,
+                               uint32_t k1, uint32_t k2, int64_t j0, int64_t j1,
+                               float* __restrict out) {
+  Strata st(d, k, k0, k1, k2, j0);
+  int64_t len;
+  for (int64_t j = j0; j < j1; ++j) out[j] = x[st.next(j, len)];
+}
+
+inline void randk_scatter_block(const float* __restrict v, int64_t d, int64_t k, uint32_t k0,
+                                uint32_t k1, uint32_t k2, int64_t j0, int64_t j1, bool scaled,
+                                float* __restrict out, bool add) {
+  Strata st(d, k, k0, k1, k2, j0);
+  int64_t at[RANDK_CHUNK];
+  float w[RANDK_CHUNK];
+  for (int64_t c = j0; c < j1; c += RANDK_CHUNK) {
+    const int64_t n = std::min(RANDK_CHUNK, j1 - c), from = st.s;
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t len;
+      at[t] = st.next(c + t, len);
+      w[t] = scaled ? v[c + t] * static_cast<float>(len) : v[c + t];
+    }
+    if (add) {
+      for (int64_t t = 0; t < n; ++t) out[at[t]] += w[t];
+    } else {
+      std::memset(out + from, 0, static_cast<size_t>(st.s - from) * sizeof(float));
+      for (int64_t t = 0; t < n; ++t) out[at[t]] = w[t];
+    }
+  }
+}
+
+
+// int8_encode's chunks [c0, c1): per chunk the absmax on the bits of |x| (for finite floats
+// unsigned order is float order; four running maxima), the scale, the roundings.
+inline void int8_block(const float* __restrict x, int64_t d, int64_t chunk, int64_t c0,
+                       int64_t c1, int8_t* __restrict q, float* __restrict scale, bool stream) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t a = c * chunk, e = std::min(d, a + chunk);
+    if (stream) prefetch_ahead(x, a, e, d);
+    uint32_t m4[4] = {0, 0, 0, 0};
+    int64_t i = a;
+    for (; i + 4 <= e; i += 4)
+      for (int j = 0; j < 4; ++j) m4[j] = std::max(m4[j], bits_of(x[i + j]) & 0x7fffffffu);
+    for (; i < e; ++i) m4[0] = std::max(m4[0], bits_of(x[i]) & 0x7fffffffu);
+    const uint32_t mb = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
+    float m;
+    std::memcpy(&m, &mb, sizeof m);
+    const float sc = m / 127.0f;
+    scale[c] = sc;
+    round_int8(x + a, q + a, e - a, sc > 0.0f ? sc : 1.0f, stream);
+  }
+  fence(stream);
+}
+
+
+// --- fp4 (compression/fp4.py): the block bodies of fp4_encode / fp4_decode ---------------
+// fp4_encode's block b (whole chunks, starting on a byte); pointers as parameters, never
+// reloaded after a store (see sign_encode_block).
+inline void fp4_encode_block(const float* __restrict x, int64_t d, int64_t chunk, int64_t chunks,
+                             int64_t per, int64_t b, uint8_t* __restrict packed,
+                             float* __restrict scale) {
+  const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
+  const int64_t a0 = c0 * chunk, e0 = std::min(d, c1 * chunk);
+  uint8_t nib[2 * BLOCK + 2];
+  uint8_t* nb = nib;
+  std::vector<uint8_t> big;
+  if (e0 - a0 + 1 > static_cast<int64_t>(sizeof nib)) {  // chunks longer than a block
+    big.resize(static_cast<size_t>(e0 - a0 + 1));
+    nb = big.data();
+  }
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t a = c * chunk, e = std::min(d, a + chunk);
+    prefetch_ahead(x, a, e, d);
+    uint32_t mb = 0;
+    for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
+    float sc;
+    std::memcpy(&sc, &mb, sizeof sc);
+    scale[c] = sc;
+    const float safe = sc > 0.0f ? sc : 1.0f;
+    uint8_t* o = nb + (a - a0);
+    int64_t i = a;
+#ifdef __AVX2__
+    const __m256 sv = _mm256_set1_ps(safe);
+    const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    static const float bound[7] = {0.0078125f, 0.0234375f, 0.046875f, 0.09375f, 0.1875f,
+                                   0.375f, 0.75f};
+    for (; i + 32 <= e; i += 32) {  // 32 at a time: codes summed from the comparisons' masks
+      __m256i v[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m256 xv = _mm256_loadu_ps(x + i + 8 * j);
+        const __m256 m = _mm256_div_ps(_mm256_and_ps(xv, mag), sv);
+        __m256i code = _mm256_setzero_si256();
+        for (int b = 0; b < 7; ++b)  // each mask is -1 where m reaches the boundary
+          code = _mm256_sub_epi32(code, _mm256_castps_si256(
+                                            _mm256_cmp_ps(m, _mm256_set1_ps(bound[b]),
+                                                          _CMP_GE_OQ)));
+        const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31),
+                                               3);
+        v[j] = _mm256_or_si256(code, sign);
+      }
+      const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                           _mm256_packs_epi32(v[2], v[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (i - a)),
+                          _mm256_permutevar8x32_epi32(w, perm));
+    }
+#endif
+    for (; i < e; ++i) {
+      const float m = std::fabs(x[i]) / safe;
+      o[i - a] = static_cast<uint8_t>(fp4_code(m) | ((bits_of(x[i]) >> 31) << 3));
+    }
+  }
+  const int64_t n = e0 - a0;
+  if (n & 1) nb[n] = 0;
+  uint8_t* out = packed + a0 / 2;
+  for (int64_t p = 0; p < (n + 1) / 2; ++p)
+    out[p] = static_cast<uint8_t>((nb[2 * p] << 4) | nb[2 * p + 1]);
+}
+
+// fp4_decode's block b; pointers as parameters (see sign_encode_block).
+inline void fp4_decode_block(const uint8_t* __restrict packed, const float* __restrict scale,
+                             int64_t d, int64_t chunk, int64_t chunks, int64_t per, int64_t b,
+                             const float* __restrict table, bool stream,
+                             float* __restrict out) {
+  const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t a = c * chunk, e = std::min(d, a + chunk);
+    const float sc = scale[c];
+    int64_t i = a;
+#ifdef __AVX2__
+    if (!(a & 1)) {  // 8 at a time from 4 whole bytes: each byte's two nibbles, high first
+      const __m256 mags = _mm256_loadu_ps(table), sv = _mm256_set1_ps(sc);
+      const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
+      const __m256i shifts = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0);
+      const __m256i low3 = _mm256_set1_epi32(7), bit3 = _mm256_set1_epi32(8);
+      for (; i + 8 <= e; i += 8) {
+        int32_t four;
+        std::memcpy(&four, packed + (i >> 1), 4);
+        const __m256i nib = _mm256_srlv_epi32(
+            _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(four), dup)), shifts);
+        const __m256 m = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(nib, low3));
+        const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, bit3), 28);
+        const __m256 v = _mm256_mul_ps(_mm256_xor_ps(m, _mm256_castsi256_ps(sign)), sv);
+        if (stream && !(reinterpret_cast<uintptr_t>(out + i) & 31))
+          _mm256_stream_ps(out + i, v);
+        else
+          _mm256_storeu_ps(out + i, v);
+      }
+    }
+#endif
+    for (; i < e; ++i) {
+      const uint8_t byte = packed[i >> 1];
+      out[i] = table[(i & 1) ? (byte & 15) : (byte >> 4)] * sc;
+    }
+  }
+  fence(stream);
+}
+
 }  // namespace
 
 extern "C" {
@@ -442,18 +844,9 @@ int thinwire_kernels_version() { return 2; }
 // --- int8 with one absmax scale per chunk (compression/quantize.py, Int8) --------------------
 void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* scale, int nt) {
   const bool stream = d >= STREAM && chunk % 32 == 0;  // chunks start on 32 bytes of q
-  for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
-    prefetch_ahead(x, a, e, d);
-    // absmax on the bits of |x|: for finite floats unsigned order is float order
-    uint32_t mb = 0;
-    for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
-    float m;
-    std::memcpy(&m, &mb, sizeof m);
-    const float sc = m / 127.0f;
-    scale[c] = sc;
-    const float safe = sc > 0.0f ? sc : 1.0f;
-    round_int8(x + a, q + a, e - a, safe, stream);
-    if (e == d || (c + 1) % std::max<int64_t>(1, BLOCK / chunk) == 0) fence(stream);
+  const int64_t chunks = (d + chunk - 1) / chunk, per = std::max<int64_t>(1, BLOCK / chunk);
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    int8_block(x, d, chunk, b * per, std::min(chunks, (b + 1) * per), q, scale, stream);
   });
 }
 
@@ -473,62 +866,7 @@ void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, 
 void fp4_encode(const float* x, int64_t d, int64_t chunk, uint8_t* packed, float* scale, int nt) {
   const int64_t chunks = (d + chunk - 1) / chunk, per = fp4_chunks_per_block(chunk);
   parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
-    const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
-    const int64_t a0 = c0 * chunk, e0 = std::min(d, c1 * chunk);
-    uint8_t nib[2 * BLOCK + 2];
-    uint8_t* nb = nib;
-    std::vector<uint8_t> big;
-    if (e0 - a0 + 1 > static_cast<int64_t>(sizeof nib)) {  // chunks longer than a block
-      big.resize(static_cast<size_t>(e0 - a0 + 1));
-      nb = big.data();
-    }
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t a = c * chunk, e = std::min(d, a + chunk);
-      prefetch_ahead(x, a, e, d);
-      uint32_t mb = 0;
-      for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
-      float sc;
-      std::memcpy(&sc, &mb, sizeof sc);
-      scale[c] = sc;
-      const float safe = sc > 0.0f ? sc : 1.0f;
-      uint8_t* o = nb + (a - a0);
-      int64_t i = a;
-#ifdef __AVX2__
-      const __m256 sv = _mm256_set1_ps(safe);
-      const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-      const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-      static const float bound[7] = {0.0078125f, 0.0234375f, 0.046875f, 0.09375f, 0.1875f,
-                                     0.375f, 0.75f};
-      for (; i + 32 <= e; i += 32) {  // 32 at a time: codes summed from the comparisons' masks
-        __m256i v[4];
-        for (int j = 0; j < 4; ++j) {
-          const __m256 xv = _mm256_loadu_ps(x + i + 8 * j);
-          const __m256 m = _mm256_div_ps(_mm256_and_ps(xv, mag), sv);
-          __m256i code = _mm256_setzero_si256();
-          for (int b = 0; b < 7; ++b)  // each mask is -1 where m reaches the boundary
-            code = _mm256_sub_epi32(code, _mm256_castps_si256(
-                                              _mm256_cmp_ps(m, _mm256_set1_ps(bound[b]),
-                                                            _CMP_GE_OQ)));
-          const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31),
-                                                 3);
-          v[j] = _mm256_or_si256(code, sign);
-        }
-        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
-                                             _mm256_packs_epi32(v[2], v[3]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (i - a)),
-                            _mm256_permutevar8x32_epi32(w, perm));
-      }
-#endif
-      for (; i < e; ++i) {
-        const float m = std::fabs(x[i]) / safe;
-        o[i - a] = static_cast<uint8_t>(fp4_code(m) | ((bits_of(x[i]) >> 31) << 3));
-      }
-    }
-    const int64_t n = e0 - a0;
-    if (n & 1) nb[n] = 0;
-    uint8_t* out = packed + a0 / 2;
-    for (int64_t p = 0; p < (n + 1) / 2; ++p)
-      out[p] = static_cast<uint8_t>((nb[2 * p] << 4) | nb[2 * p + 1]);
+    fp4_encode_block(x, d, chunk, chunks, per, b, packed, scale);
   });
 }
 
@@ -544,88 +882,18 @@ void fp4_decode(const uint8_t* packed, const float* scale, int64_t d, int64_t ch
   const int64_t chunks = (d + chunk - 1) / chunk, per = fp4_chunks_per_block(chunk);
   const bool stream = d >= STREAM;
   parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
-    const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t a = c * chunk, e = std::min(d, a + chunk);
-      const float sc = scale[c];
-      int64_t i = a;
-#ifdef __AVX2__
-      if (!(a & 1)) {  // 8 at a time from 4 whole bytes: each byte's two nibbles, high first
-        const __m256 mags = _mm256_loadu_ps(table), sv = _mm256_set1_ps(sc);
-        const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
-        const __m256i shifts = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0);
-        const __m256i low3 = _mm256_set1_epi32(7), bit3 = _mm256_set1_epi32(8);
-        for (; i + 8 <= e; i += 8) {
-          int32_t four;
-          std::memcpy(&four, packed + (i >> 1), 4);
-          const __m256i nib = _mm256_srlv_epi32(
-              _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(four), dup)), shifts);
-          const __m256 m = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(nib, low3));
-          const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, bit3), 28);
-          const __m256 v = _mm256_mul_ps(_mm256_xor_ps(m, _mm256_castsi256_ps(sign)), sv);
-          if (stream && !(reinterpret_cast<uintptr_t>(out + i) & 31))
-            _mm256_stream_ps(out + i, v);
-          else
-            _mm256_storeu_ps(out + i, v);
-        }
-      }
-#endif
-      for (; i < e; ++i) {
-        const uint8_t byte = packed[i >> 1];
-        out[i] = table[(i & 1) ? (byte & 15) : (byte >> 4)] * sc;
-      }
-    }
-    fence(stream);
+    fp4_decode_block(packed, scale, d, chunk, chunks, per, b, table, stream, out);
   });
 }
 
-// --- scaled sign (compression/sign.py) -------------------------------------------------------
-// Bits b_i = [x_i >= 0], packed most significant first, and ||x||_1 as the sign module's lane
-// sums: per block of SIGN_BLOCK elements, lane j = sum over the block's rows of 1024 of |x|
-// at column j, in row order, in double (a partial last row adds to its first lanes); lanes
-// summed over blocks in block order, then the lanes added in order (np.cumsum's last value);
-// scale = float(total / d), the sign module's.
-constexpr int64_t SIGN_BLOCK = 1 << 17;
-
-struct Reversed {  // REVERSED[b]: the bits of byte b in the opposite order
-  uint8_t v[256];
-  Reversed() {
-    for (int b = 0; b < 256; ++b) {
-      int r = 0;
-      for (int j = 0; j < 8; ++j) r |= ((b >> j) & 1) << (7 - j);
-      v[b] = static_cast<uint8_t>(r);
-    }
-  }
-  uint8_t operator[](int b) const { return v[b]; }
-};
-const Reversed REVERSED;
-constexpr int64_t LANES = 1024;
-
+// --- scaled sign (compression/sign.py; the block bodies above) -----------------------------
 void sign_encode(const float* x, int64_t d, uint8_t* packed, float* scale, int nt) {
   const int64_t nb = nblocks_of(d, SIGN_BLOCK);
   std::vector<double> part(static_cast<size_t>(nb * LANES), 0.0);
+  double* const parts = part.data();
   parallel(nt, nb, [&](int64_t b) {
-    const int64_t a = b * SIGN_BLOCK, e = std::min(d, a + SIGN_BLOCK);
-    double* acc = part.data() + b * LANES;
-    for (int64_t r = a; r < e; r += LANES) {
-      const int64_t w = std::min(LANES, e - r);
-      prefetch_ahead(x, r, r + w, d);
-      for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(std::fabs(x[r + j]));
-    }
-    int64_t i = a;  // a is a multiple of 8
-#ifdef __AVX2__
-    const __m256 zero = _mm256_setzero_ps();
-    for (; i + 8 <= e; i += 8) {  // bit j of the mask is element j: reversed by the table
-      const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), zero, _CMP_GE_OQ));
-      packed[i / 8] = REVERSED[mask];
-    }
-#endif
-    for (; i < e; i += 8) {
-      uint8_t byte = 0;
-      const int64_t w = std::min<int64_t>(8, e - i);
-      for (int64_t j = 0; j < w; ++j) byte |= static_cast<uint8_t>((x[i + j] >= 0.0f) << (7 - j));
-      packed[i / 8] = byte;
-    }
+    const int64_t a = b * SIGN_BLOCK;
+    sign_encode_block(x, a, std::min(d, a + SIGN_BLOCK), d, packed, parts + b * LANES);
   });
   double lanes[LANES] = {};
   for (int64_t b = 0; b < nb; ++b)
@@ -640,42 +908,11 @@ void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int 
   std::vector<float> table(256 * 8);
   for (int b = 0; b < 256; ++b)
     for (int j = 0; j < 8; ++j) table[b * 8 + j] = (b >> (7 - j)) & 1 ? scale : -scale;
-  const float* tab = table.data();
+  const float* const tab = table.data();
   const bool stream = !add && d >= STREAM && !(reinterpret_cast<uintptr_t>(out) & 31);
   parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
-    const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);  // a is a multiple of 8
-    int64_t i = a;
-#ifdef __AVX2__
-    if (stream) {
-      for (; i + 8 <= e; i += 8)
-        _mm256_stream_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
-      fence(stream);
-    } else if (add) {  // one 8-float row of the table a byte (a scalar loop of 8 costs 3x)
-      for (; i + 8 <= e; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i),
-                                                _mm256_loadu_ps(tab + packed[i >> 3] * 8)));
-    } else {
-      for (; i + 8 <= e; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_loadu_ps(tab + packed[i >> 3] * 8));
-    }
-#else
-    (void)stream;
-#endif
-    for (; i + 8 <= e; i += 8) {
-      const float* row = tab + packed[i >> 3] * 8;
-      float* o = out + i;
-      if (add)
-        for (int j = 0; j < 8; ++j) o[j] += row[j];
-      else
-        for (int j = 0; j < 8; ++j) o[j] = row[j];
-    }
-    for (; i < e; ++i) {
-      const float v = tab[packed[i >> 3] * 8 + (i & 7)];
-      if (add)
-        out[i] += v;
-      else
-        out[i] = v;
-    }
+    const int64_t a = b * BLOCK;
+    sign_decode_block(packed, tab, a, std::min(d, a + BLOCK), out, add, stream);
   });
 }
 
@@ -713,65 +950,45 @@ void qsgd_decode(const void* q, int elem, int64_t d, float f, float* out, int nt
 // non-candidate indices; never -1.
 int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t want,
                 int64_t want_hi, void* idx, int idx64, float* vals, int nt) {
+  TopkScratch& s = topk_scratch;  // this thread's: worker threads write into its buffers
   float t = -1.0f, t_hi = 0.0f;  // every |x_i| >= -1
+  const int64_t n_s = stride > 0 ? (d + stride - 1) / stride : 1;
   if (stride > 0) {
-    const int64_t n = (d + stride - 1) / stride;
-    std::vector<uint32_t> sample(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) sample[i] = bits_of(x[i * stride]) & 0x7fffffffu;
-    t = kth_largest(sample, want);  // the (n - want)-th smallest |x| of the sample
-    if (want_hi > 0) t_hi = kth_largest(sample, want_hi);
+    s.sample.resize(static_cast<size_t>(n_s));
+    for (int64_t i = 0; i < n_s; ++i) s.sample[i] = bits_of(x[i * stride]) & 0x7fffffffu;
+    t = kth_largest(s.sample.data(), n_s, want, s.members);  // the (n - want)-th smallest
+    if (want_hi > 0) t_hi = kth_largest(s.sample.data(), n_s, want_hi, s.members);
   }
   const int64_t block = 4 * BLOCK;
   const int64_t nb = nblocks_of(d, block);
-  const bool ahead = d >= STREAM;  // x from memory: read ahead (from the caches it only costs)
-  std::vector<std::vector<int64_t>> ci(static_cast<size_t>(nb));
-  std::vector<std::vector<float>> cv(static_cast<size_t>(nb));
+  if (static_cast<int64_t>(s.blocks.size()) < nb) s.blocks.resize(static_cast<size_t>(nb));
+  std::vector<Candidates>& blocks = s.blocks;
   parallel(nt, nb, [&](int64_t b) {
     const int64_t a = b * block, e = std::min(d, a + block);
-    auto& bi = ci[b];
-    auto& bv = cv[b];
-    // room for the expected candidates and a margin (no regrowth in the common case)
-    const int64_t n_s = stride > 0 ? (d + stride - 1) / stride : 1;
-    const int64_t expect = stride == 0 ? e - a : (e - a) * want / n_s + (e - a) * want / n_s / 4 + 64;
-    bi.reserve(static_cast<size_t>(expect));
-    bv.reserve(static_cast<size_t>(expect));
-    int64_t i = a;
-    for (; i + 16 <= e; i += 16) {  // test 16 at a time (vectorised), most groups have none;
-      if (ahead && !(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
-      uint32_t hit = at_least(x + i, t);  // then visit only the set bits
-      while (hit) {
-        const int j = __builtin_ctz(hit);
-        hit &= hit - 1;
-        bi.push_back(i + j);
-        bv.push_back(x[i + j]);
-      }
-    }
-    for (; i < e; ++i)
-      if (std::fabs(x[i]) >= t) {
-        bi.push_back(i);
-        bv.push_back(x[i]);
-      }
+    blocks[b].n = topk_candidates(x, a, e, d, t, blocks[b]);
   });
   int64_t n = 0;
-  for (auto& v : ci) n += static_cast<int64_t>(v.size());
+  for (int64_t b = 0; b < nb; ++b) n += blocks[b].n;
   const bool approx = want_hi > 0 && stride > 0;
   if (n < k && !approx) return -1;
-  std::vector<int64_t> cand(static_cast<size_t>(n));
-  std::vector<float> cval(static_cast<size_t>(n));
+  s.cand.resize(static_cast<size_t>(n));
+  s.cval.resize(static_cast<size_t>(n));
+  int64_t* const cand = s.cand.data();
+  float* const cval = s.cval.data();
   int64_t o = 0;
   for (int64_t b = 0; b < nb; ++b) {
-    std::copy(ci[b].begin(), ci[b].end(), cand.begin() + o);
-    std::copy(cv[b].begin(), cv[b].end(), cval.begin() + o);
-    o += static_cast<int64_t>(ci[b].size());
+    std::memcpy(cand + o, blocks[b].idx.data(), static_cast<size_t>(blocks[b].n) * 8);
+    std::memcpy(cval + o, blocks[b].val.data(), static_cast<size_t>(blocks[b].n) * 4);
+    o += blocks[b].n;
   }
   if (approx && idx64)
-    fix_count(x, cand.data(), cval.data(), n, k, t_hi, static_cast<int64_t*>(idx), vals);
+    fix_count(x, cand, cval, n, k, t_hi, static_cast<int64_t*>(idx), vals);
   else if (approx)
-    fix_count(x, cand.data(), cval.data(), n, k, t_hi, static_cast<int32_t*>(idx), vals);
+    fix_count(x, cand, cval, n, k, t_hi, static_cast<int32_t*>(idx), vals);
   else if (idx64)
-    keep_largest(cand.data(), cval.data(), n, k, static_cast<int64_t*>(idx), vals);
+    keep_largest(cand, cval, n, k, static_cast<int64_t*>(idx), vals, s);
   else
-    keep_largest(cand.data(), cval.data(), n, k, static_cast<int32_t*>(idx), vals);
+    keep_largest(cand, cval, n, k, static_cast<int32_t*>(idx), vals, s);
   return 0;
 }
 
@@ -825,11 +1042,27 @@ void scatter_decode(const float* v, const void* idx, int idx64, const int64_t* l
   });
 }
 
-// Rand-k's gather: out_j = x[idx_j].
-void gather(const float* x, const int64_t* idx, int64_t k, float* out, int nt) {
-  parallel(nt, nblocks_of(k, BLOCK), [&](int64_t b) {
-    const int64_t a = b * BLOCK, e = std::min(k, a + BLOCK);
-    for (int64_t j = a; j < e; ++j) out[j] = x[idx[j]];
+// --- Rand-k (compression/sparse.py) ---------------------------------------------------------
+// Stratum j of [0, d): [s_j, s_{j+1}) with s_j = floor(j d / k), b_j = s_{j+1} - s_j, and its
+// index s_j + floor(h_j b_j / 2^32), h_j the shared counter word of j (quantize.py,
+// counter_hash: lowbias32(lo32(j) k0 + k1 + hi32(j) k2)). Blocks of RANDK_BLOCK strata, each
+// computing its own s_j, so any thread count gives the same indices.
+void randk_gather(const float* x, int64_t d, int64_t k, uint32_t k0, uint32_t k1, uint32_t k2,
+                  float* out, int nt) {
+  parallel(nt, nblocks_of(k, RANDK_BLOCK), [&](int64_t b) {
+    const int64_t j0 = b * RANDK_BLOCK;
+    randk_gather_block(x, d, k, k0, k1, k2, j0, std::min(k, j0 + RANDK_BLOCK), out);
+  });
+}
+
+// out = 0 (unless add), then out[i_j] (+)= v_j, times float(b_j) where scaled (Rand-k's
+// unbiased form): each stratum block's range of out zeroed and written while in cache.
+void randk_scatter(const float* v, int64_t d, int64_t k, uint32_t k0, uint32_t k1, uint32_t k2,
+                   int scaled, float* out, int add, int nt) {
+  parallel(nt, nblocks_of(k, RANDK_BLOCK), [&](int64_t b) {
+    const int64_t j0 = b * RANDK_BLOCK;
+    randk_scatter_block(v, d, k, k0, k1, k2, j0, std::min(k, j0 + RANDK_BLOCK), scaled != 0,
+                        out, add != 0);
   });
 }
 
