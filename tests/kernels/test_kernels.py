@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,6 +84,34 @@ def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
     assert got[0] == ref[0] and torch.equal(got[1], ref[1])
     q, _ = Int8(127).encode(x[:127], 0)
     assert q[1:].tolist() == [round(k + 0.5) for k in range(-63, 63)]  # Python: half to even
+
+
+@needs_kernels
+def test_int8_kernel_divides_where_the_reciprocal_would_round_otherwise() -> None:
+    """The kernel rounds x (1 / scale) and falls back to x / scale near half-integers: values
+    within 4 floats of each (n + 1/2) scale (scale = 3.7 / 127, the chunk's absmax first), where
+    rounding the product differs from rounding the quotient for about 1 in 20 of them (checked
+    here, so the set keeps testing the fallback), give the pure path's bytes."""
+    m = np.float32(3.7)
+    scale = m / np.float32(127)
+    halves = ((np.arange(-126, 126, dtype=np.float32) + np.float32(0.5)) * scale
+              ).astype(np.float32)
+    near = [halves]
+    for direction in (np.inf, -np.inf):
+        v = halves
+        for _ in range(4):
+            v = np.nextafter(v, np.float32(direction))
+            near.append(v)
+    xs = np.concatenate(near).astype(np.float32)
+    product, quotient = np.rint(xs * (np.float32(1) / scale)), np.rint(xs / scale)
+    assert (product != quotient).sum() > 50
+    chunk = 512
+    pieces = [np.concatenate([[m], xs[a:a + chunk - 1]]) for a in range(0, xs.size, chunk - 1)]
+    x = torch.from_numpy(np.concatenate(pieces).astype(np.float32))
+    for threads in (1, 2):
+        ref = round_trip(Int8(chunk), x, "0", 1)
+        got = round_trip(Int8(chunk), x, "1", threads)
+        assert got[0] == ref[0] and torch.equal(got[1], ref[1])
 
 
 @pytest.mark.parametrize("path", PATHS)
