@@ -325,38 +325,39 @@ void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
 // and 10 bits, each level counting only the magnitudes that share the levels above (a third of
 // nth_element's time on 1M candidates). An order statistic is one value: any selection finds it.
 // `members` is scratch (kept by the caller, so a warm call allocates nothing).
-float kth_largest(const uint32_t* mags, int64_t n, int64_t rank,
-                  std::vector<uint32_t>& members) {
+template <class Mag>
+float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& members) {
   uint32_t prefix = 0;
   // four histograms, filled in turn and added: magnitudes near the threshold share their top
   // bits, and one histogram would make a chain of increments of the same counter
   int32_t hist[4][2048];
   int64_t total[2048];
   const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
-  int64_t m = n;  // members of the current level (mags itself at level 0)
+  int64_t m = n;  // members of the current level (all n at level 0, read through mag)
   for (int level = 0; level < 3; ++level) {
     const int sh = shifts[level];
     const uint32_t mask = (1u << widths[level]) - 1;
     for (auto& h : hist) std::fill(h, h + mask + 1, 0);
-    const uint32_t* from = mags;
-    if (level > 0) {
+    int64_t i = 0;
+    if (level == 0) {
+      for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; ++j) ++hist[j][mag(i + j) >> sh];
+      for (; i < n; ++i) ++hist[0][mag(i) >> sh];
+    } else {
       const int up = shifts[level - 1];
-      from = level == 1 ? mags : members.data();
       if (level == 1) members.resize(static_cast<size_t>(n));
       uint32_t* to = members.data();  // filtered in place at level 2 (to <= from)
       int64_t w = 0;
-      for (int64_t i = 0; i < m; ++i) {
-        const uint32_t v = from[i];
+      for (int64_t r = 0; r < m; ++r) {
+        const uint32_t v = level == 1 ? mag(r) : to[r];
         to[w] = v;
         w += (v >> up) == prefix;
       }
       m = w;
-      from = to;
+      for (; i + 4 <= m; i += 4)
+        for (int j = 0; j < 4; ++j) ++hist[j][(to[i + j] >> sh) & mask];
+      for (; i < m; ++i) ++hist[0][(to[i] >> sh) & mask];
     }
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4)
-      for (int j = 0; j < 4; ++j) ++hist[j][(from[i + j] >> sh) & mask];
-    for (; i < m; ++i) ++hist[0][(from[i] >> sh) & mask];
     for (uint32_t b = 0; b <= mask; ++b)
       total[b] = int64_t{hist[0][b]} + hist[1][b] + hist[2][b] + hist[3][b];
     int64_t b = mask;
@@ -368,48 +369,55 @@ float kth_largest(const uint32_t* mags, int64_t n, int64_t rank,
   return v;
 }
 
+// The rank-th largest of n magnitudes given as their bits, or of n floats' magnitudes.
+float kth_largest(const uint32_t* mags, int64_t n, int64_t rank,
+                  std::vector<uint32_t>& members) {
+  return kth_largest_by([mags](int64_t i) { return mags[i]; }, n, rank, members);
+}
+float kth_largest_abs(const float* vals, int64_t n, int64_t rank,
+                      std::vector<uint32_t>& members) {
+  return kth_largest_by([vals](int64_t i) { return bits_of(vals[i]) & 0x7fffffffu; }, n, rank,
+                        members);
+}
+
 // One block's top-k candidates (topk_encode), and the calling thread's scratch: grow-only
 // buffers, so a warm call allocates nothing (an allocation past malloc's mmap threshold would
 // fault its pages in on every call: measured as a seventh of the encode).
 struct Candidates {
   std::vector<int64_t> idx;
   std::vector<float> val;
-  std::vector<int64_t> group;  // scratch of topk_candidates' step 1
-  std::vector<uint32_t> mask;
+  std::vector<uint32_t> group;  // scratch of topk_candidates' step 1
   int64_t n = 0;
 };
 struct TopkScratch {
-  std::vector<uint32_t> sample, members, mags;
+  std::vector<uint32_t> sample, members;
   std::vector<Candidates> blocks;
   std::vector<int64_t> cand;
   std::vector<float> cval;
 };
 thread_local TopkScratch topk_scratch;
 
-// Candidates |x_i| >= t of [a, e), with their values, into c (grown as needed); returns how
-// many. Two passes, so that no branch depends on the data where most groups have no candidate
-// (a branch per group of 16 was mispredicted once per candidate group: half the time):
-//   1. 16 elements tested at a time (vectorised), each group's start and bit mask written to
-//      a list that advances only past groups with a hit (written always, no branch), and
-//      the bits counted;
+// Candidates |x_i| >= t of [a, e) (at most 2^20 elements), with their values, into c (grown
+// as needed); returns how many. Two passes, so that no branch depends on the data where most
+// groups have no candidate (a branch per group of 16 was mispredicted once per candidate
+// group: half the time):
+//   1. 16 elements tested at a time (vectorised), each group's number (16 bits) and bit mask
+//      (16 bits) written as one word to a list that advances only past groups with a hit
+//      (written always, no branch), and the bits counted;
 //   2. the listed groups' set bits visited (mostly one each), into room made once.
 // Pointers are locals here (parameters), never reloaded after a store.
 int64_t topk_candidates(const float* __restrict x, int64_t a, int64_t e, int64_t d, float t,
                         Candidates& c) {
-  const int64_t groups = (e - a) / 16;
-  if (static_cast<int64_t>(c.group.size()) < groups + 1) {
+  const int64_t groups = (e - a) / 16;  // at most 2^16
+  if (static_cast<int64_t>(c.group.size()) < groups + 1)
     c.group.resize(static_cast<size_t>(groups + 1));
-    c.mask.resize(static_cast<size_t>(groups + 1));
-  }
-  int64_t* __restrict gs = c.group.data();
-  uint32_t* __restrict gm = c.mask.data();
+  uint32_t* __restrict gw = c.group.data();
   const bool ahead = d >= STREAM;  // x from memory: read ahead (from the caches it only costs)
   int64_t ng = 0, bits = 0, i = a;
-  for (; i + 16 <= e; i += 16) {  // 1.
+  for (uint32_t g = 0; i + 16 <= e; i += 16, ++g) {  // 1.
     if (ahead && !(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
     const uint32_t hit = at_least(x + i, t);
-    gs[ng] = i;
-    gm[ng] = hit;
+    gw[ng] = (g << 16) | hit;
     ng += hit != 0;
     bits += __builtin_popcount(hit);
   }
@@ -422,8 +430,8 @@ int64_t topk_candidates(const float* __restrict x, int64_t a, int64_t e, int64_t
   float* __restrict cv = c.val.data();
   int64_t w = 0;
   for (int64_t g = 0; g < ng; ++g) {  // 2.
-    const int64_t s = gs[g];
-    uint32_t hit = gm[g];
+    const int64_t s = a + 16 * static_cast<int64_t>(gw[g] >> 16);
+    uint32_t hit = gw[g] & 0xffffu;
     do {
       const int j = __builtin_ctz(hit);
       hit &= hit - 1;
@@ -452,14 +460,21 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
     }
     return;
   }
-  // v = the k-th largest magnitude
-  s.mags.resize(static_cast<size_t>(n));
-  uint32_t* const mags = s.mags.data();
-  for (int64_t i = 0; i < n; ++i) mags[i] = bits_of(vals[i]) & 0x7fffffffu;
-  const float v = kth_largest(mags, n, k, s.members);
-  int64_t above = 0;
-  for (int64_t i = 0; i < n; ++i) above += std::fabs(vals[i]) > v;
+  const float v = kth_largest_abs(vals, n, k, s.members);  // the k-th largest magnitude
+  int64_t above = 0, equal = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    above += std::fabs(vals[i]) > v;
+    equal += std::fabs(vals[i]) == v;
+  }
   int64_t equal_left = k - above, w = 0;
+  if (equal_left == equal) {  // every tie is kept (the usual case): keep |v_i| >= v
+    for (int64_t i = 0; i < n && w < k; ++i) {
+      out_idx[w] = static_cast<I>(cand[i]);  // written always, kept when w advances
+      out_val[w] = vals[i];
+      w += std::fabs(vals[i]) >= v;
+    }
+    return;
+  }
   for (int64_t i = 0; i < n && w < k; ++i) {  // without branches: a candidate is kept at
     const float a = std::fabs(vals[i]);        // random, a branch would be mispredicted
     const int64_t eq = a == v;
