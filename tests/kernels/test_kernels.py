@@ -73,6 +73,25 @@ def test_compiled_codecs_equal_the_pure_paths_bit_for_bit_on_1_2_4_threads(d: in
 
 
 @needs_kernels
+def test_streamed_outputs_equal_the_pure_paths() -> None:
+    """From 4M floats on (the kernels' STREAM) the decodes write with non-temporal stores (the
+    sparse ones zero-fill so, then store their values over the zeros): the same bytes and
+    values as the pure paths, with a misaligned output too."""
+    d = (1 << 22) + 9
+    x = torch.randn(d, generator=torch.Generator().manual_seed(4)) ** 3
+    for c in (TopK(0.01), RandK(0.01), Int8(), ScaledSign(), QSGD(16)):
+        ref = round_trip(c, x, "0", 1)
+        for threads in (1, 2):
+            got = round_trip(c, x, "1", threads)
+            assert got[0] == ref[0] and torch.equal(got[1], ref[1]), f"{c} threads={threads}"
+        payload = c.encode(x, 5, key=2)
+        with kernels.forced("1"):
+            out = torch.empty(d + 1)[1:]  # 4 bytes past an aligned start
+            c.decode(payload, d, 5, key=2, out=out)
+        assert torch.equal(out, ref[1]), f"{c}: misaligned output"
+
+
+@needs_kernels
 def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
     """Chunks whose x / scale are exact half-integers (scale 1): both paths divide by the
     scale and round half to even, so a kernel that multiplied by 1 / scale instead (or rounded

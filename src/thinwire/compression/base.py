@@ -155,7 +155,7 @@ def empty(numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") ->
     """An uninitialised flat tensor on ``device``. On the CPU numpy allocates it: numpy asks the
     kernel for huge pages for large buffers, so a fresh 64 MB output costs about half as much
     to touch as one from torch's allocator."""
-    if torch.device(device).type != "cpu" or dtype not in NUMPY_DTYPES:
+    if (device != "cpu" and torch.device(device).type != "cpu") or dtype not in NUMPY_DTYPES:
         return torch.empty(numel, dtype=dtype, device=device)
     return torch.from_numpy(np.empty(numel, NUMPY_DTYPES[dtype])).view(dtype)
 

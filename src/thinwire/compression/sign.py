@@ -75,14 +75,14 @@ class ScaledSign(Compressor):
             # 1. the scale; 2. the packed sign bits
             scale = torch.linalg.vector_norm(flat.float(), 1) / max(d, 1)
             return (scale.reshape(1), pack_bits(flat >= 0))
-        xn = as_numpy(flat)
-        packed = np.empty(math.ceil(d / 8), np.uint8)
         lib = kernels.wants(flat)
         if lib is not None:  # steps 1-2 in one compiled pass, the lanes added there too
-            out = torch.empty(1, dtype=torch.float32)
-            lib.sign_encode(flat.data_ptr(), d, packed.ctypes.data, out.data_ptr(),
+            out, bits = torch.empty(1), torch.empty(math.ceil(d / 8), dtype=torch.uint8)
+            lib.sign_encode(flat.data_ptr(), d, bits.data_ptr(), out.data_ptr(),
                             kernels.threads())
-            return (out, torch.from_numpy(packed))
+            return (out, bits)
+        xn = as_numpy(flat)
+        packed = np.empty(math.ceil(d / 8), np.uint8)
         lanes = np.zeros(LANES, np.float64)
         size = min(d, 2 * BLOCK)  # a multiple of 8 unless it is all of x
         a, ge = np.empty(size, np.float32), np.empty(size, bool)

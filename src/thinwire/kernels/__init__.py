@@ -275,8 +275,10 @@ def empty_huge(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 def wants(x: torch.Tensor) -> ctypes.CDLL | None:
     """The kernels if they apply to ``x`` (a contiguous float32 CPU tensor), else None."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous():
+    if not x.is_cpu or x.dtype is not torch.float32 or not x.is_contiguous():
         return None
+    if _lib is not None and _mode is not None and _mode != "0":  # forced, already loaded
+        return _lib
     return lib()
 
 

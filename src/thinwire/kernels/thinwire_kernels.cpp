@@ -155,6 +155,26 @@ inline void fence(bool stream) {
 #endif
 }
 
+// out[0, n) = 0, with non-temporal stores where stream (then fenced, so the sparse stores that
+// follow land on the zeros): a line written without being read first, the sparse decodes'
+// zero fill from 4M floats on, where out is larger than the caches.
+inline void zero_fill(float* __restrict out, int64_t n, bool stream) {
+  int64_t i = 0;
+#ifdef __AVX2__
+  if (stream) {
+    for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 31); ++i) out[i] = 0.0f;
+    const __m256 z = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) _mm256_stream_ps(out + i, z);
+    for (; i < n; ++i) out[i] = 0.0f;
+    _mm_sfence();
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
+}
+
 // Bit j set where |x_j| >= t, for x[0..16).
 inline uint32_t at_least(const float* x, float t) {
 #ifdef __AVX2__
@@ -717,7 +737,7 @@ inline void randk_scatter_block(const float* __restrict v, int64_t d, int64_t k,
     if (add) {
       for (int64_t t = 0; t < n; ++t) out[at[t]] += w[t];
     } else {
-      std::memset(out + from, 0, static_cast<size_t>(st.s - from) * sizeof(float));
+      zero_fill(out + from, st.s - from, d >= STREAM);
       for (int64_t t = 0; t < n; ++t) out[at[t]] = w[t];
     }
   }
@@ -1048,7 +1068,7 @@ void scatter_decode(const float* v, const void* idx, int idx64, const int64_t* l
     int64_t j = lo;
     for (int64_t s = a; s < e; s += block) {
       const int64_t t = std::min(e, s + block);
-      std::memset(out + s, 0, static_cast<size_t>(t - s) * sizeof(float));
+      zero_fill(out + s, t - s, d >= STREAM);
       int64_t j1 = j;
       while (j1 < k && at(j1) < t) ++j1;
       put(j, j1);
