@@ -5,8 +5,9 @@ input, time ``decode(encode(x), out=y)`` -- decoded into a preallocated buffer, 
 decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / seconds, median of the
 repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)`` into a
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
-speed. Each repeat times the copy and every codec in turn, and each cell is the median of its
-repeats; a second table splits each codec's time into encode and decode, in units of the
+speed. Each repeat times the copy and every codec in turn, each timed call right after an untimed
+call of the same row (steady state: the row's code, tables and buffers warm), and each cell is
+the median of its repeats; a second table splits each codec's time into encode and decode, in units of the
 copy's time (a copy reads x once and writes y once); with PowerSGD among the codecs, a third
 compares its encode + decode with the products it must compute on the same matrix (M Q, the
 QR, M^T P, and the decode's P Q^T), each timed alone (``powersgd_floor``). Sizes are in M = 2^20 floats. Default: 1M, 16M, 64M with 11 / 7 / 5 repeats, on one
@@ -100,7 +101,12 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: tor
             clock: Callable[[], float]) -> dict[str, tuple[float, float, float]]:
     """Median seconds (total, encode, decode) of a copy and each codec at one size: every
     repeat times the copy and then each codec in turn (interleaved, so a change of load on a
-    shared host hits all of them alike), and each cell is the median of its repeats."""
+    shared host hits all of them alike), and each cell is the median of its repeats. Each
+    timed call directly follows an untimed call of the same row (the codec at another step), so
+    every row is timed in the state a codec called on every bucket of every step runs in: its
+    code, tables and buffers warm, x in the caches as far as its size allows, as for the copy
+    (without it a row pays for what the rows before it evicted: at 1M a decode cost up to twice
+    as much)."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
     y = torch.empty_like(x)
     y.copy_(x)
@@ -121,12 +127,16 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: tor
         return t2 - t0, t1 - t0, t2 - t1
 
     for i in range(repeats):
+        y.copy_(x)  # each timed call follows an untimed one of the same row (steady state)
         t = seconds(lambda: y.copy_(x), device, clock)
         times["memcpy (copy_)"].append((t, t, 0.0))
+        x.clone()
         t = seconds(lambda: x.clone(), device, clock)
         times["memcpy (clone)"].append((t, t, 0.0))
         for name, comp in chosen.items():
-            times[name].append(codec(comp, i, PATHS[name.rpartition(" ")[2]]))
+            path = PATHS[name.rpartition(" ")[2]]
+            codec(comp, 2 * i, path)
+            times[name].append(codec(comp, 2 * i + 1, path))
     return {name: (median([t[0] for t in ts]), median([t[1] for t in ts]),
                    median([t[2] for t in ts])) for name, ts in times.items()}
 

@@ -74,15 +74,14 @@ inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t 
     __m256i v[4];
     bool exact = !fast;
     if (fast) {
-      __m256 close = _mm256_setzero_ps();
+      __m256 off = _mm256_setzero_ps();  // the largest |y - rint(y)| of the 32
       for (int j = 0; j < 4; ++j) {
         const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), iv);
         const __m256 r = _mm256_round_ps(y, NEAREST);
-        close = _mm256_or_ps(close, _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(y, r), mag),
-                                                  near, _CMP_GE_OQ));
+        off = _mm256_max_ps(_mm256_and_ps(_mm256_sub_ps(y, r), mag), off);  // NaN: off kept
         v[j] = _mm256_cvtps_epi32(r);
       }
-      exact = _mm256_movemask_ps(close) != 0;
+      exact = _mm256_movemask_ps(_mm256_cmp_ps(off, near, _CMP_GE_OQ)) != 0;
     }
     if (exact)
       for (int j = 0; j < 4; ++j)  // round half to even (the default rounding mode)
