@@ -138,9 +138,10 @@ def test_unknown_key_in_toml_names_it(tmp_path: Path) -> None:
 
 def test_compare_end_to_end_prints_one_row_per_method(tmp_path: Path) -> None:
     """Guards compare's option splitting and run names end to end: two methods with their own
-    options give two run directories and two rows, each labelled with its options."""
+    options give two run directories and two rows, each labelled with its options (the
+    thin-link figures modelled: the testbed's reruns are tests/testbed's)."""
     r = thinwire("compare", "--methods", "dp,ist:local_steps=5,train.lr=0.1", "--workers", "2",
-                 "--out", str(tmp_path), *QUICK, timeout=300)
+                 "--out", str(tmp_path), "--thin-links", "modelled", *QUICK, timeout=300)
     assert r.returncode == 0, r.stderr
     table = (tmp_path / "report" / "compare.md").read_text()
     rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]

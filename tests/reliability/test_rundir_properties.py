@@ -113,8 +113,8 @@ def one_command(cmd: tuple[Any, ...], out: Path, capsys: pytest.CaptureFixture[s
         flags = {"train": [], "resume": ["--resume"], "overwrite": ["--overwrite"]}[kind]
         argv = ["train", "--out", str(out), "--run.name", cmd[1], *TINY, *flags]
     elif kind == "compare":
-        argv = ["compare", "--out", str(out), "--methods", "dp", *TINY,
-                *(["--overwrite"] if cmd[1] else [])]
+        argv = ["compare", "--out", str(out), "--methods", "dp", "--thin-links", "modelled",
+                *TINY, *(["--overwrite"] if cmd[1] else [])]
     else:
         argv = ["report", str(out / cmd[1])]
     capsys.readouterr()
