@@ -52,8 +52,9 @@ Rand-k, all ranks alike:
   ``torch.rand`` of the k offsets cost more than a copy of x) and the torch path computes the
   same indices on any device. Each coordinate is kept with probability 1 / b_j (= k / d when
   k divides d); scaling a kept value by b_j makes the codec unbiased, E[C(x)] = x, with variance
-  ||C(x) - x||^2 <= (max b_j - 1) ||x||^2, the same bound as uniform Rand-k. With error feedback the unscaled (contractive) form is used,
-  as in Stich et al.: scaled Rand-k expands the error by d / k and EF would diverge.
+  ||C(x) - x||^2 <= (max b_j - 1) ||x||^2, the same bound as uniform Rand-k. With error
+  feedback the unscaled (contractive) form is used, as in Stich et al.: scaled Rand-k expands
+  the error by d / k and EF would diverge.
 
 One concept, one file (over 400 lines): the sparsifying codecs (Top-k's exact and approximate
 selection, Rand-k), which share their payload and its decode.
@@ -437,6 +438,9 @@ class RandK(Compressor):
             lib.randk_scatter(values.data_ptr(), out.numel(), values.numel(),
                               *self.keys(step, key), int(self.scale), out.data_ptr(), 1,
                               kernels.threads())
+            return
+        if not out.is_contiguous():
+            out.add_(self.decode(payload, out.numel(), step, key=key).view(out.shape))
             return
         idx, lengths = self.indices(out.numel(), step, key, values.device)
         kept = values * lengths.to(values.dtype) if self.scale else values
