@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from thinwire import kernels
 from thinwire.compression import (
     CODECS,
     QSGD,
@@ -233,6 +234,20 @@ def test_randk_offsets_are_the_counter_words_and_uniform_in_each_stratum() -> No
     expected = counts.sum() / b  # 4,000 a bin
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 30.0  # 9 degrees of freedom: P(chi2 > 30) < 5e-4; a skewed offset gives 1e3+
+
+
+@pytest.mark.parametrize("path", ["0", pytest.param("1", marks=pytest.mark.skipif(
+    not kernels.available(), reason="no C++ compiler: compiled kernels unbuilt"))])
+def test_randk_decode_add_adds_the_decoded_tensor_into_any_layout(path: str) -> None:
+    """Guards Rand-k's in-place decode_add (kernel or index add) against decode + add, into a
+    contiguous and a transposed (non-contiguous) output."""
+    c = RandK(0.1, seed=2)
+    payload = c.encode(torch.randn(80, generator=torch.Generator().manual_seed(5)), 3)
+    with kernels.forced(path):
+        for out in (torch.arange(80.0).view(10, 8), torch.arange(80.0).view(8, 10).t()):
+            want = out + c.decode(payload, 80, 3).view(out.shape)
+            c.decode_add(payload, out, 3)
+            assert torch.equal(out, want)
 
 
 @pytest.mark.parametrize("d", [100, 70_001])
