@@ -326,8 +326,7 @@ class TopK(Compressor):
                 and idx.is_contiguous():
             res = out if out is not None else empty(numel, torch.float32)
             lib.scatter_decode(values.data_ptr(), idx.data_ptr(), int(idx.dtype == torch.int64),
-                               None, values.numel(), res.data_ptr(), numel, 0,
-                               kernels.threads())
+                               values.numel(), res.data_ptr(), numel, 0, kernels.threads())
             return res
         out = (out if out is not None else empty(numel, values.dtype, values.device)).zero_()
         flat = out.view(-1)
@@ -343,7 +342,7 @@ class TopK(Compressor):
         if lib is not None and out.dtype == torch.float32 and out.is_contiguous() \
                 and idx.is_contiguous():
             lib.scatter_decode(values.data_ptr(), idx.data_ptr(), int(idx.dtype == torch.int64),
-                               None, values.numel(), out.data_ptr(), out.numel(), 1,
+                               values.numel(), out.data_ptr(), out.numel(), 1,
                                kernels.threads())
             return
         flat = out.view(-1)

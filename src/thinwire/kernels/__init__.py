@@ -73,7 +73,7 @@ SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "topk_encode": (_int, (_p, _i64, _i64, _i64, _i64, _i64, _p, _int, _p, _int)),
     "fp4_encode": (None, (_p, _i64, _i64, _p, _p, _int)),
     "fp4_decode": (None, (_p, _p, _i64, _i64, _p, _int)),
-    "scatter_decode": (None, (_p, _p, _int, _p, _i64, _p, _i64, _int, _int)),
+    "scatter_decode": (None, (_p, _p, _int, _i64, _p, _i64, _int, _int)),
     "randk_gather": (None, (_p, _i64, _i64, _u32, _u32, _u32, _p, _int)),
     "randk_scatter": (None, (_p, _i64, _i64, _u32, _u32, _u32, _int, _p, _int, _int)),
     "lowrank_decode": (None, (_p, _p, _i64, _i64, _i64, _i64, _p, _int)),
@@ -277,8 +277,6 @@ def wants(x: torch.Tensor) -> ctypes.CDLL | None:
     """The kernels if they apply to ``x`` (a contiguous float32 CPU tensor), else None."""
     if not x.is_cpu or x.dtype is not torch.float32 or not x.is_contiguous():
         return None
-    if _lib is not None and _mode is not None and _mode != "0":  # forced, already loaded
-        return _lib
     return lib()
 
 

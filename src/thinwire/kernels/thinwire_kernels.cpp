@@ -1026,19 +1026,18 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
   return 0;
 }
 
-// Sparse decode (Top-k and Rand-k): out = 0 (unless add), then out[idx_j] (+)= v_j, times
-// lengths_j where lengths is given (Rand-k's unbiased scaling, v_j * float(b_j)). Where the
-// indices ascend (both codecs send them so), each block of out is zeroed and its values written
-// while it is in cache: one pass over out.
-void scatter_decode(const float* v, const void* idx, int idx64, const int64_t* lengths,
-                    int64_t k, float* out, int64_t d, int add, int nt) {
+// Top-k's sparse decode: out = 0 (unless add), then out[idx_j] (+)= v_j. Where the indices
+// ascend (top-k sends them so), each block of out is zeroed and its values written while it is
+// in cache: one pass over out. (Rand-k computes its indices inside randk_scatter.)
+void scatter_decode(const float* v, const void* idx, int idx64, int64_t k, float* out,
+                    int64_t d, int add, int nt) {
   const int64_t* i64 = static_cast<const int64_t*>(idx);
   const int32_t* i32 = static_cast<const int32_t*>(idx);
   auto at = [&](int64_t j) -> int64_t { return idx64 ? i64[j] : i32[j]; };
   auto put = [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t i = at(j);
-      const float w = lengths ? v[j] * static_cast<float>(lengths[j]) : v[j];
+      const float w = v[j];
       if (add)
         out[i] += w;
       else

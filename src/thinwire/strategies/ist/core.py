@@ -506,6 +506,11 @@ class IST:
         SGD."""
         full = self._gather_full(list(range(self.n)), tag)
         assert full is not None
+        return self._install_full(full)
+
+    def _install_full(self, full: dict[str, torch.Tensor]) -> nn.Module:
+        """End IST with ``full`` (name -> whole tensor) as the model: hooks removed, every cut
+        tensor set to its whole value, the model back to its full-size modules."""
         self._detach()
         with torch.no_grad():
             for name, x in full.items():

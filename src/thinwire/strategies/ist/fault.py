@@ -313,14 +313,18 @@ class FaultTolerantIST(IST):
                 "it, and give FaultTolerantIST more keepers")
         return live
 
+    def _enter_round(self) -> None:
+        """Step 1: join the round's quorum; its members and step become this round's."""
+        self.replica.begin()
+        self._members = self.replica.members()
+        self.round = self.replica.step
+
     def begin_round(self) -> None:
         """Steps 1-3 (module docstring)."""
         if not self._may_begin():
             return
         while True:
-            self.replica.begin()
-            self._members = self.replica.members()
-            self.round = self.replica.step
+            self._enter_round()
             if not self._keepers:  # the first round: every worker holds the seed's model
                 self._keepers = sorted(self._members)[:self.keepers_wanted]
                 if not self.keeper:
@@ -530,13 +534,7 @@ class FaultTolerantIST(IST):
                 for t in self.plan.tensors if not t.shared}
         self._store.unpack_owner(0, flat, full)
         full.update({t.name: self._store.slices[t.name].clone() for t in self._shared()})
-        self._detach()
-        with torch.no_grad():
-            for name, x in full.items():
-                self._tensors[name].data = x
-        self._configure_full(self.model)
-        self.finished = True
-        return self.model
+        return self._install_full(full)
 
     # --- what the trainer records (thinwire.ft_trainer) ----------------------------------------
     @property

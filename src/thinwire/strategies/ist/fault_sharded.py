@@ -101,6 +101,7 @@ if TYPE_CHECKING:
 
         def _shared(self) -> list[Any]: ...
         def _thin(self) -> None: ...
+        def _enter_round(self) -> None: ...
         def _rank_of(self, number: int) -> int: ...
         def _close_quorum(self, order: list[int]) -> list[int]: ...
         def _install_subnet(self, view: View, held: dict[str, tuple[Any, ...]],
@@ -295,9 +296,7 @@ class ShardedStore(_Host):
         if not self._may_begin():
             return
         while True:
-            self.replica.begin()
-            self._members = self.replica.members()
-            self.round = self.replica.step
+            self._enter_round()
             order = sorted(self._members)
             if self._holders is None:
                 self._first_blocks(order)
@@ -497,13 +496,7 @@ class ShardedStore(_Host):
         full, state = self._assemble(stores, self.number == writer)
         if self.number == writer:
             self._final = self._one_worker_state(full, state)
-        self._detach()
-        with torch.no_grad():
-            for name, whole in full.items():
-                self._tensors[name].data = whole
-        self._configure_full(self.model)
-        self.finished = True
-        return self.model
+        return self._install_full(full)
 
     def _assemble(self, stores: dict[int, Store], with_state: bool
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
