@@ -123,12 +123,19 @@ inline void widen_scale(const T* __restrict q, float* __restrict out, int64_t n,
                         bool stream = false) {
   int64_t i = 0;
 #ifdef __AVX2__
+  const __m256 fv = _mm256_set1_ps(f);
   if (stream) {
     for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 31); ++i)
       out[i] = static_cast<float>(q[i]) * f;
-    const __m256 fv = _mm256_set1_ps(f);
     for (; i + 8 <= n; i += 8)
       _mm256_stream_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(widen8(q + i)), fv));
+  } else {  // written out: the compiler's loop cost a third more on 512-element chunks
+    for (; i + 16 <= n; i += 16) {
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(widen8(q + i)), fv));
+      _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(widen8(q + i + 8)), fv));
+    }
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(widen8(q + i)), fv));
   }
 #else
   (void)stream;
@@ -343,9 +350,15 @@ void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
 // for finite floats unsigned order is float order), by a radix selection on the bits: 11, 10
 // and 10 bits, each level counting only the magnitudes that share the levels above (a third of
 // nth_element's time on 1M candidates). An order statistic is one value: any selection finds it.
-// `members` is scratch (kept by the caller, so a warm call allocates nothing).
+// `members` is scratch (kept by the caller, so a warm call allocates nothing). With levels = 2
+// it returns a lower bound instead: the rank-th largest with its last 10 bits cleared (within
+// 2^-13 of it, and passed by at least rank of the n), a third less work. With levels = 3 and
+// `counts`, counts[0] = how many of the n are above the result and counts[1] how many equal it
+// (the last level's bucket is the value itself: no further pass over the n).
 template <class Mag>
-float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& members) {
+float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& members,
+                     int levels = 3, int64_t* counts = nullptr) {
+  const int64_t wanted = rank;
   uint32_t prefix = 0;
   // four histograms, filled in turn and added: magnitudes near the threshold share their top
   // bits, and one histogram would make a chain of increments of the same counter
@@ -353,7 +366,7 @@ float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& me
   int64_t total[2048];
   const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
   int64_t m = n;  // members of the current level (all n at level 0, read through mag)
-  for (int level = 0; level < 3; ++level) {
+  for (int level = 0; level < levels; ++level) {
     const int sh = shifts[level];
     const uint32_t mask = (1u << widths[level]) - 1;
     for (auto& h : hist) std::fill(h, h + mask + 1, 0);
@@ -382,7 +395,12 @@ float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& me
     int64_t b = mask;
     for (; b > 0 && total[b] < rank; --b) rank -= total[b];
     prefix = (prefix << widths[level]) | static_cast<uint32_t>(b);
+    if (counts != nullptr && level == 2) {
+      counts[0] = wanted - rank;  // those of the buckets above, at every level
+      counts[1] = total[b];
+    }
   }
+  prefix <<= shifts[levels - 1];
   float v;
   std::memcpy(&v, &prefix, sizeof v);
   return v;
@@ -390,13 +408,13 @@ float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& me
 
 // The rank-th largest of n magnitudes given as their bits, or of n floats' magnitudes.
 float kth_largest(const uint32_t* mags, int64_t n, int64_t rank,
-                  std::vector<uint32_t>& members) {
-  return kth_largest_by([mags](int64_t i) { return mags[i]; }, n, rank, members);
+                  std::vector<uint32_t>& members, int levels = 3) {
+  return kth_largest_by([mags](int64_t i) { return mags[i]; }, n, rank, members, levels);
 }
 float kth_largest_abs(const float* vals, int64_t n, int64_t rank,
-                      std::vector<uint32_t>& members) {
+                      std::vector<uint32_t>& members, int64_t* counts) {
   return kth_largest_by([vals](int64_t i) { return bits_of(vals[i]) & 0x7fffffffu; }, n, rank,
-                        members);
+                        members, 3, counts);
 }
 
 // One block's top-k candidates (topk_encode), and the calling thread's scratch: grow-only
@@ -405,7 +423,7 @@ float kth_largest_abs(const float* vals, int64_t n, int64_t rank,
 struct Candidates {
   std::vector<int64_t> idx;
   std::vector<float> val;
-  std::vector<uint32_t> group;  // scratch of topk_candidates' step 1
+  std::vector<uint64_t> words;  // scratch of topk_candidates' step 1
   int64_t n = 0;
 };
 struct TopkScratch {
@@ -417,52 +435,66 @@ struct TopkScratch {
 thread_local TopkScratch topk_scratch;
 
 // Candidates |x_i| >= t of [a, e) (at most 2^20 elements), with their values, into c (grown
-// as needed); returns how many. Two passes, so that no branch depends on the data where most
-// groups have no candidate (a branch per group of 16 was mispredicted once per candidate
-// group: half the time):
-//   1. 16 elements tested at a time (vectorised), each group's number (16 bits) and bit mask
-//      (16 bits) written as one word to a list that advances only past groups with a hit
-//      (written always, no branch), and the bits counted;
-//   2. the listed groups' set bits visited (mostly one each), into room made once.
+// as needed); returns how many. Per span of TOPK_SPAN elements (16 KB, still in L1 for the
+// second pass), two passes, so that hardly a branch depends on the data (a branch per group
+// of 16 was mispredicted once per candidate group: half the time):
+//   1. one 64-bit mask per 64 elements (vectorised compares), every word stored, the bits
+//      counted (half the work of a list of the groups with a hit, measured);
+//   2. each word's first two set bits written without a branch (the write index advances only
+//      past a set bit), a loop only for the words with more (at 1% density, one word in 50).
 // Pointers are locals here (parameters), never reloaded after a store.
+constexpr int64_t TOPK_SPAN = 4096;
 int64_t topk_candidates(const float* __restrict x, int64_t a, int64_t e, int64_t d, float t,
                         Candidates& c) {
-  const int64_t groups = (e - a) / 16;  // at most 2^16
-  if (static_cast<int64_t>(c.group.size()) < groups + 1)
-    c.group.resize(static_cast<size_t>(groups + 1));
-  uint32_t* __restrict gw = c.group.data();
+  if (c.words.size() < static_cast<size_t>(TOPK_SPAN / 64))
+    c.words.resize(static_cast<size_t>(TOPK_SPAN / 64));
+  uint64_t* __restrict mw = c.words.data();
   const bool ahead = d >= STREAM;  // x from memory: read ahead (from the caches it only costs)
-  int64_t ng = 0, bits = 0, i = a;
-  for (uint32_t g = 0; i + 16 <= e; i += 16, ++g) {  // 1.
-    if (ahead && !(i & 1023)) prefetch_ahead(x, i, std::min(e, i + 1024), d);
-    const uint32_t hit = at_least(x + i, t);
-    gw[ng] = (g << 16) | hit;
-    ng += hit != 0;
-    bits += __builtin_popcount(hit);
-  }
-  for (int64_t r = i; r < e; ++r) bits += std::fabs(x[r]) >= t;
-  if (static_cast<int64_t>(c.idx.size()) < bits) {
-    c.idx.resize(static_cast<size_t>(bits));
-    c.val.resize(static_cast<size_t>(bits));
-  }
-  int64_t* __restrict ci = c.idx.data();
-  float* __restrict cv = c.val.data();
   int64_t w = 0;
-  for (int64_t g = 0; g < ng; ++g) {  // 2.
-    const int64_t s = a + 16 * static_cast<int64_t>(gw[g] >> 16);
-    uint32_t hit = gw[g] & 0xffffu;
-    do {
-      const int j = __builtin_ctz(hit);
-      hit &= hit - 1;
-      ci[w] = s + j;
-      cv[w++] = x[s + j];
-    } while (hit);
-  }
-  for (; i < e; ++i)
-    if (std::fabs(x[i]) >= t) {
-      ci[w] = i;
-      cv[w++] = x[i];
+  for (int64_t s0 = a; s0 < e; s0 += TOPK_SPAN) {
+    const int64_t s1 = std::min(e, s0 + TOPK_SPAN), nw = (s1 - s0) / 64;
+    if (ahead) prefetch_ahead(x, s0, s1, d);
+    int64_t bits = 0;
+    for (int64_t g = 0; g < nw; ++g) {  // 1.
+      const float* p = x + s0 + 64 * g;
+      const uint64_t m = uint64_t{at_least(p, t)} | (uint64_t{at_least(p + 16, t)} << 16) |
+                         (uint64_t{at_least(p + 32, t)} << 32) |
+                         (uint64_t{at_least(p + 48, t)} << 48);
+      mw[g] = m;
+      bits += __builtin_popcountll(m);
     }
+    for (int64_t r = s0 + 64 * nw; r < s1; ++r) bits += std::fabs(x[r]) >= t;
+    if (static_cast<int64_t>(c.idx.size()) < w + bits + 2) {  // grow-only, doubling
+      const size_t room =
+          static_cast<size_t>(std::max<int64_t>(w + bits + 2, 2 * c.idx.size()));
+      c.idx.resize(room);
+      c.val.resize(room);
+    }
+    int64_t* __restrict ci = c.idx.data();
+    float* __restrict cv = c.val.data();
+    for (int64_t g = 0; g < nw; ++g) {  // 2.
+      const int64_t base = s0 + 64 * g;
+      uint64_t m = mw[g];
+      for (int r = 0; r < 2; ++r) {  // written always (room for two more was made)
+        const int64_t i = base + (__builtin_ctzll(m | (uint64_t{1} << 63)));
+        ci[w] = i;
+        cv[w] = x[i];
+        w += m != 0;
+        m &= m - 1;
+      }
+      while (m) {
+        const int64_t i = base + __builtin_ctzll(m);
+        m &= m - 1;
+        ci[w] = i;
+        cv[w++] = x[i];
+      }
+    }
+    for (int64_t i = s0 + 64 * nw; i < s1; ++i)
+      if (std::fabs(x[i]) >= t) {
+        ci[w] = i;
+        cv[w++] = x[i];
+      }
+  }
   return w;
 }
 
@@ -479,12 +511,9 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
     }
     return;
   }
-  const float v = kth_largest_abs(vals, n, k, s.members);  // the k-th largest magnitude
-  int64_t above = 0, equal = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    above += std::fabs(vals[i]) > v;
-    equal += std::fabs(vals[i]) == v;
-  }
+  int64_t counts[2];  // above v, equal to v
+  const float v = kth_largest_abs(vals, n, k, s.members, counts);  // the k-th largest magnitude
+  const int64_t above = counts[0], equal = counts[1];
   int64_t equal_left = k - above, w = 0;
   if (equal_left == equal) {  // every tie is kept (the usual case): keep |v_i| >= v
     for (int64_t i = 0; i < n && w < k; ++i) {
@@ -752,6 +781,21 @@ inline void int8_block(const float* __restrict x, int64_t d, int64_t chunk, int6
     if (stream) prefetch_ahead(x, a, e, d);
     uint32_t m4[4] = {0, 0, 0, 0};
     int64_t i = a;
+#ifdef __AVX2__
+    {  // eight lanes, two running maxima (the compiler made four lanes of the loop below)
+      const __m256i mag = _mm256_set1_epi32(0x7fffffff);
+      __m256i u = _mm256_setzero_si256(), v = _mm256_setzero_si256();
+      for (; i + 16 <= e; i += 16) {
+        const __m256i p = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+        const __m256i r = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8));
+        u = _mm256_max_epu32(u, _mm256_and_si256(p, mag));
+        v = _mm256_max_epu32(v, _mm256_and_si256(r, mag));
+      }
+      u = _mm256_max_epu32(u, v);
+      const __m128i h = _mm_max_epu32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(m4), h);
+    }
+#endif
     for (; i + 4 <= e; i += 4)
       for (int j = 0; j < 4; ++j) m4[j] = std::max(m4[j], bits_of(x[i + j]) & 0x7fffffffu);
     for (; i < e; ++i) m4[0] = std::max(m4[0], bits_of(x[i]) & 0x7fffffffu);
@@ -869,6 +913,27 @@ inline void fp4_decode_block(const uint8_t* __restrict packed, const float* __re
   fence(stream);
 }
 
+// Top-k's sparse decode with ascending indices: each 64 KB span of out zeroed, then its values
+// written while it is in L2 (one pass over out); one read of the indices, typed.
+template <class I>
+void scatter_ascending(const float* __restrict v, const I* __restrict idx, int64_t k,
+                       float* __restrict out, int64_t d, int nt) {
+  const int64_t span = BLOCK / 4;
+  parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
+    const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
+    const int64_t j0 = std::lower_bound(idx, idx + k, static_cast<I>(a)) - idx;
+    const int64_t j1 = std::lower_bound(idx + j0, idx + k, static_cast<I>(e)) - idx;
+    int64_t j = j0;
+    for (int64_t s = a; s < e; s += span) {
+      const int64_t t = std::min(e, s + span);
+      zero_fill(out + s, t - s, d >= STREAM);
+      int64_t m = j;  // the span's values: found first, then stored (a loop with no exit test)
+      while (m < j1 && idx[m] < t) ++m;
+      for (; j < m; ++j) out[idx[j]] = v[j];
+    }
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -887,9 +952,14 @@ void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* sca
 void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, float* out,
                  int nt) {
   const bool stream = d >= STREAM;
-  for_chunks(nt, d, chunk, [&](int64_t c, int64_t a, int64_t e) {
-    widen_scale(q + a, out + a, e - a, scale[c], stream);
-    if (e == d || (c + 1) % std::max<int64_t>(1, BLOCK / chunk) == 0) fence(stream);
+  const int64_t chunks = (d + chunk - 1) / chunk, per = std::max<int64_t>(1, BLOCK / chunk);
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    const int64_t c1 = std::min(chunks, (b + 1) * per);
+    for (int64_t c = b * per; c < c1; ++c) {
+      const int64_t a = c * chunk;
+      widen_scale(q + a, out + a, std::min(d, a + chunk) - a, scale[c], stream);
+    }
+    fence(stream);
   });
 }
 
@@ -990,7 +1060,9 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
   if (stride > 0) {
     s.sample.resize(static_cast<size_t>(n_s));
     for (int64_t i = 0; i < n_s; ++i) s.sample[i] = bits_of(x[i * stride]) & 0x7fffffffu;
-    t = kth_largest(s.sample.data(), n_s, want, s.members);  // the (n - want)-th smallest
+    // the (n - want)-th smallest; for the exact selection any t that want of the sample pass
+    // serves (step 1d makes the result exact), so its lower bound (two levels)
+    t = kth_largest(s.sample.data(), n_s, want, s.members, want_hi > 0 ? 3 : 2);
     if (want_hi > 0) t_hi = kth_largest(s.sample.data(), n_s, want_hi, s.members);
   }
   const int64_t block = 4 * BLOCK;
@@ -1027,52 +1099,33 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
 }
 
 // Top-k's sparse decode: out = 0 (unless add), then out[idx_j] (+)= v_j. Where the indices
-// ascend (top-k sends them so), each block of out is zeroed and its values written while it is
-// in cache: one pass over out. (Rand-k computes its indices inside randk_scatter.)
+// ascend (top-k sends them so), scatter_ascending; otherwise zeros, then the values in turn.
+// (Rand-k computes its indices inside randk_scatter.)
 void scatter_decode(const float* v, const void* idx, int idx64, int64_t k, float* out,
                     int64_t d, int add, int nt) {
   const int64_t* i64 = static_cast<const int64_t*>(idx);
   const int32_t* i32 = static_cast<const int32_t*>(idx);
   auto at = [&](int64_t j) -> int64_t { return idx64 ? i64[j] : i32[j]; };
-  auto put = [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      const int64_t i = at(j);
-      const float w = v[j];
-      if (add)
-        out[i] += w;
-      else
-        out[i] = w;
-    }
-  };
   bool ascending = true;
   for (int64_t j = 1; j < k && ascending; ++j) ascending = at(j - 1) < at(j);
-  if (add || !ascending) {
-    if (!add)
-      parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
-        const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
-        std::memset(out + a, 0, static_cast<size_t>(e - a) * sizeof(float));
-      });
-    put(0, k);
+  if (ascending && !add) {
+    if (idx64)
+      scatter_ascending(v, i64, k, out, d, nt);
+    else
+      scatter_ascending(v, i32, k, out, d, nt);
     return;
   }
-  const int64_t block = BLOCK / 4;  // 64 KB of out: zeroed and filled in L2
-  parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
-    const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
-    int64_t lo = 0, hi = k;  // first j with idx_j >= a
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (at(mid) < a) lo = mid + 1; else hi = mid;
-    }
-    int64_t j = lo;
-    for (int64_t s = a; s < e; s += block) {
-      const int64_t t = std::min(e, s + block);
-      zero_fill(out + s, t - s, d >= STREAM);
-      int64_t j1 = j;
-      while (j1 < k && at(j1) < t) ++j1;
-      put(j, j1);
-      j = j1;
-    }
-  });
+  if (!add)
+    parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
+      const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
+      std::memset(out + a, 0, static_cast<size_t>(e - a) * sizeof(float));
+    });
+  for (int64_t j = 0; j < k; ++j) {
+    if (add)
+      out[at(j)] += v[j];
+    else
+      out[at(j)] = v[j];
+  }
 }
 
 // --- Rand-k (compression/sparse.py) ---------------------------------------------------------
