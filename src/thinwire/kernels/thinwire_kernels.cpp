@@ -913,6 +913,15 @@ inline void fp4_decode_block(const uint8_t* __restrict packed, const float* __re
   fence(stream);
 }
 
+// Whether idx[0, k) ascends strictly: no early exit, so the compiler vectorises it (the branchy
+// loop cost a tenth of a decode at 1M).
+template <class I>
+bool ascending(const I* __restrict idx, int64_t k) {
+  int bad = 0;
+  for (int64_t j = 1; j < k; ++j) bad |= idx[j - 1] >= idx[j];
+  return bad == 0;
+}
+
 // Top-k's sparse decode with ascending indices: each 64 KB span of out zeroed, then its values
 // written while it is in L2 (one pass over out); one read of the indices, typed.
 template <class I>
@@ -1106,9 +1115,7 @@ void scatter_decode(const float* v, const void* idx, int idx64, int64_t k, float
   const int64_t* i64 = static_cast<const int64_t*>(idx);
   const int32_t* i32 = static_cast<const int32_t*>(idx);
   auto at = [&](int64_t j) -> int64_t { return idx64 ? i64[j] : i32[j]; };
-  bool ascending = true;
-  for (int64_t j = 1; j < k && ascending; ++j) ascending = at(j - 1) < at(j);
-  if (ascending && !add) {
+  if (!add && (idx64 ? ascending(i64, k) : ascending(i32, k))) {
     if (idx64)
       scatter_ascending(v, i64, k, out, d, nt);
     else
