@@ -11,10 +11,14 @@ reason where no C++ compiler is found.
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -406,3 +410,62 @@ def test_bad_mode_is_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("THINWIRE_KERNELS", "yes")
     with pytest.raises(ValueError, match="use 0 .* 1 .* or auto"):
         kernels.mode()
+
+
+def _int8_bytes(x: torch.Tensor, threads: int) -> bytes:
+    """Int8's payload of x through the compiled kernels on `threads` threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with kernels.forced("1"):
+            q, scale = Int8().encode(x, 0)
+    finally:
+        torch.set_num_threads(before)
+    return q.numpy().tobytes() + scale.numpy().tobytes()
+
+
+def _encode_in_child(x: torch.Tensor, want: bytes, done: Any) -> None:
+    same = _int8_bytes(x, 4) == want
+    done.put((same, len(os.listdir("/proc/self/task"))))  # this process's threads
+
+
+@needs_kernels
+def test_kernel_pool_serves_forked_children_and_concurrent_callers() -> None:
+    """Guards the kernels' persistent worker pool: children forked while another thread keeps
+    the pool's workers busy (a child inherits a pool whose workers do not exist there, often
+    held by the parent's job) compute on a fresh pool of their own, with its three workers
+    (/proc/self/task), and finish; callers on
+    several Python threads at once (ctypes drops the GIL: one holds the pool, the others run
+    alone) get the bytes of a 1-thread call."""
+    xs = [torch.randn(3 * (1 << 16) + 5, generator=torch.Generator().manual_seed(s))
+          for s in range(4)]
+    want = [_int8_bytes(x, 1) for x in xs]
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            _int8_bytes(xs[0], 4)
+
+    spinner = threading.Thread(target=busy)
+    spinner.start()
+    try:
+        ctx = mp.get_context("fork")
+        for _ in range(4):
+            done = ctx.Queue()
+            child = ctx.Process(target=_encode_in_child, args=(xs[1], want[1], done))
+            child.start()
+            child.join(timeout=30)
+            alive = child.is_alive()
+            if alive:
+                child.kill()
+            assert not alive and child.exitcode == 0, "a forked child hung or died in a kernel"
+            same, threads = done.get(timeout=5)
+            assert same, "a forked child computed other bytes"
+            assert threads >= 4, f"a forked child ran its kernels alone ({threads} threads)"
+    finally:
+        stop.set()
+        spinner.join()
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda i: [_int8_bytes(xs[i], 2) for _ in range(20)], range(4)))
+    for i in range(4):
+        assert all(g == want[i] for g in got[i]), f"input {i}: a concurrent call differs"

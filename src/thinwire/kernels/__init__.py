@@ -21,8 +21,11 @@ the fix if it cannot be built), unset or ``auto`` the compiled one where it buil
 :func:`set_mode` and the context manager :func:`forced` (the tests run both paths through it).
 Only float32 CPU tensors take the kernels; every other device and dtype takes the torch path,
 which stays the reference the tests compare the kernels with. Kernels use up to
-``torch.get_num_threads()`` threads (started per call, so nothing survives into a forked
-child) and give the same bits on any thread count.
+``torch.get_num_threads()`` threads: the calling thread and workers kept between calls (a
+thread started per call cost tens of microseconds, more than a codec's work on 1M floats),
+which claim the blocks of a call from a shared counter, so a worker the scheduler runs late
+finds them done and the caller does not wait for it; a forked child starts its own workers.
+The same bits on any thread count.
 """
 
 from __future__ import annotations
