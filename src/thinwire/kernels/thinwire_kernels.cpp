@@ -575,12 +575,13 @@ int64_t topk_candidates(const float* __restrict x, int64_t a, int64_t e, int64_t
 // Top-k's exact selection (compression/sparse.py, _keep_numpy): of n candidates (ascending
 // indices, their values), keep the k largest magnitudes, ties at the k-th going to the lowest
 // indices. Writes k (index, value) pairs in index order.
-template <class I>
-void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, I* out_idx,
+// cand(i) is the i-th candidate's index (a list, or i itself where every element is one).
+template <class I, class Cand>
+void keep_largest(Cand cand, const float* vals, int64_t n, int64_t k, I* out_idx,
                   float* out_val, TopkScratch& s) {
   if (n == k) {
     for (int64_t i = 0; i < n; ++i) {
-      out_idx[i] = static_cast<I>(cand[i]);
+      out_idx[i] = static_cast<I>(cand(i));
       out_val[i] = vals[i];
     }
     return;
@@ -591,7 +592,7 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
   int64_t equal_left = k - above, w = 0;
   if (equal_left == equal) {  // every tie is kept (the usual case): keep |v_i| >= v
     for (int64_t i = 0; i < n && w < k; ++i) {
-      out_idx[w] = static_cast<I>(cand[i]);  // written always, kept when w advances
+      out_idx[w] = static_cast<I>(cand(i));  // written always, kept when w advances
       out_val[w] = vals[i];
       w += std::fabs(vals[i]) >= v;
     }
@@ -602,7 +603,7 @@ void keep_largest(const int64_t* cand, const float* vals, int64_t n, int64_t k, 
     const int64_t eq = a == v;
     const int64_t take = (a > v) | (eq & (equal_left > 0));
     equal_left -= eq & take;
-    out_idx[w] = static_cast<I>(cand[i]);  // written always, kept when take (w < k here)
+    out_idx[w] = static_cast<I>(cand(i));  // written always, kept when take (w < k here)
     out_val[w] = vals[i];
     w += take;
   }
@@ -1148,6 +1149,13 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     t = kth_largest(s.sample.data(), n_s, want, s.members, want_hi > 0 ? 3 : 2);
     if (want_hi > 0) t_hi = kth_largest(s.sample.data(), n_s, want_hi, s.members);
   }
+  if (stride == 0 && want_hi == 0) {  // every element a candidate: select from x itself
+    if (idx64)
+      keep_largest([](int64_t i) { return i; }, x, d, k, static_cast<int64_t*>(idx), vals, s);
+    else
+      keep_largest([](int64_t i) { return i; }, x, d, k, static_cast<int32_t*>(idx), vals, s);
+    return 0;
+  }
   const int64_t block = 4 * BLOCK;
   const int64_t nb = nblocks_of(d, block);
   if (static_cast<int64_t>(s.blocks.size()) < nb) s.blocks.resize(static_cast<size_t>(nb));
@@ -1175,9 +1183,11 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
   else if (approx)
     fix_count(x, cand, cval, n, k, t_hi, static_cast<int32_t*>(idx), vals);
   else if (idx64)
-    keep_largest(cand, cval, n, k, static_cast<int64_t*>(idx), vals, s);
+    keep_largest([cand](int64_t i) { return cand[i]; }, cval, n, k, static_cast<int64_t*>(idx),
+                 vals, s);
   else
-    keep_largest(cand, cval, n, k, static_cast<int32_t*>(idx), vals, s);
+    keep_largest([cand](int64_t i) { return cand[i]; }, cval, n, k, static_cast<int32_t*>(idx),
+                 vals, s);
   return 0;
 }
 
