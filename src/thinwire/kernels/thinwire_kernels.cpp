@@ -847,37 +847,41 @@ inline void randk_scatter_block(const float* __restrict v, int64_t d, int64_t k,
 }
 
 
-// int8_encode's chunks [c0, c1): per chunk the absmax on the bits of |x| (for finite floats
-// unsigned order is float order; four running maxima), the scale, the roundings.
+// The absmax of x[a, e) on the bits of |x| (for finite floats unsigned order is float order).
+inline float absmax(const float* __restrict x, int64_t a, int64_t e) {
+  uint32_t m4[4] = {0, 0, 0, 0};
+  int64_t i = a;
+#ifdef __AVX2__
+  {  // eight lanes, two running maxima (the compiler made four lanes of the loop below)
+    const __m256i mag = _mm256_set1_epi32(0x7fffffff);
+    __m256i u = _mm256_setzero_si256(), v = _mm256_setzero_si256();
+    for (; i + 16 <= e; i += 16) {
+      const __m256i p = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+      const __m256i r = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8));
+      u = _mm256_max_epu32(u, _mm256_and_si256(p, mag));
+      v = _mm256_max_epu32(v, _mm256_and_si256(r, mag));
+    }
+    u = _mm256_max_epu32(u, v);
+    const __m128i h = _mm_max_epu32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(m4), h);
+  }
+#endif
+  for (; i + 4 <= e; i += 4)
+    for (int j = 0; j < 4; ++j) m4[j] = std::max(m4[j], bits_of(x[i + j]) & 0x7fffffffu);
+  for (; i < e; ++i) m4[0] = std::max(m4[0], bits_of(x[i]) & 0x7fffffffu);
+  const uint32_t mb = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
+  float m;
+  std::memcpy(&m, &mb, sizeof m);
+  return m;
+}
+
+// int8_encode's chunks [c0, c1): per chunk the absmax, the scale, the roundings.
 inline void int8_block(const float* __restrict x, int64_t d, int64_t chunk, int64_t c0,
                        int64_t c1, int8_t* __restrict q, float* __restrict scale, bool stream) {
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t a = c * chunk, e = std::min(d, a + chunk);
     if (stream) prefetch_ahead(x, a, e, d);
-    uint32_t m4[4] = {0, 0, 0, 0};
-    int64_t i = a;
-#ifdef __AVX2__
-    {  // eight lanes, two running maxima (the compiler made four lanes of the loop below)
-      const __m256i mag = _mm256_set1_epi32(0x7fffffff);
-      __m256i u = _mm256_setzero_si256(), v = _mm256_setzero_si256();
-      for (; i + 16 <= e; i += 16) {
-        const __m256i p = _mm256_castps_si256(_mm256_loadu_ps(x + i));
-        const __m256i r = _mm256_castps_si256(_mm256_loadu_ps(x + i + 8));
-        u = _mm256_max_epu32(u, _mm256_and_si256(p, mag));
-        v = _mm256_max_epu32(v, _mm256_and_si256(r, mag));
-      }
-      u = _mm256_max_epu32(u, v);
-      const __m128i h = _mm_max_epu32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(m4), h);
-    }
-#endif
-    for (; i + 4 <= e; i += 4)
-      for (int j = 0; j < 4; ++j) m4[j] = std::max(m4[j], bits_of(x[i + j]) & 0x7fffffffu);
-    for (; i < e; ++i) m4[0] = std::max(m4[0], bits_of(x[i]) & 0x7fffffffu);
-    const uint32_t mb = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
-    float m;
-    std::memcpy(&m, &mb, sizeof m);
-    const float sc = m / 127.0f;
+    const float sc = absmax(x, a, e) / 127.0f;
     scale[c] = sc;
     round_int8(x + a, q + a, e - a, sc > 0.0f ? sc : 1.0f, stream);
   }
@@ -903,10 +907,7 @@ inline void fp4_encode_block(const float* __restrict x, int64_t d, int64_t chunk
   for (int64_t c = c0; c < c1; ++c) {
     const int64_t a = c * chunk, e = std::min(d, a + chunk);
     prefetch_ahead(x, a, e, d);
-    uint32_t mb = 0;
-    for (int64_t i = a; i < e; ++i) mb = std::max(mb, bits_of(x[i]) & 0x7fffffffu);
-    float sc;
-    std::memcpy(&sc, &mb, sizeof sc);
+    const float sc = absmax(x, a, e);
     scale[c] = sc;
     const float safe = sc > 0.0f ? sc : 1.0f;
     uint8_t* o = nb + (a - a0);
