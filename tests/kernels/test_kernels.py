@@ -469,3 +469,30 @@ def test_kernel_pool_serves_forked_children_and_concurrent_callers() -> None:
         got = list(ex.map(lambda i: [_int8_bytes(xs[i], 2) for _ in range(20)], range(4)))
     for i in range(4):
         assert all(g == want[i] for g in got[i]), f"input {i}: a concurrent call differs"
+
+
+@needs_kernels
+@pytest.mark.parametrize("chunk", [256, 7, 32])
+def test_fp4_codes_equal_the_comparisons_at_the_boundaries(chunk: int) -> None:
+    """Guards fp4's codes from the quotient's bits (the compiled path) against the seven
+    comparisons (the pure path): quotients on the boundaries, one ulp either side, at scales
+    from 1e-30 to 1e30, both signs, a NaN and infinities: the same bytes."""
+    g = torch.Generator().manual_seed(chunk)
+    bounds = torch.tensor([0.0078125, 0.0234375, 0.046875, 0.09375, 0.1875, 0.375, 0.75])
+    for r in range(20):
+        s = torch.rand(1, generator=g).item() * 10.0 ** int(torch.randint(-30, 30, (1,),
+                                                                           generator=g))
+        x = bounds[torch.randint(0, 7, (4096,), generator=g)] * s
+        down, up = torch.zeros_like(x), torch.full_like(x, math.inf)
+        x = torch.where(torch.rand(4096, generator=g) < 0.4, torch.nextafter(x, down), x)
+        x = torch.where(torch.rand(4096, generator=g) < 0.3, torch.nextafter(x, up), x)
+        x[::chunk] = s  # the absmax of every chunk: the scale
+        x = x * torch.where(torch.rand(4096, generator=g) < 0.5, -1.0, 1.0)
+        if r == 0:
+            x[5], x[700], x[1500] = math.nan, math.inf, -math.inf
+        with kernels.forced("1"):
+            got = FP4(chunk).encode(x, 0)
+        with kernels.forced("0"):
+            want = FP4(chunk).encode(x, 0)
+        assert torch.equal(got[0], want[0]), f"scale {s:g}: codes differ"
+        assert r == 0 or torch.equal(got[1], want[1]), f"scale {s:g}: scales differ"

@@ -37,8 +37,8 @@ from thinwire.options import check, opt
 BOUNDS = (2.0**-7, 0.75 * 2.0**-5, 0.75 * 2.0**-4, 0.75 * 2.0**-3, 0.75 * 2.0**-2, 0.75 * 2.0**-1,
           0.75)
 """Step 2's boundaries: m below the first is code 0, and each one m reaches adds 1 to the code
-(0.75 2^(c - 7) between 2^(c - 8) and 2^(c - 7)); all exact in float32. The compiled kernel
-counts the comparisons; the torch path reads the same count from m's bits."""
+(0.75 2^(c - 7) between 2^(c - 8) and 2^(c - 7)); all exact in float32. The torch path and the
+compiled kernel read the count from m's bits (a NaN's bits give 7 on both)."""
 
 BITS_MIN = 120 << 23
 """The bits of 2^-7 (exponent 120 biased): a non-negative m below it is code 0."""

@@ -658,10 +658,15 @@ void fix_count(const float* x, const int64_t* cand, const float* vals, int64_t n
   }
 }
 
-// fp4's exponent code of m = |x| / s and its blocks (fp4_encode below).
-inline uint8_t fp4_code(float m) {  // how many of the boundaries m reaches (sparse: none)
-  return static_cast<uint8_t>((m >= 0.0078125f) + (m >= 0.0234375f) + (m >= 0.046875f) +
-                              (m >= 0.09375f) + (m >= 0.1875f) + (m >= 0.375f) + (m >= 0.75f));
+// fp4's exponent code of m = |x| / s (compression/fp4.py, step 2, from the bits as its torch
+// path reads it): m = f 2^e, f in [1, 2), reaches the boundary 1.5 2^e exactly when f's first
+// fraction bit is set, so the count of boundaries reached is ((bits >> 22) + 1) >> 1 less 120,
+// clamped to 1..7, and 0 below 2^-7 (bits < 120 << 23; a NaN's bits give 7, as there).
+inline uint8_t fp4_code(float m) {
+  int32_t b;
+  std::memcpy(&b, &m, sizeof b);
+  if (b < (120 << 23)) return 0;
+  return static_cast<uint8_t>(std::min(std::max((((b >> 22) + 1) >> 1) - 120, 1), 7));
 }
 
 int64_t fp4_chunks_per_block(int64_t chunk) {
@@ -890,17 +895,35 @@ inline void int8_block(const float* __restrict x, int64_t d, int64_t chunk, int6
 
 
 // --- fp4 (compression/fp4.py): the block bodies of fp4_encode / fp4_decode ---------------
+#ifdef __AVX2__
+// fp4_code of eight m = |x| / s at once, with the sign bit as 8 (fp4_code, eight lanes).
+inline __m256i fp4_codes8(__m256 m, __m256 xv) {
+  const __m256i bits = _mm256_castps_si256(m);
+  const __m256i e = _mm256_srai_epi32(
+      _mm256_add_epi32(_mm256_srai_epi32(bits, 22), _mm256_set1_epi32(1)), 1);
+  const __m256i code = _mm256_min_epi32(
+      _mm256_max_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(120)), _mm256_set1_epi32(1)),
+      _mm256_set1_epi32(7));
+  const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32(120 << 23), bits);
+  return _mm256_or_si256(_mm256_andnot_si256(below, code),
+                         _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31), 3));
+}
+#endif
+
 // fp4_encode's block b (whole chunks, starting on a byte); pointers as parameters, never
-// reloaded after a store (see sign_encode_block).
+// reloaded after a store (see sign_encode_block). Per chunk: the absmax, then 32 codes at a
+// time (fp4_codes8 of the quotients), packed two to a byte in registers where every chunk
+// starts on a byte (an even chunk), otherwise through a buffer of nibbles.
 inline void fp4_encode_block(const float* __restrict x, int64_t d, int64_t chunk, int64_t chunks,
                              int64_t per, int64_t b, uint8_t* __restrict packed,
                              float* __restrict scale) {
   const int64_t c0 = b * per, c1 = std::min(chunks, c0 + per);
   const int64_t a0 = c0 * chunk, e0 = std::min(d, c1 * chunk);
+  const bool direct = chunk % 2 == 0;
   uint8_t nib[2 * BLOCK + 2];
   uint8_t* nb = nib;
   std::vector<uint8_t> big;
-  if (e0 - a0 + 1 > static_cast<int64_t>(sizeof nib)) {  // chunks longer than a block
+  if (!direct && e0 - a0 + 1 > static_cast<int64_t>(sizeof nib)) {  // chunks beyond a block
     big.resize(static_cast<size_t>(e0 - a0 + 1));
     nb = big.data();
   }
@@ -910,39 +933,47 @@ inline void fp4_encode_block(const float* __restrict x, int64_t d, int64_t chunk
     const float sc = absmax(x, a, e);
     scale[c] = sc;
     const float safe = sc > 0.0f ? sc : 1.0f;
-    uint8_t* o = nb + (a - a0);
     int64_t i = a;
 #ifdef __AVX2__
     const __m256 sv = _mm256_set1_ps(safe);
     const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    static const float bound[7] = {0.0078125f, 0.0234375f, 0.046875f, 0.09375f, 0.1875f,
-                                   0.375f, 0.75f};
-    for (; i + 32 <= e; i += 32) {  // 32 at a time: codes summed from the comparisons' masks
+    const __m256i pair = _mm256_set1_epi16(0x0110);  // 16 x the first nibble + the second
+    for (; i + 32 <= e; i += 32) {
       __m256i v[4];
       for (int j = 0; j < 4; ++j) {
         const __m256 xv = _mm256_loadu_ps(x + i + 8 * j);
-        const __m256 m = _mm256_div_ps(_mm256_and_ps(xv, mag), sv);
-        __m256i code = _mm256_setzero_si256();
-        for (int b = 0; b < 7; ++b)  // each mask is -1 where m reaches the boundary
-          code = _mm256_sub_epi32(code, _mm256_castps_si256(
-                                            _mm256_cmp_ps(m, _mm256_set1_ps(bound[b]),
-                                                          _CMP_GE_OQ)));
-        const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(xv), 31),
-                                               3);
-        v[j] = _mm256_or_si256(code, sign);
+        v[j] = fp4_codes8(_mm256_div_ps(_mm256_and_ps(xv, mag), sv), xv);
       }
-      const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
-                                           _mm256_packs_epi32(v[2], v[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (i - a)),
-                          _mm256_permutevar8x32_epi32(w, perm));
+      const __m256i w = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+          perm);  // 32 nibbles as bytes, in order
+      if (direct) {  // i is even: 16 bytes at packed + i / 2
+        const __m256i h = _mm256_maddubs_epi16(w, pair);
+        const __m256i n8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(h, h), 0x08);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + (i >> 1)),
+                         _mm256_castsi256_si128(n8));
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(nb + (i - a0)), w);
+      }
     }
 #endif
-    for (; i < e; ++i) {
-      const float m = std::fabs(x[i]) / safe;
-      o[i - a] = static_cast<uint8_t>(fp4_code(m) | ((bits_of(x[i]) >> 31) << 3));
+    if (direct) {  // the rest two at a time (an odd end only at d: its low nibble 0)
+      for (; i < e; i += 2) {
+        const uint8_t hi = fp4_code(std::fabs(x[i]) / safe) | ((bits_of(x[i]) >> 31) << 3);
+        const uint8_t lo = i + 1 < e ? static_cast<uint8_t>(
+                                           fp4_code(std::fabs(x[i + 1]) / safe) |
+                                           ((bits_of(x[i + 1]) >> 31) << 3))
+                                     : 0;
+        packed[i >> 1] = static_cast<uint8_t>((hi << 4) | lo);
+      }
+    } else {
+      for (; i < e; ++i)
+        nb[i - a0] = static_cast<uint8_t>(fp4_code(std::fabs(x[i]) / safe) |
+                                          ((bits_of(x[i]) >> 31) << 3));
     }
   }
+  if (direct) return;
   const int64_t n = e0 - a0;
   if (n & 1) nb[n] = 0;
   uint8_t* out = packed + a0 / 2;
