@@ -1245,16 +1245,17 @@ int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* ro
   const int passes = C <= 2 * n ? 1 : (bits + 10) / 11;
   const int digit = (bits + passes - 1) / passes;
   const int64_t radix = int64_t{1} << digit;
-  std::vector<uint64_t> keys(static_cast<size_t>(n)), tmp(static_cast<size_t>(n));
   std::vector<int64_t> count(static_cast<size_t>(passes * (radix + 1)), 0);
+  // the keys and a second array for the passes, written before read: not cleared first
+  uint64_t* keys = new uint64_t[2 * static_cast<size_t>(n)];
   for (int64_t q = 0; q < n; ++q) {
     const uint64_t id = static_cast<uint64_t>(ids[q]);
     keys[q] = (id << nb) | static_cast<uint64_t>(q);
     for (int pass = 0; pass < passes; ++pass)
       ++count[pass * (radix + 1) + ((id >> (pass * digit)) & (radix - 1)) + 1];
   }
-  uint64_t* src = keys.data();
-  uint64_t* dst = tmp.data();
+  uint64_t* src = keys;
+  uint64_t* dst = keys + n;
   for (int pass = 0; pass < passes; ++pass) {
     int64_t* cnt = count.data() + pass * (radix + 1);
     for (int64_t d = 0; d < radix; ++d) cnt[d + 1] += cnt[d];
@@ -1273,6 +1274,7 @@ int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* ro
     }
   }
   start[U] = n;
+  delete[] keys;
   return U;
 }
 
