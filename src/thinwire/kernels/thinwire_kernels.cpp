@@ -1236,9 +1236,10 @@ int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* ro
   // slots' numbers and looking each slot's row up at random took longer), in passes of at
   // most 11 bits (2^11 counts; two passes up to 4 million rows), so the cost follows the n
   // slots, not the C rows (one counting pass over a million rows, where the slots outnumbered
-  // half the rows, scattered the keys over a million places: 3x the two passes' time at 0.5-2 %
-  // of 1,000,000 rows); every pass's counts in one read of the keys (bits + nb <= 64).
-  // Then start[u] .. start[u + 1] in order[] are row u's slots.
+  // half the rows, scattered the keys over a million places: 3x the two passes' time for
+  // uniformly drawn ids at 0.5-2 % of 1,000,000 rows, about the same for the layer's own);
+  // every pass's counts in one read of the keys (bits + nb <= 64). Then start[u] ..
+  // start[u + 1] in order[] are row u's slots.
   int bits = 1, nb = 1;
   while ((int64_t{1} << bits) < C) ++bits;
   while ((int64_t{1} << nb) < n) ++nb;
