@@ -340,6 +340,28 @@ def test_fused_slide_layer_matches_the_gathered_layer_within_float_rounding() ->
         g.sum()))
 
 
+@needs_kernels
+def test_fused_slide_layer_reuses_its_gradient_buffer_only_once_the_gradient_is_dropped(
+) -> None:
+    torch.manual_seed(1)
+    layer = SLIDELayer(32, 2000, K=5, L=8, budget=40)
+    h, labels = torch.randn(16, 32), torch.randint(0, 2000, (16, 1))
+    ids, mask = layer.active(h, labels)
+    first = slide_step(layer, h, ids, mask, labels, "1", 1)
+    kept = layer.weight.grad  # held: the next step must write elsewhere
+    kept_values = kept.coalesce().values().clone()
+    second = slide_step(layer, h * 2, ids, mask, labels, "1", 1)
+    assert torch.equal(kept.coalesce().values(), kept_values)
+    assert kept._values().data_ptr() != layer.weight.grad._values().data_ptr()
+    del kept
+    where = layer.weight.grad._values().data_ptr()
+    third = slide_step(layer, h, ids, mask, labels, "1", 1)  # zero_grad dropped the second's
+    assert layer.weight.grad._values().data_ptr() == where
+    for name in first:
+        assert torch.equal(third[name], first[name])
+    assert not torch.equal(second["gw"], first["gw"])
+
+
 def fma_chain(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """P Q^T as acc = p_0 q_0, acc = fma(p_k, q_k, acc): each step's exact product and sum in
     float64 (a product of two floats is exact there), rounded once to float32."""

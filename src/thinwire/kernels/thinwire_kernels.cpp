@@ -1324,6 +1324,8 @@ namespace {
 
 constexpr int64_t LANES32 = 32;  // the dot product's partial sums: four vectors of eight
 constexpr int64_t ROWS_AHEAD = 6;  // rows prefetched ahead of the one being read
+constexpr int64_t ROW_BLOCK = 1024;  // touched rows per parallel block of the forward
+constexpr int64_t MAX_CHUNKS = 16;  // the backward's chunks of touched rows (hidden gradient)
 // A weight gradient of at least this many floats (32 MiB) is written by streaming stores: past
 // the caches, where fetching its lines before writing them would double the traffic; smaller
 // ones stay in the caches for the optimizer, which reads them next (streaming a gradient that
@@ -1334,6 +1336,26 @@ constexpr int64_t STREAM_FLOATS = int64_t{1} << 23;
 // form four independent chains (a single chain waits on the add's latency every 8 floats),
 // combined in a fixed tree: the same bits on any machine and thread count.
 inline float dot(const float* __restrict w, const float* __restrict x, int64_t H) {
+#ifdef __AVX2__
+  // the same sums in four vectors of eight lanes, the tree's steps as vector adds (the
+  // generic loop below zeroed and reduced its array through memory: most of the forward's time)
+  if (H % LANES32 == 0) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < H; i += LANES32) {
+      a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i)));
+      a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(w + i + 8),
+                                           _mm256_loadu_ps(x + i + 8)));
+      a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(w + i + 16),
+                                           _mm256_loadu_ps(x + i + 16)));
+      a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(w + i + 24),
+                                           _mm256_loadu_ps(x + i + 24)));
+    }
+    const __m256 s8 = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));  // 16, 8
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+  }
+#endif
   float acc[LANES32] = {};
   int64_t i = 0;
   for (; i + LANES32 <= H; i += LANES32)
@@ -1342,6 +1364,11 @@ inline float dot(const float* __restrict w, const float* __restrict x, int64_t H
   for (int64_t width = LANES32 / 2; width >= 1; width /= 2)
     for (int64_t j = 0; j < width; ++j) acc[j] += acc[j + width];
   return acc[0];
+}
+
+// o += a x over H floats (o and x apart: the loop is vectorised).
+inline void axpy(float* __restrict o, float a, const float* __restrict x, int64_t H) {
+  for (int64_t i = 0; i < H; ++i) o[i] += a * x[i];
 }
 
 // Ask for a weight row's cache lines before it is read: the active rows sit at random places
@@ -1374,133 +1401,166 @@ int advise_huge_pages(void* p, int64_t bytes) {
 #endif
 }
 
-// Forward: out[b, a] = W[ids[b, a]] . h[b] + bias[ids[b, a]] (-inf where mask is 0), each
-// sample's active rows read in place, parallel over samples (no [B, A, H] copy).
-void slide_forward(const float* W, const float* bias, const float* h, const int64_t* ids,
-                   const uint8_t* mask, int64_t B, int64_t A, int64_t H, float* out, int nt) {
-  const float ninf = -INFINITY;
-  parallel(nt, B, [&](int64_t b) {
-    const float* hb = h + b * H;
-    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a)
-      prefetch_row(W + ids[b * A + a] * H, H);
-    for (int64_t a = 0; a < A; ++a) {
-      const int64_t p = b * A + a;
-      if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);
-      if (mask && !mask[p]) {
-        out[p] = ninf;
-        continue;
-      }
-      out[p] = dot(W + ids[p] * H, hb, H) + bias[ids[p]];
-    }
-  });
-}
-
-// Backward of the hidden input: gh[b] = sum_a g[b, a] W[ids[b, a]] (slots in order), the rows
-// read in place; slots with mask 0 are skipped (their gradient is zero).
-void slide_backward_input(const float* g, const float* W, const int64_t* ids,
-                          const uint8_t* mask, int64_t B, int64_t A, int64_t H, float* gh,
-                          int nt) {
-  parallel(nt, B, [&](int64_t b) {
-    float* o = gh + b * H;
-    for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
-    for (int64_t a = 0; a < std::min(A, ROWS_AHEAD); ++a)
-      prefetch_row(W + ids[b * A + a] * H, H);
-    for (int64_t a = 0; a < A; ++a) {
-      const int64_t p = b * A + a;
-      if (a + ROWS_AHEAD < A) prefetch_row(W + ids[p + ROWS_AHEAD] * H, H);
-      if (mask && !mask[p]) continue;
-      const float ga = g[p];
-      const float* w = W + ids[p] * H;
-      for (int64_t i = 0; i < H; ++i) o[i] += ga * w[i];
-    }
-  });
-}
-
-// Backward of the weight rows, partitioned by row: the touched rows (every slot's id, masked
-// ones included, as the gathered layer's sparse gradient lists them) in ascending order, each
-// row's gradient sum_{slots p of that row, in slot order} g[p] h[b(p)] written by the one
-// thread that owns the row: no atomics, no locks, the same bits on any number of threads.
-// C: the layer's rows. Writes rows_out[U] and returns U; the caller then calls
-// slide_backward_weight_rows with buffers of U rows.
+// The touched rows (every slot's id, masked ones included, as the gathered layer's sparse
+// gradient lists them) in ascending order, and each row's slots in slot order: rows_out[U],
+// start[U + 1], order[n]; returns U. C: the layer's rows. The forward calls it, and the
+// backward reuses its arrays.
 int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* rows_out,
                            int64_t* start, int64_t* order) {
-  // the n slots sorted by (row, slot): a stable LSD radix sort on the row's bits. Where the
-  // slots outnumber half the rows, one counting pass over all rows; else passes of at most 11
-  // bits (2^11 counts; two passes up to 4 million rows), so the cost follows the n slots, not
-  // the C rows (a count per row cleared and scanned every step costs more than the slots at a
-  // million rows). Then start[u] .. start[u + 1] in order[] are row u's slots.
-  int bits = 1;
+  // the n slots sorted by (row, slot): a stable LSD radix sort on the row's bits of the keys
+  // row << nb | slot (nb bits for a slot), so each pass reads its keys in sequence (sorting the
+  // slots' numbers and looking each slot's row up at random took longer), in passes of at
+  // most 11 bits (2^11 counts; two passes up to 4 million rows), so the cost follows the n
+  // slots, not the C rows (one counting pass over a million rows, where the slots outnumbered
+  // half the rows, scattered the keys over a million places: 3x the two passes' time for
+  // uniformly drawn ids at 0.5-2 % of 1,000,000 rows, about the same for the layer's own);
+  // every pass's counts in one read of the keys (bits + nb <= 64). Then start[u] ..
+  // start[u + 1] in order[] are row u's slots.
+  int bits = 1, nb = 1;
   while ((int64_t{1} << bits) < C) ++bits;
-  const int passes = C <= 2 * n ? 1 : (bits + 10) / 11;
+  while ((int64_t{1} << nb) < n) ++nb;
+  const int passes = (bits + 10) / 11;
   const int digit = (bits + passes - 1) / passes;
   const int64_t radix = int64_t{1} << digit;
-  std::vector<int64_t> count(static_cast<size_t>(radix + 1));
-  std::vector<int64_t> tmp(passes > 1 ? static_cast<size_t>(n) : 0);
-  for (int pass = 0; pass < passes; ++pass) {
-    // the last pass writes order[]; with two passes the first writes tmp[]
-    int64_t* dst = (passes - pass) % 2 == 1 ? order : tmp.data();
-    const int64_t* src = pass == 0 ? nullptr : ((passes - pass) % 2 == 1 ? tmp.data() : order);
-    const int shift = pass * digit;
-    std::fill(count.begin(), count.end(), 0);
-    for (int64_t q = 0; q < n; ++q) {
-      const int64_t p = src ? src[q] : q;
-      ++count[((ids[p] >> shift) & (radix - 1)) + 1];
-    }
-    for (int64_t d = 0; d < radix; ++d) count[d + 1] += count[d];
-    for (int64_t q = 0; q < n; ++q) {
-      const int64_t p = src ? src[q] : q;
-      dst[count[(ids[p] >> shift) & (radix - 1)]++] = p;
-    }
+  std::vector<int64_t> count(static_cast<size_t>(passes * (radix + 1)), 0);
+  // the keys and a second array for the passes, written before read: not cleared first
+  uint64_t* keys = new uint64_t[2 * static_cast<size_t>(n)];
+  for (int64_t q = 0; q < n; ++q) {
+    const uint64_t id = static_cast<uint64_t>(ids[q]);
+    keys[q] = (id << nb) | static_cast<uint64_t>(q);
+    for (int pass = 0; pass < passes; ++pass)
+      ++count[pass * (radix + 1) + ((id >> (pass * digit)) & (radix - 1)) + 1];
   }
+  uint64_t* src = keys;
+  uint64_t* dst = keys + n;
+  for (int pass = 0; pass < passes; ++pass) {
+    int64_t* cnt = count.data() + pass * (radix + 1);
+    for (int64_t d = 0; d < radix; ++d) cnt[d + 1] += cnt[d];
+    const int shift = nb + pass * digit;
+    for (int64_t q = 0; q < n; ++q) dst[cnt[(src[q] >> shift) & (radix - 1)]++] = src[q];
+    std::swap(src, dst);
+  }
+  const uint64_t slot = (uint64_t{1} << nb) - 1;
   int64_t U = 0;
-  for (int64_t q = 0; q < n; ++q)
-    if (q == 0 || ids[order[q]] != ids[order[q - 1]]) {
-      rows_out[U] = ids[order[q]];
+  for (int64_t q = 0; q < n; ++q) {
+    const int64_t row = static_cast<int64_t>(src[q] >> nb);
+    order[q] = static_cast<int64_t>(src[q] & slot);
+    if (U == 0 || row != rows_out[U - 1]) {
+      rows_out[U] = row;
       start[U++] = q;
     }
+  }
   start[U] = n;
+  delete[] keys;
   return U;
 }
 
-void slide_backward_weight_rows(const float* g, const float* h, const uint8_t* mask,
-                                const int64_t* start, const int64_t* order, int64_t U,
-                                int64_t A, int64_t H, float* gw, float* gb, int nt) {
-  // Each row is summed in place; a large gradient (STREAM_FLOATS) with 32-byte aligned rows in
-  // a buffer that stays in L1, then written out once by streaming stores.
-  const int64_t per = 64;
+// The layer's three passes all run over the touched rows in ascending order (the slots sorted
+// by row by slide_touched_rows, in the forward), not over the samples: a row that several
+// samples share is read once a pass instead of once a slot, and the rows are read in address
+// order, so the reads of a wide layer's weight are nearly sequential where the active fraction
+// is a few tenths of a percent or more (benchmarks/slide_layer.py: the per-sample passes read
+// every slot's row at a random place, twice, and ran at 1.2-2.6x their floor at 1,000,000
+// outputs). Each slot's logit and each row's gradient is the same sum of the same terms in the
+// same order as per sample; only the hidden gradient's sum over a sample's slots runs in
+// another order (rows ascending, in fixed chunks combined in chunk order).
+
+// Forward: out[p] = W[ids[p]] . h[b(p)] + bias[ids[p]] (-inf where mask is 0), b(p) = p / A,
+// for the slots p of each touched row u (rows[u], slots order[start[u] .. start[u + 1]]), each
+// row read once, in place, rows in blocks over the threads (each slot written by its row's
+// owner: the same bits on any thread count).
+void slide_forward_rows(const float* W, const float* bias, const float* h, const int64_t* rows,
+                        const int64_t* start, const int64_t* order, const uint8_t* mask,
+                        int64_t U, int64_t A, int64_t H, float* out, int nt) {
+  const float ninf = -INFINITY;
+  parallel(nt, nblocks_of(U, ROW_BLOCK), [&](int64_t blk) {
+    const int64_t u0 = blk * ROW_BLOCK, u1 = std::min(U, u0 + ROW_BLOCK);
+    for (int64_t u = u0; u < std::min(u1, u0 + ROWS_AHEAD); ++u)
+      prefetch_row(W + rows[u] * H, H);
+    for (int64_t u = u0; u < u1; ++u) {
+      if (u + ROWS_AHEAD < u1) {
+        prefetch_row(W + rows[u + ROWS_AHEAD] * H, H);
+        __builtin_prefetch(bias + rows[u + ROWS_AHEAD]);
+      }
+      const float* w = W + rows[u] * H;
+      const float bu = bias[rows[u]];
+      for (int64_t q = start[u]; q < start[u + 1]; ++q) {
+        const int64_t p = order[q];
+        out[p] = (mask && !mask[p]) ? ninf : dot(w, h + (p / A) * H, H) + bu;
+      }
+    }
+  });
+}
+
+// Backward, one pass over the touched rows (ascending, in place), for the rows of each chunk:
+//   1. the hidden gradient, where gh is given: part_c[b(p)] += g[p] W[rows[u]] for the slots p
+//      of row u that mask keeps (rows ascending, then slots ascending); gh[b] = sum_c part_c[b]
+//      in chunk order. The chunks split [0, U) into a count fixed by U and B alone (at most
+//      MAX_CHUNKS, their partial sums at most U H floats), so the bits do not depend on nt;
+//   2. the weight rows, where gw is given: gw[u] = sum_{slots p of u, ascending} g[p] h[b(p)]
+//      (0 for masked slots) and gb[u] = sum g[p], written by the row's one owner: no atomics,
+//      no locks. A large gradient (STREAM_FLOATS) with 32-byte aligned rows is summed in a
+//      row buffer that stays in L1, then written out once by streaming stores.
+void slide_backward_rows(const float* g, const float* W, const float* h, const uint8_t* mask,
+                         const int64_t* rows, const int64_t* start, const int64_t* order,
+                         int64_t U, int64_t B, int64_t A, int64_t H, float* gh, float* gw,
+                         float* gb, int nt) {
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min<int64_t>(MAX_CHUNKS, U / std::max<int64_t>(B, 1)));
+  std::vector<float> parts(gh ? static_cast<size_t>(chunks * B * H) : 0);
 #ifdef __AVX2__
-  const bool stream = H % 8 == 0 && reinterpret_cast<uintptr_t>(gw) % 32 == 0 &&
+  const bool stream = gw && H % 8 == 0 && reinterpret_cast<uintptr_t>(gw) % 32 == 0 &&
                       U * H >= STREAM_FLOATS;
 #endif
-  parallel(nt, nblocks_of(U, per), [&](int64_t blk) {
+  parallel(nt, chunks, [&](int64_t c) {
     std::vector<float> row(static_cast<size_t>(H));
-    const int64_t u1 = std::min(U, (blk + 1) * per);
-    for (int64_t u = blk * per; u < u1; ++u) {
-      float* dst = gw + u * H;
+    float* part = gh ? parts.data() + c * B * H : nullptr;
+    const int64_t u0 = U * c / chunks, u1 = U * (c + 1) / chunks;
+    if (gh)
+      for (int64_t u = u0; u < std::min(u1, u0 + ROWS_AHEAD); ++u)
+        prefetch_row(W + rows[u] * H, H);
+    for (int64_t u = u0; u < u1; ++u) {
+      if (gh && u + ROWS_AHEAD < u1) prefetch_row(W + rows[u + ROWS_AHEAD] * H, H);
+      const float* __restrict w = W + rows[u] * H;
+      float* dst = gw ? gw + u * H : nullptr;
 #ifdef __AVX2__
       float* __restrict o = stream ? row.data() : dst;
 #else
       float* __restrict o = dst;
 #endif
-      for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
+      if (o)
+        for (int64_t i = 0; i < H; ++i) o[i] = 0.0f;
       float sb = 0.0f;
       for (int64_t q = start[u]; q < start[u + 1]; ++q) {
         const int64_t p = order[q];
-        const float gp = (mask && !mask[p]) ? 0.0f : g[p];
-        const float* __restrict hb = h + (p / A) * H;
-        for (int64_t i = 0; i < H; ++i) o[i] += gp * hb[i];
+        const bool on = !mask || mask[p];
+        const float gp = on ? g[p] : 0.0f;
+        const int64_t b = p / A;
+        if (part && on) axpy(part + b * H, gp, w, H);
+        if (o) axpy(o, gp, h + b * H, H);
         sb += gp;
       }
-      gb[u] = sb;
+      if (gb) gb[u] = sb;
 #ifdef __AVX2__
       if (stream)
         for (int64_t i = 0; i < H; i += 8) _mm256_stream_ps(dst + i, _mm256_loadu_ps(o + i));
 #endif
     }
 #ifdef __AVX2__
-    _mm_sfence();  // the streamed rows are visible before the thread is joined
+    if (stream) _mm_sfence();  // the streamed rows are visible before the thread is joined
 #endif
   });
+  if (gh)
+    parallel(nt, nblocks_of(B, 16), [&](int64_t blk) {
+      for (int64_t b = blk * 16; b < std::min(B, blk * 16 + 16); ++b) {
+        float* __restrict o = gh + b * H;
+        for (int64_t i = 0; i < H; ++i) o[i] = parts[static_cast<size_t>(b * H + i)];
+        for (int64_t c = 1; c < chunks; ++c) {
+          const float* __restrict s = parts.data() + (c * B + b) * H;
+          for (int64_t i = 0; i < H; ++i) o[i] += s[i];
+        }
+      }
+    });
 }
 
 }  // extern "C"

@@ -98,6 +98,7 @@ class SLIDELayer(nn.Module):
         self.tables = Tables(hashes, out_features, bucket, seed * 1000003 + offset, dev)
         self.schedule = Schedule(rebuild_first, rebuild_growth)
         self.tables.build(self.weight.detach())
+        self._grad_rows = _GradRows()
 
     # --- 1. the active set --------------------------------------------------------------------
     def local_labels(self, labels: torch.Tensor | None) -> torch.Tensor | None:
@@ -128,7 +129,8 @@ class SLIDELayer(nn.Module):
             return self.dense(h)
         if h.dtype == torch.float32 and kernels.wants(self.weight) is not None \
                 and kernels.wants(self.bias) is not None and h.device.type == "cpu":
-            return _FusedSparseLinear.apply(h, self.weight, self.bias, ids, mask)
+            return _FusedSparseLinear.apply(h, self.weight, self.bias, ids, mask,
+                                             self._grad_rows)
         w = F.embedding(ids, self.weight, sparse=True)  # [B, A, in]
         b = F.embedding(ids, self.bias, sparse=True).squeeze(-1)
         out = torch.bmm(w, h.unsqueeze(-1)).squeeze(-1) + b
@@ -175,18 +177,46 @@ def _rows_storage(weight: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return weight.clone().to(dev)
 
 
+class _GradRows:
+    """The fused layer's weight-gradient rows, kept from step to step: a buffer handed out
+    again (a view of its first rows) once nothing but this holder refers to its storage (the
+    previous step's gradient dropped by ``zero_grad``), else a fresh one. A fresh buffer of a
+    wide layer's gradient is faulted in and zeroed by the OS at every step: at 1,000,000
+    outputs and 0.2 % active that was as long as writing the gradient itself. Never pickled or
+    copied with its layer."""
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+
+    def take(self, rows: int, cols: int) -> torch.Tensor:
+        buf = self.buf
+        # 2: this holder's reference and the temporary storage object's own
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or \
+                torch._C._storage_Use_Count(buf.untyped_storage()._cdata) > 2:
+            buf = self.buf = kernels.empty_huge(rows + rows // 8, cols)
+        return buf[:rows]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"buf": None}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GradRows:
+        return _GradRows()
+
+
 class _FusedSparseLinear(torch.autograd.Function):
     """Step 2 in the compiled kernels (:mod:`thinwire.kernels`), the same function as the
-    gathered path of :meth:`SLIDELayer.forward`:
+    gathered path of :meth:`SLIDELayer.forward`, every pass over the touched rows in ascending
+    order (each row read once a pass, at nearly sequential addresses where the layer is wide):
 
-      1. forward: each sample's active logits W[id] . h + b[id] computed from the weight rows in
-         place, in parallel over samples (no [B, A, H] copy of the rows);
-      2. backward, hidden input: gh[b] = sum_a g[b, a] W[ids[b, a]], the rows read in place
-         again, in parallel over samples;
-      3. backward, weights: the touched rows (every slot's id, as the gathered path's sparse
-         gradient lists them) found by a counting sort, and each row's gradient
-         sum_{slots of the row} g h[b] written by the one thread that owns the row
-         (partitioned by row: no atomics, no locks); returned as a coalesced sparse gradient of
+      1. forward: the touched rows (every slot's id, as the gathered path's sparse gradient
+         lists them) and each row's slots, found by a radix sort; each slot's logit
+         W[id] . h + b[id] computed from its row in place (no [B, A, H] copy of the rows),
+         rows in parallel blocks;
+      2. backward, in one pass over the rows (read in place again): the hidden gradient
+         gh[b] = sum_a g[b, a] W[ids[b, a]], summed per chunk of rows and the chunks combined
+         in order, and each row's weight gradient sum_{slots of the row} g h[b] written by the
+         one thread that owns the row (partitioned by row: no atomics, no locks), into a buffer
+         kept from step to step (:class:`_GradRows`); returned as a coalesced sparse gradient of
          those rows, the gathered path's gradient coalesced.
 
     The sums run in another order than torch's batched product, so values agree within the
@@ -195,7 +225,8 @@ class _FusedSparseLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+                ids: torch.Tensor, mask: torch.Tensor | None, grad_rows: _GradRows
+                ) -> torch.Tensor:
         lib = kernels.lib()
         assert lib is not None  # chosen by the caller
         hc = h.detach().contiguous()
@@ -203,51 +234,50 @@ class _FusedSparseLinear(torch.autograd.Function):
         m = mask.detach().to(torch.bool).contiguous().view(torch.uint8) if mask is not None \
             else None
         B, A = ids64.shape
-        H = hc.shape[1]
+        C, H = weight.shape
+        n = B * A
+        rows = torch.empty(min(n, C), dtype=torch.int64)
+        start = torch.empty(n + 1, dtype=torch.int64)
+        order = torch.empty(n, dtype=torch.int64)
+        U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(), start.data_ptr(),
+                                   order.data_ptr())
         out = torch.empty(B, A, dtype=torch.float32, device=hc.device)
-        lib.slide_forward(weight.data_ptr(), bias.data_ptr(), hc.data_ptr(), ids64.data_ptr(),
-                          m.data_ptr() if m is not None else None, B, A, H, out.data_ptr(),
-                          kernels.threads())
-        ctx.save_for_backward(hc, weight, ids64,
+        lib.slide_forward_rows(weight.data_ptr(), bias.data_ptr(), hc.data_ptr(),
+                               rows.data_ptr(), start.data_ptr(), order.data_ptr(),
+                               m.data_ptr() if m is not None else None, U, A, H, out.data_ptr(),
+                               kernels.threads())
+        ctx.save_for_backward(hc, weight, rows, start, order,
                               m if m is not None else hc.new_empty(0))
-        ctx.has_mask = m is not None
+        ctx.has_mask, ctx.U, ctx.A, ctx.grad_rows = m is not None, U, A, grad_rows
         return out
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         lib = kernels.lib()
         assert lib is not None
-        hc, weight, ids64, m = ctx.saved_tensors
+        hc, weight, rows, start, order, m = ctx.saved_tensors
         g = grads[0].detach().to(torch.float32).contiguous()
-        mp = m.data_ptr() if ctx.has_mask else None
-        B, A = ids64.shape
+        U, A = ctx.U, ctx.A
+        B = g.shape[0]
         C, H = weight.shape
-        nt = kernels.threads()
-        gh = None
-        if ctx.needs_input_grad[0]:
-            gh = torch.empty(B, H, dtype=torch.float32, device=g.device)
-            lib.slide_backward_input(g.data_ptr(), weight.data_ptr(), ids64.data_ptr(), mp, B, A,
-                                     H, gh.data_ptr(), nt)
-        gw = gb = None
+        gh = torch.empty(B, H, dtype=torch.float32) if ctx.needs_input_grad[0] else None
+        gw = gb = wv = bv = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            n = B * A
-            dev = g.device
-            rows = torch.empty(min(n, C), dtype=torch.int64, device=dev)
-            start = torch.empty(n + 1, dtype=torch.int64, device=dev)
-            order = torch.empty(n, dtype=torch.int64, device=dev)
-            U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(),
-                                       start.data_ptr(), order.data_ptr())
-            wv = kernels.empty_huge(U, H)  # written once, in full: 2 MiB pages fault faster
-            bv = torch.empty(U, 1, dtype=torch.float32, device=dev)
-            lib.slide_backward_weight_rows(g.data_ptr(), hc.data_ptr(), mp, start.data_ptr(),
-                                           order.data_ptr(), U, A, H, wv.data_ptr(),
-                                           bv.data_ptr(), nt)
+            wv = ctx.grad_rows.take(U, H)  # every row written in full
+            bv = torch.empty(U, 1, dtype=torch.float32)
+        lib.slide_backward_rows(g.data_ptr(), weight.data_ptr(), hc.data_ptr(),
+                                m.data_ptr() if ctx.has_mask else None, rows.data_ptr(),
+                                start.data_ptr(), order.data_ptr(), U, B, A, H,
+                                gh.data_ptr() if gh is not None else None,
+                                wv.data_ptr() if wv is not None else None,
+                                bv.data_ptr() if bv is not None else None, kernels.threads())
+        if wv is not None and bv is not None:
             at = rows[:U].unsqueeze(0)
             gw = torch.sparse_coo_tensor(at, wv, (C, H), is_coalesced=True,
                                          check_invariants=False)
             gb = torch.sparse_coo_tensor(at, bv, (C, 1), is_coalesced=True,
                                          check_invariants=False)
-        return gh, gw, gb, None, None
+        return gh, gw, gb, None, None, None
 
 
 def label_targets(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
