@@ -177,6 +177,10 @@ def _rows_storage(weight: torch.Tensor, dev: torch.device) -> torch.Tensor:
     return weight.clone().to(dev)
 
 
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+"""How many references a storage has (torch's own, not public), or None."""
+
+
 class _GradRows:
     """The fused layer's weight-gradient rows, kept from step to step: a buffer handed out
     again (a view of its first rows) once nothing but this holder refers to its storage (the
@@ -190,9 +194,10 @@ class _GradRows:
 
     def take(self, rows: int, cols: int) -> torch.Tensor:
         buf = self.buf
-        # 2: this holder's reference and the temporary storage object's own
-        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or \
-                torch._C._storage_Use_Count(buf.untyped_storage()._cdata) > 2:
+        # 2: this holder's reference and the temporary storage object's own (torch's storage
+        # use count is not public: where a torch lacks it, every step takes a fresh buffer)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or _USE_COUNT is None \
+                or _USE_COUNT(buf.untyped_storage()._cdata) > 2:
             buf = self.buf = kernels.empty_huge(rows + rows // 8, cols)
         return buf[:rows]
 
