@@ -21,7 +21,9 @@ the compiled path (the hash codes, tables and active sets in native arrays, the 
 no gather, the fused loss) and the table adds, with the ids given, the fused layer's time and
 ratio beside the gathered pure-torch layer's, the full step's ratio on the pure-torch path, and
 the fused layer's floor: the active rows read forward, read again and their gradients written
-backward (3 x 4 B A H bytes) over the copy bandwidth. One torch thread (``--threads``), CPU.
+backward (3 x 4 B A H bytes) over the copy bandwidth, and the same with each touched row counted
+once (the fused layer reads a row shared by several samples once each way: 3 x 4 U H bytes for
+U distinct active rows). One torch thread (``--threads``), CPU.
 Before every timed call ``--flush-mib`` MiB are written (untimed), so that every variant starts
 from caches that hold none of the layer (:func:`cache_flush` says why).
 
@@ -111,10 +113,12 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
 
     fns: dict[str, Callable[[], None]] = {"dense": dense}
     moved: dict[str, float] = {}
+    distinct: dict[str, float] = {}  # the fused layer's bytes over the touched rows
     for sm, layer in layers.items():
-        variants, active_ids = _variants(sm, layer, h, labels)
+        variants, active_ids, rows_touched = _variants(sm, layer, h, labels)
         fns.update(variants)
         moved[sm] = 2.0 * 4 * active_ids * H  # rows read + [B, A, H] written, float32
+        distinct[sm] = 3.0 * 4 * rows_touched * H
     t = _least(fns, repeats, flush)
     td = t["dense"]
     return [{"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
@@ -129,14 +133,16 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
              "sparse_torch_ratio": t.get(f"{sm}.sparse_torch", float("nan")) / (td * s),
              # fused floor: the active rows read forward, read again and their gradients
              # written backward (3 x 4 B A H bytes; moved counts 2 x that)
-             "fused_floor_ratio": 1.5 * moved[sm] / bandwidth / (td * s)} for sm in layers]
+             "fused_floor_ratio": 1.5 * moved[sm] / bandwidth / (td * s),
+             "distinct_floor_ratio": distinct[sm] / bandwidth / (td * s)} for sm in layers]
 
 
 def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
-              ) -> tuple[dict[str, Callable[[], None]], int]:
+              ) -> tuple[dict[str, Callable[[], None]], int, int]:
     """The timed variants of one layer: retrieval alone, the full sparse step, the step with
-    the active ids given, and the gather of the active weight rows alone; and the number of
-    active ids given (B x A, padding included: the gather moves them all)."""
+    the active ids given, and the gather of the active weight rows alone; the number of
+    active ids given (B x A, padding included: the gather moves them all) and of distinct
+    active rows (the mask's)."""
     given = layer.active(h, labels)
 
     def query() -> None:
@@ -156,7 +162,7 @@ def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
     if PATH == "1":
         fns[f"{sm}.fused"] = step("1", given)
         fns[f"{sm}.sparse_torch"] = step("0", None)
-    return fns, given[0].numel()
+    return fns, given[0].numel(), int(torch.unique(given[0][given[1]]).numel())
 
 
 PATH = "1" if kernels.available() else "0"
@@ -212,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
           "| SLIDE / (dense x active) | torch SLIDE / (dense x active) | retrieval share "
           "| ids given, torch: fwd+bwd s | torch / (dense x active) | ids given, fused: fwd+bwd s "
           "| fused / (dense x active) | gather [B, A, H] alone s | gather moves MB "
-          "| gather floor / (dense x active) | fused floor / (dense x active) |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| gather floor / (dense x active) | fused floor / (dense x active) "
+          "| fused floor, rows once / (dense x active) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for C in widths:
         for s in fractions:
             for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings, bandwidth,
@@ -224,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['compute_s']:.4f} | {r['compute_ratio']:.1f} | "
                       f"{r['fused_s']:.4f} | {r['fused_ratio']:.1f} | {r['gather_s']:.4f} | "
                       f"{r['gather_mb']:.1f} | {r['floor_ratio']:.2f} | "
-                      f"{r['fused_floor_ratio']:.2f} |", flush=True)
+                      f"{r['fused_floor_ratio']:.2f} | {r['distinct_floor_ratio']:.2f} |",
+                      flush=True)
     return 0
 
 
