@@ -7,7 +7,8 @@ ranks (a file store's rendezvous, one torch thread each, hard timeout) through
 The helpers every test file shares live here too, written once: ``wait_until`` /
 ``poll_until`` (wait on a condition with a timeout, never a fixed sleep), ``one_line`` (a
 refusal's message is one non-empty line), ``stderr_lines`` (a command's non-blank output
-lines) and ``pipeline_config`` (the pipeline tests' run configuration).
+lines), ``pipeline_config`` (the pipeline tests' run configuration) and ``FT_HEARTBEAT_MS``
+(the fault-tolerance jobs' heartbeat timeout).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from thinwire.data.text import BUNDLED_DIR
 from thinwire.runtime.spawn import RankFailed, rendezvous_dir, run_group
 
-__all__ = ["DATA", "one_line", "pipeline_config", "poll_until", "rendezvous_dir", "run_workers",
+__all__ = ["DATA", "FT_HEARTBEAT_MS", "one_line", "pipeline_config", "poll_until", "rendezvous_dir", "run_workers",
            "stderr_lines", "wait_until"]
 
 
@@ -29,6 +30,13 @@ DATA: Path = BUNDLED_DIR
 """The data that ships with the package: ``DATA / "tinyshakespeare"`` holds ``input.txt``,
 ``DATA / "cora"`` holds ``cora.npz`` (tests name it as ``--data.dir`` so that no
 ``$THINWIRE_DATA_DIR`` or user cache of the machine changes what they read)."""
+
+
+FT_HEARTBEAT_MS = 1000
+"""The lighthouse's heartbeat timeout in the tests' fault-tolerant jobs (the launcher's default
+is 2 s, the planner's figure): a SIGKILLed worker leaves the quorum this long after its last
+heartbeat, a wait every such test takes in full. A live worker heartbeats every 100 ms from
+torchft's own thread, so it would have to miss ten in a row to be counted lost."""
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 90) -> list[Any]:

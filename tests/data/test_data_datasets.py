@@ -196,9 +196,35 @@ def test_digits_split_and_determinism() -> None:
 def test_digits_without_sklearn(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
+    monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
     with pytest.raises(UsageError, match="pip install scikit-learn"):
         load_dataset("digits")
+
+
+def test_digits_are_read_as_sklearn_reads_them(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    """The bundled file read directly (no scikit-learn import) equals ``load_digits`` bit for
+    bit, dtypes included; where the file is not in its usual place, ``load_digits`` itself."""
+    import importlib.util
+
+    from sklearn.datasets import load_digits
+
+    from thinwire.data import datasets
+
+    bunch = load_digits()
+
+    def same() -> None:
+        data, target = datasets._digits_arrays()
+        assert data.dtype == bunch.data.dtype and np.array_equal(data, bunch.data)
+        assert target.dtype == np.int64 and np.array_equal(target, bunch.target)
+
+    same()  # the file read directly
+    moved = importlib.util.spec_from_loader("sklearn", None, is_package=True)
+    assert moved is not None
+    moved.submodule_search_locations = [str(tmp_path)]  # no datasets/data/digits.csv.gz here
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: moved)
+    same()  # load_digits
 
 
 def test_teacher_deterministic_and_exact() -> None:

@@ -7,16 +7,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from harness import wait_until
+from harness import FT_HEARTBEAT_MS, wait_until
 
 pytest.importorskip("torchft")
 os.environ.setdefault("RUST_LOG", "error")
 
-from thinwire.runtime.ft import Lighthouse  # noqa: E402
+from thinwire.runtime.ft import Lighthouse, lighthouse_status  # noqa: E402
 
 HERE = Path(__file__).parent
 SRC = HERE.parents[1] / "src"
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.timeout(150)
 
 
 def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], steps: int,
-         timeout: float = 100) -> dict[int, int]:
+         timeout: float = 100, meanwhile: Callable[[], None] | None = None) -> dict[int, int]:
     env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", RUST_LOG="error")
     procs = {i: subprocess.Popen([sys.executable, str(HERE / "ft_replica.py"), str(i),
                                   lighthouse, str(tmp), str(steps), *a], env=env,
@@ -35,6 +36,8 @@ def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], steps: int,
              for i, a in args.items()}
     codes: dict[int, int] = {}
     try:
+        if meanwhile is not None:
+            meanwhile()
         for i, p in procs.items():
             codes[i] = p.wait(timeout=timeout)
     finally:
@@ -43,6 +46,18 @@ def _run(tmp: Path, lighthouse: str, args: dict[int, list[str]], steps: int,
                 p.kill()
                 p.wait()
     return codes
+
+
+def release_joiner(tmp: Path, lighthouse: str) -> None:
+    """Once replicas 0 and 1 hold before step 10 and the lighthouse holds replica 3's quorum
+    request alone, let them go (their requests then complete the quorum with it)."""
+
+    def joiner_waiting() -> bool:
+        return (all((tmp / f"holding10.{i}").exists() for i in (0, 1))
+                and "only have 1 participants" in lighthouse_status(lighthouse))
+
+    wait_until(joiner_waiting, 90, "replica 3 waiting in the lighthouse before step 10")
+    (tmp / "readygo").touch()
 
 
 def _reference(live: dict[int, list[int]], steps: int) -> list[torch.Tensor]:
@@ -66,7 +81,8 @@ def _reference(live: dict[int, list[int]], steps: int) -> list[torch.Tensor]:
 def test_worker_killed_and_one_joining(tmp_path: Path, codec: str) -> None:
     """3 replicas; replica 2 SIGKILLs itself inside step 5 (after the quorum formed, so the
     survivors lose that step and redo it); replica 3 starts late and joins at step 10 (the
-    survivors hold there until it heartbeats). Survivors finish without a restart; every
+    survivors hold there until its quorum request is in the lighthouse: torchft's fast quorum
+    would otherwise form without a request that comes late). Survivors finish without a restart; every
     committed step's mean is over its live quorum; the joiner recovered a live peer's model and
     momentum and ends equal to its peers bit for bit. With top-k and its error feedback the
     same holds but the reference (codec "none" only): the joiner's residual starts at zero,
@@ -74,10 +90,13 @@ def test_worker_killed_and_one_joining(tmp_path: Path, codec: str) -> None:
     gathered payloads."""
     steps = 16
     first = ["--hold", "0:0,1,2", "--codec", codec]
-    survivor = [*first, "--hold", "10:3"]
-    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+    survivor = [*first, "--hold", "10:go"]
+    with Lighthouse(min_workers=2, join_timeout_ms=3000,
+                    heartbeat_timeout_ms=FT_HEARTBEAT_MS) as lh:
         codes = _run(tmp_path, lh.address, {
-            0: survivor, 1: survivor, 2: [*first, "--die-at", "5"], 3: ["--after", "10:0,1", "--codec", codec]}, steps)
+            0: survivor, 1: survivor, 2: [*first, "--die-at", "5"],
+            3: ["--after", "10:0,1", "--codec", codec]}, steps,
+            meanwhile=lambda: release_joiner(tmp_path, lh.address))
     assert codes == {0: 0, 1: 0, 2: -9, 3: 0}, (codes, [(tmp_path / f"err{i}").read_text()[-600:]
                                                        for i in codes])
     out = {i: torch.load(tmp_path / f"replica{i}.pt") for i in (0, 1, 3)}

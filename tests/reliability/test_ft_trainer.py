@@ -7,6 +7,7 @@ rule to the live sets the survivors recorded."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from harness import FT_HEARTBEAT_MS
 
 pytest.importorskip("torchft")
 os.environ.setdefault("RUST_LOG", "error")
@@ -22,6 +24,7 @@ from method_cases import MLP  # noqa: E402
 
 from thinwire import checkpoint, rundir  # noqa: E402
 from thinwire import config as config_mod  # noqa: E402
+from thinwire import launch as launch_mod  # noqa: E402
 from thinwire.builders import build_model, load_data, make_stream  # noqa: E402
 from thinwire.data.task import task_for  # noqa: E402
 from thinwire.errors import RunFailed  # noqa: E402
@@ -49,11 +52,16 @@ def make_run(root: Path, method: dict[str, str], workers: int, min_workers: int,
 
 
 def run_job(run: Path, cfg: Any, **faults: str) -> dict[str, Any]:
+    """The job through :func:`thinwire.run.run_replicas`, its lighthouse started with the
+    tests' heartbeat timeout (``harness.FT_HEARTBEAT_MS``)."""
     env = {f"THINWIRE_TEST_FT_{k.upper()}": v for k, v in faults.items()}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    launcher = launch_mod.launch_replicas
+    launch_mod.launch_replicas = functools.partial(launcher, heartbeat_ms=FT_HEARTBEAT_MS)
     try:
         return run_replicas(run, cfg, env=env, module="ft_worker")
     finally:  # no orphan, however the job ended
+        launch_mod.launch_replicas = launcher
         assert worker_pids(os.getpid(), "ft_worker") == []
 
 
@@ -279,12 +287,12 @@ def test_too_few_workers_left_ends_in_one_line_with_the_checkpoint_intact(
     """SparseLoCo, 2 workers, min_workers 2, a checkpoint every 5 steps: worker 1 is killed
     inside step 7;
     worker 0 refuses the outer step of 10 (its round's steps are lost: the checkpoint of step 10
-    holds the model of step 5), its next quorum cannot form within runtime.timeout_s, and the
-    job ends with one line naming min_workers; both checkpoints are complete and load; no worker
-    is left."""
+    holds the model of step 5), its next quorum cannot form within runtime.timeout_s (4 s here:
+    waited in full), and the job ends with one line naming min_workers; both checkpoints are
+    complete and load; no worker is left."""
     run, cfg = make_run(tmp_path, {"method.name": "sparseloco", "method.period": str(H),
                                    "method.chunk": "64", "method.topk": "8"}, 2, 2,
-                        **{"run.checkpoint_every": str(H)})
+                        **{"run.checkpoint_every": str(H), "runtime.timeout_s": "4"})
     with pytest.raises(RunFailed) as info:
         run_job(run, cfg, start="0,1", kill="1:7")
     msg = str(info.value)

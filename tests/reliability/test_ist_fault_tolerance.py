@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import wait_until
+from harness import FT_HEARTBEAT_MS, wait_until
 
 pytest.importorskip("torchft")
 os.environ.setdefault("RUST_LOG", "error")
@@ -55,7 +55,8 @@ def kill_first_and_join(tmp: Path, first: list[str], rounds: int) -> dict[int, d
     1, workers 1 and 2 hold before round 3 until worker 3's quorum request is in, worker 3
     joins there; every other worker ends cleanly. Each survivor's saved output."""
     survivor = [*first, "--hold", "3:go"]
-    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+    with Lighthouse(min_workers=2, join_timeout_ms=3000,
+                    heartbeat_timeout_ms=FT_HEARTBEAT_MS) as lh:
         codes = _run(tmp, lh.address, {0: [*first, "--die-at", "1"], 1: survivor,
                                        2: survivor, 3: ["--after", "3:1,2", *first[2:]]},
                      rounds, meanwhile=lambda: release_joiner(tmp, lh.address))
@@ -232,7 +233,8 @@ def test_lr_zero_through_a_loss_leaves_the_model_unchanged(tmp_path: Path) -> No
     bit (the live holders' mean of unchanged copies is the copy, the shared tensor's deltas
     are zero)."""
     first = ["--hold", "0:0,1,2", "--lr", "0", "--overlap", "2"]
-    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+    with Lighthouse(min_workers=2, join_timeout_ms=3000,
+                    heartbeat_timeout_ms=FT_HEARTBEAT_MS) as lh:
         codes = _run(tmp_path, lh.address, {0: first, 1: first,
                                             2: [*first, "--die-at", "1"]}, 3)
     assert codes == {0: 0, 1: 0, 2: -9}, (codes, [(tmp_path / f"err{i}").read_text()[-800:]
@@ -249,7 +251,8 @@ def test_the_only_keeper_lost_ends_with_one_line(tmp_path: Path) -> None:
     """keepers 1: worker 0 stores the model alone and dies mid-round 1; the survivors' close
     finds no live copy of the model and each ends with one line naming it, no traceback."""
     first = ["--hold", "0:0,1,2", "--keepers", "1"]
-    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+    with Lighthouse(min_workers=2, join_timeout_ms=3000,
+                    heartbeat_timeout_ms=FT_HEARTBEAT_MS) as lh:
         codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"], 1: first, 2: first}, 3)
     assert codes == {0: -9, 1: 3, 2: 3}, codes
     for i in (1, 2):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import FT_HEARTBEAT_MS
 
 pytest.importorskip("torchft")
 os.environ.setdefault("RUST_LOG", "error")
@@ -96,7 +97,8 @@ def test_both_holders_of_a_block_lost_end_in_one_line(tmp_path: Path) -> None:
     and 3 close the round, find no live copy of block 0 and each ends with one line naming
     it (and its workers), no traceback."""
     first = ["--hold", "0:0,1,2,3", "--workers", "4", "--deployment", "sharded"]
-    with Lighthouse(min_workers=2, join_timeout_ms=3000) as lh:
+    with Lighthouse(min_workers=2, join_timeout_ms=3000,
+                    heartbeat_timeout_ms=FT_HEARTBEAT_MS) as lh:
         codes = _run(tmp_path, lh.address, {0: [*first, "--die-at", "1"],
                                             1: [*first, "--die-at", "1"], 2: first, 3: first},
                      3)

@@ -311,14 +311,32 @@ def _load_fashion_mnist(
 # ---------------------------------------------------------------------------------- digits
 
 
-def _load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as exc:
-        raise UsageError("dataset 'digits' needs scikit-learn: pip install scikit-learn") from exc
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (data, target): its bundled ``digits.csv.gz`` read as its
+    ``load_digits`` reads it (64 pixel columns then the label, float64), found without
+    importing scikit-learn (a second of every worker's start-up); ``load_digits`` itself where
+    the file is not in its usual place."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise UsageError("dataset 'digits' needs scikit-learn: pip install scikit-learn")
+    for root in spec.submodule_search_locations or []:
+        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                data = np.loadtxt(f, delimiter=",")
+            return data[:, :-1], data[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+
     bunch = load_digits()
-    x = np.asarray(bunch.data, dtype=np.float64)
-    y = np.asarray(bunch.target, dtype=np.int64)
+    return bunch.data, bunch.target
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    data, target = _digits_arrays()
+    x = np.asarray(data, dtype=np.float64)
+    y = np.asarray(target, dtype=np.int64)
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(DIGITS_SPLIT_SEED)))
     test_mask = np.zeros(len(y), dtype=bool)
     for c in np.unique(y):

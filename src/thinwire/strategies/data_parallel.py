@@ -62,7 +62,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from thinwire.compression.registry import check_codec, codec_names
@@ -258,6 +257,8 @@ class DataParallelStrategy(ReplicatedStrategy):
                 self.hook_state.restore(list(self.model.parameters()), state["codec"])
             self._rebuild_pending = self.ddp is not self.model
             return None
+        from torch.distributed.tensor import DTensor  # sharded only: a second's import otherwise
+
         with torch.no_grad():
             for name, t in self.model.state_dict().items():
                 local = t.to_local() if isinstance(t, DTensor) else t
