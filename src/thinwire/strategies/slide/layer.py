@@ -241,12 +241,13 @@ class _FusedSparseLinear(torch.autograd.Function):
         B, A = ids64.shape
         C, H = weight.shape
         n = B * A
-        rows = torch.empty(min(n, C), dtype=torch.int64)
-        start = torch.empty(n + 1, dtype=torch.int64)
-        order = torch.empty(n, dtype=torch.int64)
+        dev = hc.device  # every buffer on its input's device (a default device may differ)
+        rows = torch.empty(min(n, C), dtype=torch.int64, device=dev)
+        start = torch.empty(n + 1, dtype=torch.int64, device=dev)
+        order = torch.empty(n, dtype=torch.int64, device=dev)
         U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(), start.data_ptr(),
                                    order.data_ptr())
-        out = torch.empty(B, A, dtype=torch.float32, device=hc.device)
+        out = torch.empty(B, A, dtype=torch.float32, device=dev)
         lib.slide_forward_rows(weight.data_ptr(), bias.data_ptr(), hc.data_ptr(),
                                rows.data_ptr(), start.data_ptr(), order.data_ptr(),
                                m.data_ptr() if m is not None else None, U, A, H, out.data_ptr(),
@@ -265,11 +266,12 @@ class _FusedSparseLinear(torch.autograd.Function):
         U, A = ctx.U, ctx.A
         B = g.shape[0]
         C, H = weight.shape
-        gh = torch.empty(B, H, dtype=torch.float32) if ctx.needs_input_grad[0] else None
+        gh = torch.empty(B, H, dtype=torch.float32, device=g.device) \
+            if ctx.needs_input_grad[0] else None
         gw = gb = wv = bv = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             wv = ctx.grad_rows.take(U, H)  # every row written in full
-            bv = torch.empty(U, 1, dtype=torch.float32)
+            bv = torch.empty(U, 1, dtype=torch.float32, device=g.device)
         lib.slide_backward_rows(g.data_ptr(), weight.data_ptr(), hc.data_ptr(),
                                 m.data_ptr() if ctx.has_mask else None, rows.data_ptr(),
                                 start.data_ptr(), order.data_ptr(), U, B, A, H,
