@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <pthread.h>
 #include <cmath>
@@ -669,19 +670,27 @@ inline uint8_t fp4_code(float m) {
   return static_cast<uint8_t>(std::min(std::max((((b >> 22) + 1) >> 1) - 120, 1), 7));
 }
 
+// The nibble of x against the scale s: (sign bit << 3) | fp4_code(|x| / s).
+inline uint8_t fp4_nibble(float x, float s) {
+  return static_cast<uint8_t>(fp4_code(std::fabs(x) / s) | ((bits_of(x) >> 31) << 3));
+}
+
 int64_t fp4_chunks_per_block(int64_t chunk) {
   int64_t per = std::max<int64_t>(1, BLOCK / chunk);
   return per + (per & 1);
 }
 
-// fn(c, a, e) for every chunk c of [0, d) (elements [a, e)), whole chunks per parallel block
+// fn(c, a, e) for every chunk c of [0, d) (elements [a, e)), whole chunks per parallel block,
+// each block fenced once at its end where its stores stream (not once a chunk: testing for a
+// block's last chunk took an integer division a chunk).
 template <class F>
-void for_chunks(int nt, int64_t d, int64_t chunk, F fn) {
+void for_chunks(int nt, int64_t d, int64_t chunk, bool stream, F fn) {
   const int64_t chunks = (d + chunk - 1) / chunk;
   const int64_t per = std::max<int64_t>(1, BLOCK / chunk);
   parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
     const int64_t c1 = std::min(chunks, (b + 1) * per);
     for (int64_t c = b * per; c < c1; ++c) fn(c, c * chunk, std::min(d, c * chunk + chunk));
+    fence(stream);
   });
 }
 
@@ -960,17 +969,11 @@ inline void fp4_encode_block(const float* __restrict x, int64_t d, int64_t chunk
 #endif
     if (direct) {  // the rest two at a time (an odd end only at d: its low nibble 0)
       for (; i < e; i += 2) {
-        const uint8_t hi = fp4_code(std::fabs(x[i]) / safe) | ((bits_of(x[i]) >> 31) << 3);
-        const uint8_t lo = i + 1 < e ? static_cast<uint8_t>(
-                                           fp4_code(std::fabs(x[i + 1]) / safe) |
-                                           ((bits_of(x[i + 1]) >> 31) << 3))
-                                     : 0;
-        packed[i >> 1] = static_cast<uint8_t>((hi << 4) | lo);
+        const uint8_t lo = i + 1 < e ? fp4_nibble(x[i + 1], safe) : 0;
+        packed[i >> 1] = static_cast<uint8_t>((fp4_nibble(x[i], safe) << 4) | lo);
       }
     } else {
-      for (; i < e; ++i)
-        nb[i - a0] = static_cast<uint8_t>(fp4_code(std::fabs(x[i]) / safe) |
-                                          ((bits_of(x[i]) >> 31) << 3));
+      for (; i < e; ++i) nb[i - a0] = fp4_nibble(x[i], safe);
     }
   }
   if (direct) return;
@@ -1068,14 +1071,8 @@ void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* sca
 void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, float* out,
                  int nt) {
   const bool stream = d >= STREAM;
-  const int64_t chunks = (d + chunk - 1) / chunk, per = std::max<int64_t>(1, BLOCK / chunk);
-  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
-    const int64_t c1 = std::min(chunks, (b + 1) * per);
-    for (int64_t c = b * per; c < c1; ++c) {
-      const int64_t a = c * chunk;
-      widen_scale(q + a, out + a, std::min(d, a + chunk) - a, scale[c], stream);
-    }
-    fence(stream);
+  for_chunks(nt, d, chunk, stream, [&](int64_t c, int64_t a, int64_t e) {
+    widen_scale(q + a, out + a, e - a, scale[c], stream);
   });
 }
 
@@ -1424,7 +1421,8 @@ int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* ro
   const int64_t radix = int64_t{1} << digit;
   std::vector<int64_t> count(static_cast<size_t>(passes * (radix + 1)), 0);
   // the keys and a second array for the passes, written before read: not cleared first
-  uint64_t* keys = new uint64_t[2 * static_cast<size_t>(n)];
+  std::unique_ptr<uint64_t[]> held(new uint64_t[2 * static_cast<size_t>(n)]);
+  uint64_t* keys = held.get();
   for (int64_t q = 0; q < n; ++q) {
     const uint64_t id = static_cast<uint64_t>(ids[q]);
     keys[q] = (id << nb) | static_cast<uint64_t>(q);
@@ -1451,7 +1449,6 @@ int64_t slide_touched_rows(const int64_t* ids, int64_t n, int64_t C, int64_t* ro
     }
   }
   start[U] = n;
-  delete[] keys;
   return U;
 }
 
@@ -1547,7 +1544,7 @@ void slide_backward_rows(const float* g, const float* W, const float* h, const u
 #endif
     }
 #ifdef __AVX2__
-    if (stream) _mm_sfence();  // the streamed rows are visible before the thread is joined
+    if (stream) _mm_sfence();  // the streamed rows are visible before the block counts as done
 #endif
   });
   if (gh)
