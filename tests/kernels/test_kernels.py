@@ -275,6 +275,56 @@ def test_qsgd_counter_stream_is_uniform_and_draws_each_block_alone() -> None:
     assert abs(float(np.corrcoef(whole[:-1], whole[1:])[0, 1])) < 0.01
 
 
+def _sum_squares_by_definition(x: "np.ndarray") -> float:
+    """sum_squares's order written out: blocks of 2^16, groups of 64 rows of 32 lanes, each
+    lane's float32 squares added one row at a time, its group sums in double, lanes folded by
+    halves, blocks in order."""
+    import numpy as np
+
+    total = 0.0
+    for a in range(0, x.size, 1 << 16):
+        lanes = np.zeros(32, np.float64)
+        block = x[a:a + (1 << 16)]
+        for g in range(0, block.size, 64 * 32):
+            part = np.zeros(32, np.float32)
+            for r in range(g, min(block.size, g + 64 * 32), 32):
+                row = block[r:r + 32]
+                part[:row.size] += row * row
+            lanes += part.astype(np.float64)
+        h = 16
+        while h:
+            lanes = lanes[:h] + lanes[h:]
+            h //= 2
+        total += float(lanes[0])
+    return total
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_qsgd_norm_sums_in_its_documented_order_on_1_2_4_threads(path: str) -> None:
+    """QSGD's CPU norm (sum_squares) adds the squares in the order its docstring gives, so the
+    compiled kernel (parallel over blocks) and the numpy path (a reduction over rows) agree
+    bit for bit on any thread count; and its error is far below float32's unit (torch's own
+    float32 norm was off by about 1e-5 relative on such draws)."""
+    import numpy as np
+
+    from thinwire.compression.quantize import round_float32, sum_squares
+    for d in (1, 31, 33, 2047, 2049, (1 << 16) + 100, 300_001):
+        x = (torch.randn(d, generator=torch.Generator().manual_seed(d)) ** 3).numpy()
+        want = _sum_squares_by_definition(x)
+        for threads in (1, 2, 4):
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                with kernels.forced(path):
+                    got = sum_squares(x)
+            finally:
+                torch.set_num_threads(before)
+            assert got == want, f"d={d} threads={threads}: {got!r} != {want!r}"
+        exact = math.fsum((x.astype(np.float64) ** 2).tolist())
+        assert abs(want - exact) <= 1e-6 * exact
+        assert abs(round_float32(math.sqrt(want)) - math.sqrt(exact)) <= 2.0**-22 * math.sqrt(exact)
+
+
 def slide_step(layer: SLIDELayer, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                labels: torch.Tensor, path: str, threads: int) -> dict[str, torch.Tensor]:
     before = torch.get_num_threads()

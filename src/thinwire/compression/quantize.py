@@ -118,6 +118,54 @@ class CounterUniform:
         np.multiply(h, _U24, out=out, dtype=np.float32, casting="unsafe")
 
 
+SQ_LANES, SQ_ROWS = 32, 64
+""":func:`sum_squares`'s lanes within a block (lane l adds the elements i = l mod 32) and rows
+a lane adds in float32 before its double takes the sum."""
+
+
+def sum_squares(xn: np.ndarray) -> float:
+    """The sum of the squares of a contiguous float32 array in an order fixed by the indices
+    alone: per block of :data:`BLOCK` elements, 32 lanes (lane l takes i = l mod 32); per group
+    of 64 rows of 32, each lane adds its float32 squares in increasing i in float32 (each
+    multiply and add rounded on its own), then that sum into the lane's double; the 32 doubles
+    folded by halves (lane l += lane l + h for h = 16, 8, 4, 2, 1), the blocks' sums added in
+    block order. The compiled kernel (``sum_squares``, parallel over blocks) gets the same bits
+    on any thread count. Squares overflow past 1.8e19 as in torch's float32 norm; the error is
+    that of 64-term float32 sums (torch's own norm was off by about 1e-5 relative on 2^20
+    normal draws, this within a unit in float32's last place)."""
+    lib = kernels.lib() if xn.flags.c_contiguous and xn.dtype == np.float32 else None
+    if lib is not None:
+        return float(lib.sum_squares(xn.ctypes.data, xn.size, kernels.threads()))
+    group = SQ_LANES * SQ_ROWS
+    total = 0.0
+    for a, b in blocks(xn.size, BLOCK):
+        sq = xn[a:b] * xn[a:b]
+        pad = (-sq.size) % group
+        if pad:  # + 0.0 leaves a lane's (non-negative) sums as they are
+            sq = np.concatenate([sq, np.zeros(pad, np.float32)])
+        # a reduction over an axis that is not the last adds slice after slice, in order, into
+        # the result: each lane's squares in increasing i (a test holds this to a loop)
+        rows = np.add.reduce(sq.reshape(-1, SQ_ROWS, SQ_LANES), axis=1)
+        lanes = np.add.reduce(rows.astype(np.float64), axis=0)
+        h = SQ_LANES // 2
+        while h:
+            lanes = lanes[:h] + lanes[h:]
+            h //= 2
+        total += float(lanes[0])
+    return total
+
+
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+"""The least double that rounds to float32 infinity (float32's largest plus half its last
+unit: the tie rounds to even, which is infinity)."""
+
+
+def round_float32(v: float) -> float:
+    """``v`` rounded to float32 (to nearest, ties to even), infinity past float32's range
+    without numpy's overflow warning."""
+    return math.inf if v >= FLOAT32_OVERFLOW else float(np.float32(v))
+
+
 def level_dtype(levels: int) -> torch.dtype:
     """The smallest signed integer dtype holding [-levels, levels]."""
     if levels <= 127:
@@ -138,6 +186,9 @@ class QSGD(Compressor):
         if levels < 1:
             raise ValueError(f"qsgd needs at least 1 level, got {levels}")
         self.levels = levels
+        self._level_numpy = NUMPY_DTYPES[level_dtype(levels)]
+        # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
+        self._wide = levels >= torch.iinfo(level_dtype(levels)).max
 
     def params(self) -> dict[str, Any]:
         return {"levels": self.levels}
@@ -153,13 +204,17 @@ class QSGD(Compressor):
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         flat = x.reshape(-1).float()
         s = self.levels
+        if on_cpu(flat):
+            # 1. the norm, its squares summed in a fixed order (sum_squares)
+            xn = as_numpy(flat)
+            n = round_float32(math.sqrt(sum_squares(xn)))
+            c = s / n if n > 0 else 0.0
+            q = self._levels_cpu(xn, np.float32(c), step, key)
+            return (torch.full((1,), n, dtype=torch.float32), torch.from_numpy(q))
         # 1. the norm
         norm = torch.linalg.vector_norm(flat)
         n = float(norm)
         c = s / n if n > 0 else 0.0
-        if on_cpu(flat):
-            q = self._levels_cpu(as_numpy(flat), np.float32(c), step, key)
-            return (norm.reshape(1), torch.from_numpy(q))
         # 2. stochastic rounding: floor(r + u), u ~ U[0, 1), is r's upper neighbour with
         #    probability r - floor(r)
         r = flat.abs().mul_(c)
@@ -172,11 +227,9 @@ class QSGD(Compressor):
     def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
         """Steps 2-3 on CPU, block by block: floor(c x + u), within [-s, s] (see the module's
         docstring for why this is sign(x) level in law), u from :func:`counter_uniform`."""
-        s = self.levels
-        q = np.empty(xn.size, dtype=NUMPY_DTYPES[level_dtype(s)])
+        s, wide = self.levels, self._wide
+        q = np.empty(xn.size, dtype=self._level_numpy)
         keys = counter_keys(self.seed, step, key, self.rank)
-        # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
-        wide = s >= torch.iinfo(level_dtype(s)).max
         lib = kernels.lib() if xn.flags.c_contiguous and xn.dtype == np.float32 else None
         if lib is not None:  # the same draws and roundings in one compiled pass, in parallel
             lib.qsgd_encode_counter(xn.ctypes.data, xn.size, float(c), *keys, q.ctypes.data,

@@ -220,7 +220,10 @@ inline void widen_scale(const T* __restrict q, float* __restrict out, int64_t n,
 
 // Ask for x[a + AHEAD, e + AHEAD) (clipped to d) now, so that memory works while the caller
 // computes on x[a, e) from the caches (a kernel that reads a chunk twice, the second time
-// with divisions, otherwise waits on memory and on its arithmetic in turn).
+// with divisions, otherwise waits on memory and on its arithmetic in turn). The one-read
+// passes (QSGD's rounding and norm, sign's encode) do without: on 64M floats the hardware's
+// own prefetcher served them 17-28 % faster than these hints did (the hints' issue slots cost
+// more than they saved); int8, fp4 and top-k measured no better without them.
 constexpr int64_t AHEAD = 4096;  // elements: 16 KB ahead
 inline void prefetch_ahead(const float* x, int64_t a, int64_t e, int64_t d) {
   const int64_t end = std::min(d, e + AHEAD);
@@ -328,7 +331,6 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
                                                  14, 15),
                                _mm512_set1_epi32(static_cast<int>(k0))));
         for (; i0 + 16 <= m; i0 += 16) {
-          if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
           __m512i h = hz;
           hz = _mm512_add_epi32(hz, stepz);
           h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
@@ -350,7 +352,6 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
       }
 #endif
       for (; i0 + 32 <= m; i0 += 32) {
-        if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
         __m256i v[4];
         for (int j = 0; j < 4; ++j) {
           const __m256 u = hash8(h0);
@@ -377,7 +378,6 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
     }
   }
   for (; i0 + 8 <= m; i0 += 8) {
-    if (!(i0 & 1023)) prefetch_ahead(x, i0, std::min(m, i0 + 1024), total - a);
     const __m256 u = hash8(h0);
     h0 = _mm256_add_epi32(h0, step8);
     _mm256_storeu_ps(t + i0, _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
@@ -398,6 +398,49 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
     for (int64_t i = 0; i < m; ++i)
       q[i] = static_cast<T>(std::min(std::max(static_cast<int32_t>(t[i]), sl), sh));
   }
+}
+
+// QSGD's norm (compression/quantize.py, sum_squares): the sum of x_i^2 in an order fixed by
+// the index alone, so the numpy path adds the same terms in the same order and both get the
+// same bits on any thread count. Per block of BLOCK elements, 32 lanes (lane l takes
+// i = l mod 32); per group of SQ_ROWS rows of 32 a lane adds its float32 squares in
+// increasing i in float32 (each multiply and add rounded on its own), then the group's float32
+// sum into the lane's double; the 32 doubles folded by halves (l += l + 16, then + 8, + 4,
+// + 2, + 1); the blocks' sums added in block order. Float32 within a group keeps the pass at
+// the speed of reading x (a conversion to double an element cost 1.7x that), double across
+// groups keeps the error of 64-term sums (torch's float32 norm was off by 1e-5 relative on
+// 2^20 normal draws; this is within a unit of float32's last place there).
+constexpr int64_t SQ_LANES = 32;
+constexpr int64_t SQ_ROWS = 64;
+constexpr int64_t SQ_GROUP = SQ_LANES * SQ_ROWS;
+
+inline double block_sum_squares(const float* __restrict x, int64_t m) {
+  double lane[SQ_LANES] = {};
+  for (int64_t g0 = 0; g0 < m; g0 += SQ_GROUP) {
+    const int64_t ge = std::min(m, g0 + SQ_GROUP);
+    alignas(32) float f[SQ_LANES] = {};
+    int64_t i = g0;
+#ifdef __AVX2__
+    if (ge - g0 == SQ_GROUP) {
+      __m256 acc[4];
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      for (; i < ge; i += SQ_LANES)
+        for (int j = 0; j < 4; ++j) {
+          const __m256 v = _mm256_loadu_ps(x + i + 8 * j);
+          acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(v, v));
+        }
+      for (int j = 0; j < 4; ++j) _mm256_store_ps(f + 8 * j, acc[j]);
+    }
+#endif
+    for (; i < ge; ++i) {  // g0 is a multiple of 32: i - g0 and i share their lane
+      const float sq = x[i] * x[i];
+      f[i % SQ_LANES] += sq;
+    }
+    for (int64_t l = 0; l < SQ_LANES; ++l) lane[l] += static_cast<double>(f[l]);
+  }
+  for (int64_t h = SQ_LANES / 2; h >= 1; h /= 2)
+    for (int64_t l = 0; l < h; ++l) lane[l] += lane[l + h];
+  return lane[0];
 }
 
 template <class T>
@@ -722,14 +765,13 @@ const Reversed REVERSED;
 // and the bits, in one read of x. Pointers arrive as parameters (as in every kernel body here):
 // a vector or byte store may alias any object, a lambda's captured pointers included, which
 // the compiler would then reload after every store (twice the time of a decode, measured).
-inline void sign_encode_block(const float* __restrict x, int64_t a, int64_t e, int64_t d,
+inline void sign_encode_block(const float* __restrict x, int64_t a, int64_t e,
                               uint8_t* __restrict packed, double* __restrict acc) {
   int64_t r = a;
 #ifdef __AVX2__
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 zero = _mm256_setzero_ps();
   for (; r + SIGN_ROWS * LANES <= e; r += SIGN_ROWS * LANES) {  // whole groups of rows
-    if (d >= STREAM) prefetch_ahead(x, r, r + SIGN_ROWS * LANES, d);
     for (int64_t j = 0; j < LANES; j += 8) {  // 8 lanes in two registers, SIGN_ROWS rows
       __m256d lo = _mm256_loadu_pd(acc + j), hi = _mm256_loadu_pd(acc + j + 4);
       for (int64_t k = 0; k < SIGN_ROWS; ++k) {
@@ -1110,7 +1152,7 @@ void sign_encode(const float* x, int64_t d, uint8_t* packed, float* scale, int n
   double* const parts = part.data();
   parallel(nt, nb, [&](int64_t b) {
     const int64_t a = b * SIGN_BLOCK;
-    sign_encode_block(x, a, std::min(d, a + SIGN_BLOCK), d, packed, parts + b * LANES);
+    sign_encode_block(x, a, std::min(d, a + SIGN_BLOCK), packed, parts + b * LANES);
   });
   double lanes[LANES] = {};
   for (int64_t b = 0; b < nb; ++b)
@@ -1143,6 +1185,18 @@ void qsgd_encode_counter(const float* x, int64_t d, float c, uint32_t k0, uint32
     qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int16_t*>(q), s, wide, nt);
   else
     qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int32_t*>(q), s, wide, nt);
+}
+
+double sum_squares(const float* x, int64_t d, int nt) {
+  const int64_t nb = nblocks_of(d, BLOCK);
+  std::vector<double> part(static_cast<size_t>(std::max<int64_t>(nb, 1)), 0.0);
+  parallel(nt, nb, [&](int64_t b) {
+    const int64_t a = b * BLOCK;
+    part[b] = block_sum_squares(x + a, std::min(d, a + BLOCK) - a);
+  });
+  double total = 0.0;
+  for (int64_t b = 0; b < nb; ++b) total += part[b];
+  return total;
 }
 
 void qsgd_decode(const void* q, int elem, int64_t d, float f, float* out, int nt) {
