@@ -275,12 +275,10 @@ def test_qsgd_counter_stream_is_uniform_and_draws_each_block_alone() -> None:
     assert abs(float(np.corrcoef(whole[:-1], whole[1:])[0, 1])) < 0.01
 
 
-def _sum_squares_by_definition(x: "np.ndarray") -> float:
+def _sum_squares_by_definition(x: np.ndarray) -> float:
     """sum_squares's order written out: blocks of 2^16, groups of 64 rows of 32 lanes, each
     lane's float32 squares added one row at a time, its group sums in double, lanes folded by
     halves, blocks in order."""
-    import numpy as np
-
     total = 0.0
     for a in range(0, x.size, 1 << 16):
         lanes = np.zeros(32, np.float64)
@@ -305,8 +303,6 @@ def test_qsgd_norm_sums_in_its_documented_order_on_1_2_4_threads(path: str) -> N
     compiled kernel (parallel over blocks) and the numpy path (a reduction over rows) agree
     bit for bit on any thread count; and its error is far below float32's unit (torch's own
     float32 norm was off by about 1e-5 relative on such draws)."""
-    import numpy as np
-
     from thinwire.compression.quantize import round_float32, sum_squares
     for d in (1, 31, 33, 2047, 2049, (1 << 16) + 100, 300_001):
         x = (torch.randn(d, generator=torch.Generator().manual_seed(d)) ** 3).numpy()
