@@ -20,10 +20,14 @@ fast its retrieval. With the compiled kernels (thinwire.kernels) built, the full
 the compiled path (the hash codes, tables and active sets in native arrays, the fused layer with
 no gather, the fused loss) and the table adds, with the ids given, the fused layer's time and
 ratio beside the gathered pure-torch layer's, the full step's ratio on the pure-torch path, and
-the fused layer's floor: the active rows read forward, read again and their gradients written
-backward (3 x 4 B A H bytes) over the copy bandwidth, and the same with each touched row counted
-once (the fused layer reads a row shared by several samples once each way: 3 x 4 U H bytes for
-U distinct active rows). One torch thread (``--threads``), CPU.
+the fused layer's floor: the active rows read forward and their gradients written backward
+(2 x 4 B A H bytes: the layer's input here needs no gradient, so the backward reads no weight
+rows) over the copy bandwidth, the same with each touched row counted once (the fused layer
+reads a row shared by several samples once: 2 x 4 U H bytes for U distinct touched rows), and
+that traffic measured: ``index_select`` of the U touched rows, ascending, into a kept [U, H]
+buffer (the same scattered reads of the weight and as many rows written in sequence; rows at
+random places are read well below the copy's bandwidth), with the fused layer's time over it.
+One torch thread (``--threads``), CPU.
 Before every timed call ``--flush-mib`` MiB are written (untimed), so that every variant starts
 from caches that hold none of the layer (:func:`cache_flush` says why).
 
@@ -118,7 +122,7 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
         variants, active_ids, rows_touched = _variants(sm, layer, h, labels)
         fns.update(variants)
         moved[sm] = 2.0 * 4 * active_ids * H  # rows read + [B, A, H] written, float32
-        distinct[sm] = 3.0 * 4 * rows_touched * H
+        distinct[sm] = 2.0 * 4 * rows_touched * H
     t = _least(fns, repeats, flush)
     td = t["dense"]
     return [{"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
@@ -131,10 +135,14 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
              "fused_s": t.get(f"{sm}.fused", float("nan")),
              "fused_ratio": t.get(f"{sm}.fused", float("nan")) / (td * s),
              "sparse_torch_ratio": t.get(f"{sm}.sparse_torch", float("nan")) / (td * s),
-             # fused floor: the active rows read forward, read again and their gradients
-             # written backward (3 x 4 B A H bytes; moved counts 2 x that)
-             "fused_floor_ratio": 1.5 * moved[sm] / bandwidth / (td * s),
-             "distinct_floor_ratio": distinct[sm] / bandwidth / (td * s)} for sm in layers]
+             # fused floor: the active rows read forward and their gradients written backward
+             # (2 x 4 B A H bytes, as moved counts; h needs no gradient: no rows read back)
+             "fused_floor_ratio": moved[sm] / bandwidth / (td * s),
+             "distinct_floor_ratio": distinct[sm] / bandwidth / (td * s),
+             "touched_s": t.get(f"{sm}.touched", float("nan")),
+             "touched_ratio": t.get(f"{sm}.touched", float("nan")) / (td * s),
+             "fused_over_touched": t.get(f"{sm}.fused", float("nan"))
+             / t.get(f"{sm}.touched", float("nan"))} for sm in layers]
 
 
 def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
@@ -159,10 +167,17 @@ def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
 
     fns = {f"{sm}.query": query, f"{sm}.sparse": step(PATH, None),
            f"{sm}.compute": step("0", given), f"{sm}.gather": gather}
+    # the rows the fused layer reads and writes the gradient of: every slot's (masked ones too)
+    touched = torch.unique(given[0])
     if PATH == "1":
         fns[f"{sm}.fused"] = step("1", given)
         fns[f"{sm}.sparse_torch"] = step("0", None)
-    return fns, given[0].numel(), int(torch.unique(given[0][given[1]]).numel())
+        kept = kernels.empty_huge(touched.numel(), layer.weight.shape[1])  # as the gradient's
+
+        def touched_rows() -> None:
+            torch.index_select(layer.weight.detach(), 0, touched, out=kept)
+        fns[f"{sm}.touched"] = touched_rows
+    return fns, given[0].numel(), touched.numel()
 
 
 PATH = "1" if kernels.available() else "0"
@@ -219,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
           "| ids given, torch: fwd+bwd s | torch / (dense x active) | ids given, fused: fwd+bwd s "
           "| fused / (dense x active) | gather [B, A, H] alone s | gather moves MB "
           "| gather floor / (dense x active) | fused floor / (dense x active) "
-          "| fused floor, rows once / (dense x active) |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| fused floor, rows once / (dense x active) | touched rows gathered s "
+          "| touched rows gathered / (dense x active) | fused / touched rows gathered |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+          "---:|---:|---:|")
     for C in widths:
         for s in fractions:
             for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings, bandwidth,
@@ -231,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['compute_s']:.4f} | {r['compute_ratio']:.1f} | "
                       f"{r['fused_s']:.4f} | {r['fused_ratio']:.1f} | {r['gather_s']:.4f} | "
                       f"{r['gather_mb']:.1f} | {r['floor_ratio']:.2f} | "
-                      f"{r['fused_floor_ratio']:.2f} | {r['distinct_floor_ratio']:.2f} |",
-                      flush=True)
+                      f"{r['fused_floor_ratio']:.2f} | {r['distinct_floor_ratio']:.2f} | "
+                      f"{r['touched_s']:.4f} | {r['touched_ratio']:.2f} | "
+                      f"{r['fused_over_touched']:.2f} |", flush=True)
     return 0
 
 
