@@ -396,8 +396,11 @@ def test_fused_slide_layer_reuses_its_gradient_buffer_only_once_the_gradient_is_
     first = slide_step(layer, h, ids, mask, labels, "1", 1)
     kept = layer.weight.grad  # held: the next step must write elsewhere
     kept_values = kept.coalesce().values().clone()
+    held = {name: first[name].clone() for name in first}  # the logits too: held by the test
     second = slide_step(layer, h * 2, ids, mask, labels, "1", 1)
     assert torch.equal(kept.coalesce().values(), kept_values)
+    for name in first:
+        assert torch.equal(first[name], held[name]), f"{name} overwritten by the next step"
     assert kept._values().data_ptr() != layer.weight.grad._values().data_ptr()
     del kept
     where = layer.weight.grad._values().data_ptr()

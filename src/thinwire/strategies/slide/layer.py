@@ -39,6 +39,7 @@ Example::
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import torch
@@ -98,7 +99,7 @@ class SLIDELayer(nn.Module):
         self.tables = Tables(hashes, out_features, bucket, seed * 1000003 + offset, dev)
         self.schedule = Schedule(rebuild_first, rebuild_growth)
         self.tables.build(self.weight.detach())
-        self._grad_rows = _GradRows()
+        self._kept = _Fused()
 
     # --- 1. the active set --------------------------------------------------------------------
     def local_labels(self, labels: torch.Tensor | None) -> torch.Tensor | None:
@@ -130,7 +131,7 @@ class SLIDELayer(nn.Module):
         if h.dtype == torch.float32 and kernels.wants(self.weight) is not None \
                 and kernels.wants(self.bias) is not None and h.device.type == "cpu":
             return _FusedSparseLinear.apply(h, self.weight, self.bias, ids, mask,
-                                             self._grad_rows)
+                                             self._kept)
         w = F.embedding(ids, self.weight, sparse=True)  # [B, A, in]
         b = F.embedding(ids, self.bias, sparse=True).squeeze(-1)
         out = torch.bmm(w, h.unsqueeze(-1)).squeeze(-1) + b
@@ -181,31 +182,57 @@ _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 """How many references a storage has (torch's own, not public), or None."""
 
 
-class _GradRows:
-    """The fused layer's weight-gradient rows, kept from step to step: a buffer handed out
-    again (a view of its first rows) once nothing but this holder refers to its storage (the
-    previous step's gradient dropped by ``zero_grad``), else a fresh one. A fresh buffer of a
-    wide layer's gradient is faulted in and zeroed by the OS at every step: at 1,000,000
-    outputs and 0.2 % active that was as long as writing the gradient itself. Never pickled or
-    copied with its layer."""
+class _Kept:
+    """A buffer kept from step to step for the fused kernels' outputs and scratch (the weight
+    gradient's rows, the touched rows and their slots, the logits, the loss's softmax): handed
+    out again (a view of its first rows) once nothing but this holder refers to its storage
+    (the previous step's gradient dropped by ``zero_grad``, its graph freed by ``backward``),
+    else a fresh one, with 1/8 more rows for the next step's. A fresh buffer is faulted in and
+    zeroed by the OS on every step: at 1,000,000 outputs and 0.2 % active the weight gradient's
+    took as long as writing the gradient itself, and at 1 % the other buffers' 4 KiB faults
+    cost about 6 % of the step. Never pickled or copied with its layer."""
 
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
 
-    def take(self, rows: int, cols: int) -> torch.Tensor:
+    def take(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A CPU tensor of ``shape`` and ``dtype``, uninitialised (every caller writes it in
+        full)."""
         buf = self.buf
         # 2: this holder's reference and the temporary storage object's own (torch's storage
         # use count is not public: where a torch lacks it, every step takes a fresh buffer)
-        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or _USE_COUNT is None \
+        if buf is None or buf.shape[0] < shape[0] or tuple(buf.shape[1:]) != shape[1:] \
+                or buf.dtype != dtype or _USE_COUNT is None \
                 or _USE_COUNT(buf.untyped_storage()._cdata) > 2:
-            buf = self.buf = kernels.empty_huge(rows + rows // 8, cols)
-        return buf[:rows]
+            buf = self.buf = kernels.empty_huge(shape[0] + shape[0] // 8, *shape[1:],
+                                                dtype=dtype)
+        return buf[:shape[0]]
 
     def __getstate__(self) -> dict[str, Any]:
         return {"buf": None}
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _GradRows:
-        return _GradRows()
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Kept:
+        return _Kept()
+
+
+class _Fused:
+    """The fused layer's kept buffers (:class:`_Kept`), one per output."""
+
+    def __init__(self) -> None:
+        self.grad, self.bias_grad, self.rows, self.start, self.order, self.out = (
+            _Kept(), _Kept(), _Kept(), _Kept(), _Kept(), _Kept())
+
+
+_LOSS_BUFFERS = threading.local()
+"""The fused loss's kept buffers (softmax, targets, logits' gradient), one set per thread (the
+loss is a function, not a module)."""
+
+
+def _loss_buffers() -> tuple[_Kept, _Kept, _Kept]:
+    held = getattr(_LOSS_BUFFERS, "held", None)
+    if held is None:
+        held = _LOSS_BUFFERS.held = (_Kept(), _Kept(), _Kept())
+    return held
 
 
 class _FusedSparseLinear(torch.autograd.Function):
@@ -221,7 +248,7 @@ class _FusedSparseLinear(torch.autograd.Function):
          gh[b] = sum_a g[b, a] W[ids[b, a]], summed per chunk of rows and the chunks combined
          in order, and each row's weight gradient sum_{slots of the row} g h[b] written by the
          one thread that owns the row (partitioned by row: no atomics, no locks), into a buffer
-         kept from step to step (:class:`_GradRows`); returned as a coalesced sparse gradient of
+         kept from step to step (:class:`_Kept`, as every output and scratch array); returned as a coalesced sparse gradient of
          those rows, the gathered path's gradient coalesced.
 
     The sums run in another order than torch's batched product, so values agree within the
@@ -230,7 +257,7 @@ class _FusedSparseLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                ids: torch.Tensor, mask: torch.Tensor | None, grad_rows: _GradRows
+                ids: torch.Tensor, mask: torch.Tensor | None, bufs: _Fused
                 ) -> torch.Tensor:
         lib = kernels.lib()
         assert lib is not None  # chosen by the caller
@@ -241,20 +268,20 @@ class _FusedSparseLinear(torch.autograd.Function):
         B, A = ids64.shape
         C, H = weight.shape
         n = B * A
-        dev = hc.device  # every buffer on its input's device (a default device may differ)
-        rows = torch.empty(min(n, C), dtype=torch.int64, device=dev)
-        start = torch.empty(n + 1, dtype=torch.int64, device=dev)
-        order = torch.empty(n, dtype=torch.int64, device=dev)
+        # every buffer a CPU tensor, as the input (a default device may differ)
+        rows = bufs.rows.take(min(n, C), dtype=torch.int64)
+        start = bufs.start.take(n + 1, dtype=torch.int64)
+        order = bufs.order.take(n, dtype=torch.int64)
         U = lib.slide_touched_rows(ids64.data_ptr(), n, C, rows.data_ptr(), start.data_ptr(),
                                    order.data_ptr())
-        out = torch.empty(B, A, dtype=torch.float32, device=dev)
+        out = bufs.out.take(B, A)
         lib.slide_forward_rows(weight.data_ptr(), bias.data_ptr(), hc.data_ptr(),
                                rows.data_ptr(), start.data_ptr(), order.data_ptr(),
                                m.data_ptr() if m is not None else None, U, A, H, out.data_ptr(),
                                kernels.threads())
         ctx.save_for_backward(hc, weight, rows, start, order,
                               m if m is not None else hc.new_empty(0))
-        ctx.has_mask, ctx.U, ctx.A, ctx.grad_rows = m is not None, U, A, grad_rows
+        ctx.has_mask, ctx.U, ctx.A, ctx.bufs = m is not None, U, A, bufs
         return out
 
     @staticmethod
@@ -270,8 +297,8 @@ class _FusedSparseLinear(torch.autograd.Function):
             if ctx.needs_input_grad[0] else None
         gw = gb = wv = bv = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            wv = ctx.grad_rows.take(U, H)  # every row written in full
-            bv = torch.empty(U, 1, dtype=torch.float32, device=g.device)
+            wv = ctx.bufs.grad.take(U, H)  # every row written in full
+            bv = ctx.bufs.bias_grad.take(U, 1)
         lib.slide_backward_rows(g.data_ptr(), weight.data_ptr(), hc.data_ptr(),
                                 m.data_ptr() if ctx.has_mask else None, rows.data_ptr(),
                                 start.data_ptr(), order.data_ptr(), U, B, A, H,
@@ -336,8 +363,9 @@ class _FusedActiveLoss(torch.autograd.Function):
         m = mask.detach().to(torch.bool).contiguous().view(torch.uint8)
         lab = labels.detach().to(torch.int64).contiguous()
         dev = z.device
-        p = torch.empty(B, A, device=dev)
-        t = torch.empty(B, A, dtype=torch.uint8, device=dev)
+        kept_p, kept_t, _ = _loss_buffers()
+        p = kept_p.take(B, A)
+        t = kept_t.take(B, A, dtype=torch.uint8)
         per = torch.empty(3, B, dtype=torch.float64, device=dev)  # rows, targets, label counts
         loss = torch.empty((), dtype=torch.float64, device=dev)
         lib.slide_softmax_loss(z.data_ptr(), ids64.data_ptr(), m.data_ptr(), lab.data_ptr(), B,
@@ -353,7 +381,7 @@ class _FusedActiveLoss(torch.autograd.Function):
         assert lib is not None
         p, t, per = ctx.saved_tensors
         B, A = p.shape
-        gz = torch.empty(B, A, device=p.device)
+        gz = _loss_buffers()[2].take(B, A)
         lib.slide_softmax_loss_backward(p.data_ptr(), t.data_ptr(), per[1].data_ptr(),
                                         per[2].data_ptr(), B, A, float(grads[0]), gz.data_ptr(),
                                         kernels.threads())
