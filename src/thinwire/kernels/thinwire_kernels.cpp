@@ -1923,6 +1923,41 @@ extern "C" {
 // s_b = sum_a e (double), lse_b = m_b + log s_b; row_b = -sum_{t} (z - lse_b) / cnt_b (double);
 // loss = sum_b row_b / B. Keeps p[b, a] = e / s_b (the softmax), scale[b] = T_b (targets on)
 // and cnt_b for the backward. A row with no slot on contributes 0.
+}  // extern "C"
+
+namespace {
+#ifdef __AVX2__
+// e^x on eight lanes for x <= 0 (the loss's max-shifted logits), within 2 units of float32's
+// last place of std::exp where the result is normal: x = n ln 2 + r, |r| <= ln 2 / 2 (n
+// rounded, ln 2 in two parts so n ln 2 is exact enough), e^r by its Taylor polynomial to r^7
+// (truncation below 2^-26 of the result), scaled by 2^n through the exponent's bits; below
+// -87.3 (where e^x leaves float32's normal range) 0, where std::exp gives a subnormal under
+// 1.2e-38 (negligible in a softmax whose sum is at least 1); a NaN stays NaN.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(lo, x);  // NaN: x (the second operand) kept
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.0f / 5040.0f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 720.0f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 120.0f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 24.0f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f / 6.0f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(0.5f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(under, y);
+}
+#endif
+}  // namespace
+
+extern "C" {
 void slide_softmax_loss(const float* z, const int64_t* ids, const uint8_t* mask,
                         const int64_t* labels, int64_t B, int64_t A, int64_t Y, int64_t offset,
                         float* p, uint8_t* t, double* rows, double* targets, double* cnt,
@@ -1943,7 +1978,30 @@ void slide_softmax_loss(const float* z, const int64_t* ids, const uint8_t* mask,
         }
       double s = 0.0;
       float* pb = p + b * A;
-      for (int64_t a = 0; a < A; ++a) {
+      int64_t a0 = 0;
+#ifdef __AVX2__
+      {  // eight at a time: e^(z - m) where the slot is on, 0 where it is off; the sum in
+         // four double lanes, added in a fixed order (the same bits on any thread count)
+        const __m256 mv = _mm256_set1_ps(m);
+        __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+        for (; a0 + 8 <= A; a0 += 8) {
+          __m256 v = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(zb + a0), mv));
+          if (mb) {
+            const __m128i on8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mb + a0));
+            const __m256i on = _mm256_cvtepu8_epi32(on8);
+            v = _mm256_and_ps(v, _mm256_castsi256_ps(
+                                     _mm256_cmpgt_epi32(on, _mm256_setzero_si256())));
+          }
+          _mm256_storeu_ps(pb + a0, v);
+          s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+          s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        }
+        alignas(32) double l[4];
+        _mm256_store_pd(l, _mm256_add_pd(s0, s1));
+        s = (l[0] + l[1]) + (l[2] + l[3]);
+      }
+#endif
+      for (int64_t a = a0; a < A; ++a) {
         const float v = (!mb || mb[a]) ? std::exp(zb[a] - m) : 0.0f;
         pb[a] = v;
         s += v;
