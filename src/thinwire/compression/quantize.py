@@ -13,7 +13,9 @@ Gradient Quantization and Encoding" (NeurIPS 2017), with s levels:
   4. decode x_hat_i = ||x||_2 level_i / s: unbiased, E[x_hat] = x, with
      E||x_hat - x||^2 <= min(d / s^2, sqrt(d) / s) ||x||^2 (their Lemma 3.1).
   Not linear (norms differ by rank): the exchange all-gathers and decodes each rank's payload.
-  On CPU, steps 2-3 run block by block in cache as floor(c x_i + u_i) with c = s / ||x||_2,
+  On CPU the norm's squares are summed in an order fixed by the indices (:func:`sum_squares`,
+  the compiled kernel and numpy giving the same bits), and steps 2-3 run block by block in
+  cache as floor(c x_i + u_i) with c = s / ||x||_2,
   which is sign(x_i) level_i in law: for x_i < 0 it is -ceil(r_i - u_i), the upper neighbour
   of r_i with probability P(u_i < r_i - floor(r_i)), as in step 2 up to the grid (so no sign
   bits are split off and joined back); u comes from a counter-based stream there
