@@ -206,17 +206,19 @@ class QSGD(Compressor):
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         flat = x.reshape(-1).float()
         s = self.levels
+        # 1. the norm (on CPU its squares summed in a fixed order: sum_squares)
+        xn: np.ndarray | None = None
         if on_cpu(flat):
-            # 1. the norm, its squares summed in a fixed order (sum_squares)
             xn = as_numpy(flat)
-            n = round_float32(math.sqrt(sum_squares(xn)))
-            c = s / n if n > 0 else 0.0
-            q = self._levels_cpu(xn, np.float32(c), step, key)
-            return (torch.full((1,), n, dtype=torch.float32), torch.from_numpy(q))
-        # 1. the norm
-        norm = torch.linalg.vector_norm(flat)
+            norm = torch.full((1,), round_float32(math.sqrt(sum_squares(xn))),
+                              dtype=torch.float32, device=flat.device)
+        else:
+            norm = torch.linalg.vector_norm(flat)
         n = float(norm)
         c = s / n if n > 0 else 0.0
+        if xn is not None:
+            q = self._levels_cpu(xn, np.float32(c), step, key)
+            return (norm, torch.from_numpy(q))
         # 2. stochastic rounding: floor(r + u), u ~ U[0, 1), is r's upper neighbour with
         #    probability r - floor(r)
         r = flat.abs().mul_(c)
