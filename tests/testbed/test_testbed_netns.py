@@ -157,11 +157,17 @@ def test_stale_namespaces_of_dead_owners_are_removed() -> None:
 def test_ctrl_c_tears_down(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT) while workers run: exit 130, no namespace left. SIGTERM and SIGHUP take
     the same path (they raise KeyboardInterrupt, see test_sigterm_raises_keyboard_interrupt)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "thinwire", "bench", "--link", "4mbit", "--workers", "2",
-         "--methods", "localsgd", "--steps", "100000", "--data.name", "teacher",
-         "--model.hidden", "8,8", "--train.eval_every", "0", "--timeout", "60",
-         "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = ["bench", "--link", "4mbit", "--workers", "2", "--methods", "localsgd", "--steps",
+            "100000", "--data.name", "teacher", "--model.hidden", "8,8", "--train.eval_every",
+            "0", "--timeout", "60", "--out", str(tmp_path)]
+    # the CLI as `python -m thinwire`, with its threads' stacks written on SIGUSR1: a teardown
+    # that does not end in time is reported with where it stood
+    boot = ("import faulthandler, runpy, signal, sys; "
+            "faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            f"sys.argv = ['thinwire', *{args!r}]; runpy.run_module('thinwire', "
+            "run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen([sys.executable, "-c", boot], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     prefix = f"tw-{proc.pid}-"
     try:
         def workers_running() -> bool:  # both worker namespaces built and a process in each
@@ -173,7 +179,14 @@ def test_ctrl_c_tears_down(tmp_path: Path) -> None:
 
         wait_until(workers_running, 90, "bench's workers running in their namespaces")
         proc.send_signal(signal.SIGINT)
-        out = proc.communicate(timeout=20)[0]
+        try:
+            out = proc.communicate(timeout=20)[0]
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            proc.kill()
+            pytest.fail(f"bench still running 20 s after SIGINT; its output and stacks:\n"
+                        f"{proc.communicate()[0]}")
     finally:
         if proc.poll() is None:
             proc.kill()
