@@ -407,7 +407,7 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
 // increasing i in float32 (each multiply and add rounded on its own), then the group's float32
 // sum into the lane's double; the 32 doubles folded by halves (l += l + 16, then + 8, + 4,
 // + 2, + 1); the blocks' sums added in block order. Float32 within a group keeps the pass at
-// the speed of reading x (a conversion to double an element cost 1.7x that), double across
+// the speed of reading x (a conversion to double an element cost 1.5x that), double across
 // groups keeps the error of 64-term sums (torch's float32 norm was off by 1e-5 relative on
 // 2^20 normal draws; this is within a unit of float32's last place there).
 constexpr int64_t SQ_LANES = 32;
