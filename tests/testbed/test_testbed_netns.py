@@ -161,7 +161,8 @@ def test_ctrl_c_tears_down(tmp_path: Path) -> None:
             "100000", "--data.name", "teacher", "--model.hidden", "8,8", "--train.eval_every",
             "0", "--timeout", "60", "--out", str(tmp_path)]
     # the CLI as `python -m thinwire`, with its threads' stacks written on SIGUSR1: a teardown
-    # that does not end in time is reported with where it stood
+    # that does not end in time is reported with where it stood (run in the background, where
+    # SIGINT arrives ignored, the bench once never saw the signal)
     boot = ("import faulthandler, runpy, signal, sys; "
             "faulthandler.register(signal.SIGUSR1, all_threads=True); "
             f"sys.argv = ['thinwire', *{args!r}]; runpy.run_module('thinwire', "

@@ -71,8 +71,11 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def interrupts_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (like Ctrl-C), so every finally tears down."""
-    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, so every finally tears down; SIGINT's
+    handler is set here too, as the launcher's is, so a bench started in the background (where
+    the shell leaves SIGINT ignored, and Python then keeps it so) still stops on it."""
+    old = {s: signal.signal(s, _raise_interrupt)
+           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
