@@ -79,6 +79,20 @@ def test_sigterm_raises_keyboard_interrupt() -> None:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
 
 
+def test_sigint_raises_keyboard_interrupt_even_where_it_arrived_ignored() -> None:
+    """A bench started in the background inherits SIGINT ignored (the shell's rule for
+    background jobs; Python then installs no handler): the bench's own handler still stops it,
+    and the ignored disposition is back afterwards."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupts_raise():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler interrupts this at once
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_shaping_commands() -> None:
     (tbf,) = shaping_commands("tw-w0", Link(1e8))
     assert tbf[:6] == ["tc", "qdisc", "add", "dev", "tw-w0", "root"] and "tbf" in tbf
