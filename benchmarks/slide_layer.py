@@ -149,8 +149,8 @@ def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
               ) -> tuple[dict[str, Callable[[], None]], int, int]:
     """The timed variants of one layer: retrieval alone, the full sparse step, the step with
     the active ids given, and the gather of the active weight rows alone; the number of
-    active ids given (B x A, padding included: the gather moves them all) and of distinct
-    active rows (the mask's)."""
+    active ids given (B x A, padding included: the gather moves them all) and of the rows the
+    fused layer touches (every slot's, masked ones included)."""
     given = layer.active(h, labels)
 
     def query() -> None:

@@ -22,8 +22,8 @@ import pytest
 from thinwire.data.text import BUNDLED_DIR
 from thinwire.runtime.spawn import RankFailed, rendezvous_dir, run_group
 
-__all__ = ["DATA", "FT_HEARTBEAT_MS", "one_line", "pipeline_config", "poll_until", "rendezvous_dir", "run_workers",
-           "stderr_lines", "wait_until"]
+__all__ = ["DATA", "FT_HEARTBEAT_MS", "one_line", "pipeline_config", "poll_until",
+           "rendezvous_dir", "run_workers", "stderr_lines", "wait_until"]
 
 
 DATA: Path = BUNDLED_DIR

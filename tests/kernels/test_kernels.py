@@ -26,7 +26,7 @@ import torch
 
 from thinwire import kernels
 from thinwire.compression import QSGD, Compressor, ErrorFeedback, Int8, RandK, ScaledSign, TopK
-from thinwire.compression.fp4 import FP4
+from thinwire.compression.fp4 import BOUNDS, FP4
 from thinwire.compression.powersgd import outer
 from thinwire.compression.sparse import _approx_plan
 from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
@@ -549,7 +549,7 @@ def test_fp4_codes_equal_the_comparisons_at_the_boundaries(chunk: int) -> None:
     comparisons (the pure path): quotients on the boundaries, one ulp either side, at scales
     from 1e-30 to 1e30, both signs, a NaN and infinities: the same bytes."""
     g = torch.Generator().manual_seed(chunk)
-    bounds = torch.tensor([0.0078125, 0.0234375, 0.046875, 0.09375, 0.1875, 0.375, 0.75])
+    bounds = torch.tensor(BOUNDS)
     for r in range(20):
         s = torch.rand(1, generator=g).item() * 10.0 ** int(torch.randint(-30, 30, (1,),
                                                                            generator=g))

@@ -1915,18 +1915,8 @@ void lsh_topk(const int64_t* codes, const int64_t* sorted, const int64_t* offset
 }  // extern "C"
 
 // --- SLIDE's loss over the active set (strategies/slide/layer.py, active_softmax_loss) --------
-extern "C" {
-
-// Forward, per row b (in parallel): the targets t[b, a] = slot a is on (mask) and its global id
-// ids + offset is one of the row's labels (labels [B, Y], negative: padding); cnt_b = the row's
-// labels, at least 1; z's max m_b over the slots that are on, e[b, a] = exp(z - m_b) (0 off),
-// s_b = sum_a e (double), lse_b = m_b + log s_b; row_b = -sum_{t} (z - lse_b) / cnt_b (double);
-// loss = sum_b row_b / B. Keeps p[b, a] = e / s_b (the softmax), scale[b] = T_b (targets on)
-// and cnt_b for the backward. A row with no slot on contributes 0.
-}  // extern "C"
-
 namespace {
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__)
 // e^x on eight lanes for x <= 0 (the loss's max-shifted logits), within 0.9 units of float32's
 // last place of the exact value where the result is normal (measured on every 64th float of
 // [-87, 0] and every float of [-1e-3, 0]): x = n ln 2 + r, |r| <= ln 2 / 2 (n
@@ -1959,6 +1949,14 @@ inline __m256 exp_nonpositive(__m256 x) {
 }  // namespace
 
 extern "C" {
+
+// Forward, per row b (in parallel): the targets t[b, a] = slot a is on (mask) and its global id
+// ids + offset is one of the row's labels (labels [B, Y], negative: padding); cnt_b = the row's
+// labels, at least 1; z's max m_b over the slots that are on, e[b, a] = exp(z - m_b) (0 off;
+// eight at a time by exp_nonpositive where the CPU has AVX2 and FMA),
+// s_b = sum_a e (double), lse_b = m_b + log s_b; row_b = -sum_{t} (z - lse_b) / cnt_b (double);
+// loss = sum_b row_b / B. Keeps p[b, a] = e / s_b (the softmax), scale[b] = T_b (targets on)
+// and cnt_b for the backward. A row with no slot on contributes 0.
 void slide_softmax_loss(const float* z, const int64_t* ids, const uint8_t* mask,
                         const int64_t* labels, int64_t B, int64_t A, int64_t Y, int64_t offset,
                         float* p, uint8_t* t, double* rows, double* targets, double* cnt,
@@ -1980,7 +1978,7 @@ void slide_softmax_loss(const float* z, const int64_t* ids, const uint8_t* mask,
       double s = 0.0;
       float* pb = p + b * A;
       int64_t a0 = 0;
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__)
       {  // eight at a time: e^(z - m) where the slot is on, 0 where it is off; the sum in
          // four double lanes, added in a fixed order (the same bits on any thread count)
         const __m256 mv = _mm256_set1_ps(m);

@@ -223,15 +223,22 @@ class _Fused:
             _Kept(), _Kept(), _Kept(), _Kept(), _Kept(), _Kept())
 
 
-_LOSS_BUFFERS = threading.local()
-"""The fused loss's kept buffers (softmax, targets, logits' gradient), one set per thread (the
-loss is a function, not a module)."""
+class _LossKept:
+    """The fused loss's kept buffers (:class:`_Kept`): the softmax, the targets and the
+    logits' gradient."""
+
+    def __init__(self) -> None:
+        self.p, self.t, self.grad = _Kept(), _Kept(), _Kept()
 
 
-def _loss_buffers() -> tuple[_Kept, _Kept, _Kept]:
-    held = getattr(_LOSS_BUFFERS, "held", None)
+_LOSS_KEPT = threading.local()
+"""One :class:`_LossKept` per thread (the loss is a function, not a module)."""
+
+
+def _loss_kept() -> _LossKept:
+    held: _LossKept | None = getattr(_LOSS_KEPT, "held", None)
     if held is None:
-        held = _LOSS_BUFFERS.held = (_Kept(), _Kept(), _Kept())
+        held = _LOSS_KEPT.held = _LossKept()
     return held
 
 
@@ -248,8 +255,8 @@ class _FusedSparseLinear(torch.autograd.Function):
          gh[b] = sum_a g[b, a] W[ids[b, a]], summed per chunk of rows and the chunks combined
          in order, and each row's weight gradient sum_{slots of the row} g h[b] written by the
          one thread that owns the row (partitioned by row: no atomics, no locks), into a buffer
-         kept from step to step (:class:`_Kept`, as every output and scratch array); returned as a coalesced sparse gradient of
-         those rows, the gathered path's gradient coalesced.
+         kept from step to step (:class:`_Kept`, as every output and scratch array); returned
+         as a coalesced sparse gradient of those rows, the gathered path's gradient coalesced.
 
     The sums run in another order than torch's batched product, so values agree within the
     rounding of an H-term (forward) or A-term / B-term (backward) float32 sum; on any thread
@@ -363,9 +370,9 @@ class _FusedActiveLoss(torch.autograd.Function):
         m = mask.detach().to(torch.bool).contiguous().view(torch.uint8)
         lab = labels.detach().to(torch.int64).contiguous()
         dev = z.device
-        kept_p, kept_t, _ = _loss_buffers()
-        p = kept_p.take(B, A)
-        t = kept_t.take(B, A, dtype=torch.uint8)
+        kept = _loss_kept()
+        p = kept.p.take(B, A)
+        t = kept.t.take(B, A, dtype=torch.uint8)
         per = torch.empty(3, B, dtype=torch.float64, device=dev)  # rows, targets, label counts
         loss = torch.empty((), dtype=torch.float64, device=dev)
         lib.slide_softmax_loss(z.data_ptr(), ids64.data_ptr(), m.data_ptr(), lab.data_ptr(), B,
@@ -381,7 +388,7 @@ class _FusedActiveLoss(torch.autograd.Function):
         assert lib is not None
         p, t, per = ctx.saved_tensors
         B, A = p.shape
-        gz = _loss_buffers()[2].take(B, A)
+        gz = _loss_kept().grad.take(B, A)
         lib.slide_softmax_loss_backward(p.data_ptr(), t.data_ptr(), per[1].data_ptr(),
                                         per[2].data_ptr(), B, A, float(grads[0]), gz.data_ptr(),
                                         kernels.threads())
