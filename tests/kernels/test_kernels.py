@@ -386,6 +386,64 @@ def test_fused_slide_layer_matches_the_gathered_layer_within_float_rounding() ->
         g.sum()))
 
 
+def _weight_rows_by_definition(g: np.ndarray, h: np.ndarray, on: np.ndarray, ids: np.ndarray,
+                               A: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The touched rows ascending, each row's slots ascending, and each row's weight gradient
+    summed in that order from 0 in float32: sum over its slots p of g[p] h[p // A] (0 g where
+    ``on`` drops the slot), by numpy, the j-th slot of every row added in step j."""
+    order = np.argsort(ids, kind="stable")
+    rows, first, count = np.unique(ids[order], return_index=True, return_counts=True)
+    gp = np.where(on, g, np.float32(0)).astype(np.float32)
+    gw = np.zeros((rows.size, h.shape[1]), np.float32)
+    for j in range(int(count.max())):
+        has = count > j
+        p = order[first[has] + j]
+        gw[has] = gw[has] + gp[p][:, None] * h[p // A]
+    return rows, order, gw
+
+
+@needs_kernels
+def test_fused_slide_weight_rows_equal_their_sums_in_slot_order_streamed_or_not() -> None:
+    """The fused backward sums each touched row's weight gradient in registers and writes it
+    once: by streaming stores for a gradient of at least 2^23 floats with 32-byte aligned rows,
+    by plain stores otherwise. Both, against numpy adding each row's slots in slot order from
+    0, bit for bit: a streamed gradient (H = 72: eight vectors, then one), the same one floats
+    off alignment (plain stores), and H = 75 (the scalar tail); some slots masked, rows
+    repeated within a sample and across samples; the touched rows and slot order as numpy's
+    stable sort gives them, every row written inside min(n, C) places."""
+    lib = kernels.lib()
+    assert lib is not None
+    rng = np.random.default_rng(5)
+    for C, H, B, A in ((200_000, 72, 64, 4000), (3000, 75, 16, 300), (100, 16, 8, 200)):
+        n = B * A
+        ids = rng.integers(0, C, n).astype(np.int64)
+        ids[A:2 * A] = ids[:A]  # a second sample on the first one's rows
+        on = rng.random(n) > 0.1
+        g = rng.standard_normal(n).astype(np.float32)
+        h = rng.standard_normal((B, H)).astype(np.float32)
+        w = np.zeros((1, H), np.float32)  # not read: no hidden gradient is asked for
+        rows_ref, order_ref, gw_ref = _weight_rows_by_definition(g, h, on, ids, A)
+        # one guard place past the rows' min(n, C): the last case touches every row
+        rows, start, order = (np.full(min(n, C) + 1, -7, np.int64),
+                              np.empty(n + 1, np.int64), np.empty(n, np.int64))
+        U = lib.slide_touched_rows(ids.ctypes.data, n, C, rows.ctypes.data, start.ctypes.data,
+                                   order.ctypes.data)
+        assert U == rows_ref.size and np.array_equal(rows[:U], rows_ref) and rows[-1] == -7
+        assert np.array_equal(order, order_ref) and start[U] == n
+        mask = on.astype(np.uint8)
+        buf = np.empty(U * H + 16, np.float32)
+        at = (-buf.ctypes.data // 4) % 8  # 32-byte aligned rows (H % 8 == 0: every row)
+        for off, streamed in ((at, H % 8 == 0 and U * H >= 1 << 23), ((at + 1) % 8, False)):
+            gw, gb = buf[off:off + U * H], np.empty(U, np.float32)
+            lib.slide_backward_rows(g.ctypes.data, w.ctypes.data, h.ctypes.data,
+                                    mask.ctypes.data, rows.ctypes.data, start.ctypes.data,
+                                    order.ctypes.data, U, B, A, H, None, gw.ctypes.data,
+                                    gb.ctypes.data, 1)
+            assert np.array_equal(gw.reshape(U, H).view(np.uint32), gw_ref.view(np.uint32)), \
+                f"C={C} H={H} streamed={streamed}"
+        assert C != 200_000 or U * H >= 1 << 23  # the first case does stream
+
+
 @needs_kernels
 def test_fused_slide_layer_reuses_its_gradient_buffer_only_once_the_gradient_is_dropped(
 ) -> None:
