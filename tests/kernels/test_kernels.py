@@ -386,6 +386,21 @@ def test_fused_slide_layer_matches_the_gathered_layer_within_float_rounding() ->
         g.sum()))
 
 
+def _logits_by_definition(w: np.ndarray, x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """w_i . x_i + bias_i in float32, added as the fused forward's dot product adds (its
+    comment): element j into lane j mod 32, a lane's products in order from 0; then the lanes
+    folded by halves (16, 8, 4, 2, 1); then the bias."""
+    n, H = w.shape
+    prod = w * x
+    lanes = np.zeros((n, 32), np.float32)
+    for c in range(0, H, 32):
+        part = prod[:, c:c + 32]
+        lanes[:, :part.shape[1]] = lanes[:, :part.shape[1]] + part
+    for width in (16, 8, 4, 2, 1):
+        lanes[:, :width] = lanes[:, :width] + lanes[:, width:2 * width]
+    return lanes[:, 0] + bias
+
+
 def _weight_rows_by_definition(g: np.ndarray, h: np.ndarray, on: np.ndarray, ids: np.ndarray,
                                A: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The touched rows ascending, each row's slots ascending, and each row's weight gradient
@@ -403,25 +418,28 @@ def _weight_rows_by_definition(g: np.ndarray, h: np.ndarray, on: np.ndarray, ids
 
 
 @needs_kernels
-def test_fused_slide_weight_rows_equal_their_sums_in_slot_order_streamed_or_not() -> None:
-    """The fused backward sums each touched row's weight gradient in registers and writes it
-    once: by streaming stores for a gradient of at least 2^23 floats with 32-byte aligned rows,
-    by plain stores otherwise. Both, against numpy adding each row's slots in slot order from
-    0, bit for bit: a streamed gradient (H = 72: eight vectors, then one), the same one floats
-    off alignment (plain stores), and H = 75 (the scalar tail); some slots masked, rows
-    repeated within a sample and across samples; the touched rows and slot order as numpy's
-    stable sort gives them, every row written inside min(n, C) places."""
+def test_fused_slide_rows_equal_their_sums_in_the_kernels_order_streamed_or_not() -> None:
+    """The fused layer's kernels against numpy adding in the order their comments give, bit for
+    bit: the touched rows and slot order (numpy's stable sort; every row written inside
+    min(n, C) places), each slot's logit (the dot product's 32 lanes, -inf where masked), and
+    each row's weight gradient, summed in registers and written once -- by streaming stores for
+    a gradient of at least 2^23 floats with 32-byte aligned rows, by plain stores otherwise
+    (the same gradient one float off alignment). Widths 64 and 128 (compiled as constants), 72
+    (eight vectors, then one), 75 (the scalar tail) and 16; some slots masked, rows repeated
+    within a sample and across samples."""
     lib = kernels.lib()
     assert lib is not None
     rng = np.random.default_rng(5)
-    for C, H, B, A in ((200_000, 72, 64, 4000), (3000, 75, 16, 300), (100, 16, 8, 200)):
+    for C, H, B, A in ((200_000, 64, 64, 4000), (3000, 128, 16, 300), (3000, 72, 16, 300),
+                       (3000, 75, 16, 300), (100, 16, 8, 200)):
         n = B * A
         ids = rng.integers(0, C, n).astype(np.int64)
         ids[A:2 * A] = ids[:A]  # a second sample on the first one's rows
         on = rng.random(n) > 0.1
         g = rng.standard_normal(n).astype(np.float32)
         h = rng.standard_normal((B, H)).astype(np.float32)
-        w = np.zeros((1, H), np.float32)  # not read: no hidden gradient is asked for
+        W = rng.standard_normal((C, H)).astype(np.float32)
+        bias = rng.standard_normal(C).astype(np.float32)
         rows_ref, order_ref, gw_ref = _weight_rows_by_definition(g, h, on, ids, A)
         # one guard place past the rows' min(n, C): the last case touches every row
         rows, start, order = (np.full(min(n, C) + 1, -7, np.int64),
@@ -431,11 +449,18 @@ def test_fused_slide_weight_rows_equal_their_sums_in_slot_order_streamed_or_not(
         assert U == rows_ref.size and np.array_equal(rows[:U], rows_ref) and rows[-1] == -7
         assert np.array_equal(order, order_ref) and start[U] == n
         mask = on.astype(np.uint8)
+        out = np.empty(n, np.float32)
+        lib.slide_forward_rows(W.ctypes.data, bias.ctypes.data, h.ctypes.data, rows.ctypes.data,
+                               start.ctypes.data, order.ctypes.data, mask.ctypes.data, U, A, H,
+                               out.ctypes.data, 1)
+        want = np.where(on, _logits_by_definition(W[ids], h[np.arange(n) // A], bias[ids]),
+                        np.float32(-np.inf))
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"C={C} H={H}"
         buf = np.empty(U * H + 16, np.float32)
         at = (-buf.ctypes.data // 4) % 8  # 32-byte aligned rows (H % 8 == 0: every row)
         for off, streamed in ((at, H % 8 == 0 and U * H >= 1 << 23), ((at + 1) % 8, False)):
             gw, gb = buf[off:off + U * H], np.empty(U, np.float32)
-            lib.slide_backward_rows(g.ctypes.data, w.ctypes.data, h.ctypes.data,
+            lib.slide_backward_rows(g.ctypes.data, W.ctypes.data, h.ctypes.data,
                                     mask.ctypes.data, rows.ctypes.data, start.ctypes.data,
                                     order.ctypes.data, U, B, A, H, None, gw.ctypes.data,
                                     gb.ctypes.data, 1)
