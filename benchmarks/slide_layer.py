@@ -29,7 +29,11 @@ buffer (the same scattered reads of the weight and as many rows written in seque
 random places are read well below the copy's bandwidth), with the fused layer's time over it.
 One torch thread (``--threads``), CPU.
 Before every timed call ``--flush-mib`` MiB are written (untimed), so that every variant starts
-from caches that hold none of the layer (:func:`cache_flush` says why).
+from caches that hold none of the layer (:func:`cache_flush` says why), and every layer's
+gradients are dropped (untimed): a variant's step would otherwise free the gradient the previous
+variant left on the shared layer (the gathered path's [B A, H] values: 8 ms at 0.2 % of
+1,000,000 outputs, counted in the fused step that followed it), so each variant pays for
+allocating its own gradients and none for freeing another's.
 
     python benchmarks/slide_layer.py --widths 10000,100000 --fractions 0.005,0.01,0.05 \
         --sampling topk,vanilla
@@ -123,7 +127,14 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
         fns.update(variants)
         moved[sm] = 2.0 * 4 * active_ids * H  # rows read + [B, A, H] written, float32
         distinct[sm] = 2.0 * 4 * rows_touched * H
-    t = _least(fns, repeats, flush)
+
+    def before() -> None:  # untimed (module docstring): no step frees another's gradients
+        w.grad = b.grad = None
+        for layer in layers.values():
+            layer.zero_grad(set_to_none=True)
+        if flush is not None:
+            flush()
+    t = _least(fns, repeats, before)
     td = t["dense"]
     return [{"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
              "ratio": t[f"{sm}.sparse"] / (td * s),

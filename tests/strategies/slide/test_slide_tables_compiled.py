@@ -254,3 +254,34 @@ def test_fused_loss_matches_the_torch_loss_within_float32_rounding() -> None:
         loss, grad = got[(path, 1)]
         assert abs(float(loss) - float(exact.detach())) <= bound_loss, path
         assert torch.all((grad.double() - x64.grad).abs() <= bound_g), path
+
+
+@pytest.mark.parametrize("path", [pytest.param("0", id="torch"),
+                                  pytest.param("1", id="compiled", marks=needs_kernels)])
+def test_a_row_with_no_active_slot_adds_nothing_to_the_loss_or_its_gradient(path: str) -> None:
+    """A sample none of whose slots is on (its shard drew nothing for it) contributes 0 to the
+    loss and gets a zero gradient on every slot, as the torch path gives (the compiled loss once
+    scaled its empty softmax by 1 / 0, and its gradient was NaN); the other rows are unchanged
+    by it. Rows of 20 slots: the eight-lane loops and the tail."""
+    from thinwire.strategies.slide.layer import active_softmax_loss
+
+    g = torch.Generator().manual_seed(3)
+    B, A, C = 4, 20, 500
+    ids = torch.stack([torch.randperm(C, generator=g)[:A] for _ in range(B)])
+    labels = ids[:, 5:6].clone()
+    mask = torch.ones(B, A, dtype=torch.bool)
+    mask[0] = False
+    z = torch.randn(B, A, generator=g)
+    x = z.clone().requires_grad_(True)
+    with kernels.forced(path):
+        loss = active_softmax_loss(x, ids, mask, labels)
+        loss.backward()
+    assert x.grad is not None
+    assert torch.equal(x.grad[0], torch.zeros(A))
+    rest = z[1:].clone().requires_grad_(True)
+    with kernels.forced(path):
+        loss_rest = active_softmax_loss(rest, ids[1:], mask[1:], labels[1:])
+        loss_rest.backward()
+    assert rest.grad is not None
+    assert torch.allclose(loss * B, loss_rest * (B - 1), rtol=1e-6, atol=0)
+    assert torch.allclose(x.grad[1:] * B, rest.grad * (B - 1), rtol=1e-5, atol=1e-9)
