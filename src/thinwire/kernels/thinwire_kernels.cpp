@@ -1743,6 +1743,13 @@ struct IdSet {
     w |= m;
     return true;
   }
+  int64_t added(int64_t v) {  // insert without a branch: 1 when v was not in the set
+    uint64_t& w = bits[static_cast<size_t>(v >> 6)];
+    const uint64_t m = uint64_t{1} << (v & 63);
+    const int64_t fresh = (w & m) == 0;
+    w |= m;
+    return fresh;
+  }
   void erase(int64_t v) { bits[static_cast<size_t>(v >> 6)] &= ~(uint64_t{1} << (v & 63)); }
 };
 
@@ -1885,6 +1892,10 @@ void lsh_build(const int64_t* codes, const float* key, int64_t C, int64_t L, int
 // neurons of its first T tables in that order, cut at size (C >= size), mask 1 on the filled
 // slots, 0 (id 0) on the rest. Returns 1 when some row is short (the caller then draws the
 // fill's starts and calls lsh_fill).
+// Each table's bucket lies at a random place of its sorted ids (L C int64: far past the caches);
+// a row's buckets are known from its codes, so each is asked for this many tables ahead.
+constexpr int64_t BUCKETS_AHEAD = 4;
+
 int lsh_vanilla(const int64_t* codes, const int64_t* sorted, const int64_t* offsets, int64_t B,
                 int64_t L, int64_t C, int64_t nb, int64_t bucket, const float* rnd,
                 const int64_t* forced, int64_t F, int64_t size, int64_t* ids, uint8_t* mask,
@@ -1923,12 +1934,23 @@ int lsh_vanilla(const int64_t* codes, const int64_t* sorted, const int64_t* offs
       if (v >= 0 && v < C && seen.insert(v)) out[n++] = v;
     }
     for (int64_t t = 0; t < T && n < size; ++t) {
+      if (t + BUCKETS_AHEAD < T) {  // the bucket read BUCKETS_AHEAD tables on, asked for now
+        const int64_t la = perm[b * L + t + BUCKETS_AHEAD];
+        int64_t ca;
+        const int64_t* at = sorted + la * C + bucket_of(b, la, &ca);
+        for (int64_t j = 0; j < ca; j += 8) __builtin_prefetch(at + j);
+      }
       const int64_t l = perm[b * L + t];
       int64_t count;
       const int64_t st = bucket_of(b, l, &count);
       const int64_t* row = sorted + l * C + st;
-      for (int64_t j = 0; j < count && n < size; ++j)
-        if (seen.insert(row[j])) out[n++] = row[j];
+      // written always, kept where new (n < size: the place is the row's): a bucket's
+      // neurons repeat those of the row's earlier buckets at random, and a branch on it was
+      // mispredicted as often as not
+      for (int64_t j = 0; j < count && n < size; ++j) {
+        out[n] = row[j];
+        n += seen.added(row[j]);
+      }
     }
     for (int64_t j = 0; j < n; ++j) seen.erase(out[j]);
     for (int64_t j = 0; j < size; ++j) mask[b * size + j] = j < n;
@@ -1951,9 +1973,10 @@ void lsh_fill(int64_t* ids, uint8_t* mask, int64_t B, int64_t size, int64_t C,
     while (n < size && m[n]) ++n;
     if (n == size) return;
     for (int64_t j = 0; j < n; ++j) seen.insert(out[j]);
-    for (int64_t j = 0; n < size; ++j) {
-      const int64_t v = (start[b] + j) % C;
-      if (seen.insert(v)) out[n++] = v;
+    // (start[b] + j) mod C counted on without a division, each written and kept where new
+    for (int64_t v = (start[b] % C + C) % C; n < size; v = v + 1 == C ? 0 : v + 1) {
+      out[n] = v;
+      n += seen.added(v);
     }
     for (int64_t j = 0; j < size; ++j) {
       seen.erase(out[j]);
