@@ -1963,26 +1963,35 @@ int lsh_vanilla(const int64_t* codes, const int64_t* sorted, const int64_t* offs
 }
 
 // first_distinct's fill: a short row b keeps its ids and takes (start[b] + j) mod C, j = 0, 1,
-// ..., those not in it yet, until it holds size; full rows are left as they are.
+// ..., those not in it yet, until it holds size (C >= size); full rows are left as they are.
+// Only the first `size` candidates can be needed (at most n of them are the row's own), so the
+// row's ids are looked up in a bitmap of that window (size bits), not of all C neurons.
 void lsh_fill(int64_t* ids, uint8_t* mask, int64_t B, int64_t size, int64_t C,
               const int64_t* start, int nt) {
-  per_row<IdSet>(nt, B, 8, [&] { return IdSet(C); }, [&](IdSet& seen, int64_t b) {
-    int64_t* out = ids + b * size;
-    uint8_t* m = mask + b * size;
-    int64_t n = 0;
-    while (n < size && m[n]) ++n;
-    if (n == size) return;
-    for (int64_t j = 0; j < n; ++j) seen.insert(out[j]);
-    // (start[b] + j) mod C counted on without a division, each written and kept where new
-    for (int64_t v = (start[b] % C + C) % C; n < size; v = v + 1 == C ? 0 : v + 1) {
-      out[n] = v;
-      n += seen.added(v);
-    }
-    for (int64_t j = 0; j < size; ++j) {
-      seen.erase(out[j]);
-      m[j] = 1;
-    }
-  });
+  per_row<std::vector<uint64_t>>(
+      nt, B, 8, [&] { return std::vector<uint64_t>(static_cast<size_t>((size + 63) / 64)); },
+      [&](std::vector<uint64_t>& window, int64_t b) {
+        int64_t* out = ids + b * size;
+        uint8_t* m = mask + b * size;
+        int64_t n = 0;
+        while (n < size && m[n]) ++n;
+        if (n == size) return;
+        std::fill(window.begin(), window.end(), 0);
+        const int64_t s0 = (start[b] % C + C) % C;
+        for (int64_t j = 0; j < n; ++j) {  // the row's ids at distance d < size past s0
+          int64_t d = out[j] - s0;
+          d += d < 0 ? C : 0;
+          if (d < size) window[static_cast<size_t>(d >> 6)] |= uint64_t{1} << (d & 63);
+        }
+        // candidate d is s0 + d mod C, written always and kept where not the row's
+        int64_t v = s0;
+        for (int64_t d = 0; n < size && d < size; ++d) {
+          out[n] = v;
+          n += ((window[static_cast<size_t>(d >> 6)] >> (d & 63)) & 1) == 0;
+          v = v + 1 == C ? 0 : v + 1;
+        }
+        for (int64_t j = 0; j < size; ++j) m[j] = 1;
+      });
 }
 
 // Top-k sampling (Tables.query, then select): per row b the entries are its L tables' first
