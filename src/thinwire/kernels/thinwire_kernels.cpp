@@ -1885,6 +1885,10 @@ void lsh_build(const int64_t* codes, const float* key, int64_t C, int64_t L, int
   });
 }
 
+// Each table's bucket lies at a random place of its sorted ids (L C int64: far past the caches);
+// a row's buckets are known from its codes, so lsh_vanilla asks for each this many tables ahead.
+constexpr int64_t BUCKETS_AHEAD = 4;
+
 // Vanilla sampling, steps 1-2 (Tables.query_vanilla, then first_distinct before its fill): per
 // row b, its tables in the order of torch.argsort(rnd[b], stable=True), each hit bucket's first
 // min(count, bucket) neurons; T = min(L, 2 + the most tables any row needs whose buckets hold
@@ -1892,10 +1896,6 @@ void lsh_build(const int64_t* codes, const float* key, int64_t C, int64_t L, int
 // neurons of its first T tables in that order, cut at size (C >= size), mask 1 on the filled
 // slots, 0 (id 0) on the rest. Returns 1 when some row is short (the caller then draws the
 // fill's starts and calls lsh_fill).
-// Each table's bucket lies at a random place of its sorted ids (L C int64: far past the caches);
-// a row's buckets are known from its codes, so each is asked for this many tables ahead.
-constexpr int64_t BUCKETS_AHEAD = 4;
-
 int lsh_vanilla(const int64_t* codes, const int64_t* sorted, const int64_t* offsets, int64_t B,
                 int64_t L, int64_t C, int64_t nb, int64_t bucket, const float* rnd,
                 const int64_t* forced, int64_t F, int64_t size, int64_t* ids, uint8_t* mask,
