@@ -35,6 +35,11 @@ variant left on the shared layer (the gathered path's [B A, H] values: 8 ms at 0
 1,000,000 outputs, counted in the fused step that followed it), so each variant pays for
 allocating its own gradients and none for freeing another's.
 
+``--by-kernel`` adds a second table: the full compiled step (retrieval included) split by
+kernel, each part's least milliseconds over ``--repeats`` steps (the same untimed flush and
+gradient drop before each): the retrieval's kernels together, the touched rows' sort, the
+forward, the loss (forward and backward), the backward, and the Python and torch around them.
+
     python benchmarks/slide_layer.py --widths 10000,100000 --fractions 0.005,0.01,0.05 \
         --sampling topk,vanilla
 """
@@ -45,6 +50,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,8 +109,8 @@ def cache_flush(mib: int) -> Callable[[], None] | None:
 
 
 def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
-         samplings: list[str], bandwidth: float, flush: Callable[[], None] | None = None
-         ) -> list[dict[str, float | str]]:
+         samplings: list[str], bandwidth: float, flush: Callable[[], None] | None = None,
+         kernel_parts: bool = False) -> list[dict[str, Any]]:
     """The dense layer and, per sampling mode, the SLIDE layer (module docstring)."""
     g = torch.Generator().manual_seed(0)
     h = torch.relu(torch.randn(B, H, generator=g))
@@ -136,7 +142,9 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
             flush()
     t = _least(fns, repeats, before)
     td = t["dense"]
-    return [{"C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
+    parts = {sm: by_kernel(fns[f"{sm}.sparse"], repeats, before) if kernel_parts and PATH == "1"
+             else {} for sm in layers}
+    return [{"parts": parts[sm], "C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
              "ratio": t[f"{sm}.sparse"] / (td * s),
              "query_share": t[f"{sm}.query"] / t[f"{sm}.sparse"],
              "compute_s": t[f"{sm}.compute"], "compute_ratio": t[f"{sm}.compute"] / (td * s),
@@ -154,6 +162,54 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
              "touched_ratio": t.get(f"{sm}.touched", float("nan")) / (td * s),
              "fused_over_touched": t.get(f"{sm}.fused", float("nan"))
              / t.get(f"{sm}.touched", float("nan"))} for sm in layers]
+
+
+KERNEL_PARTS = {"retrieval": ("lsh_",), "sort": ("slide_touched_rows",),
+                "forward": ("slide_forward_rows",), "loss": ("slide_softmax_loss",),
+                "backward": ("slide_backward_rows",)}
+"""``--by-kernel``'s columns: the kernels (by name prefix) each part of the step sums."""
+
+
+def by_kernel(step: Callable[[], None], repeats: int, before: Callable[[], None]
+              ) -> dict[str, float]:
+    """Seconds of each part of ``step`` (:data:`KERNEL_PARTS`, ``rest`` and ``total``), each
+    the least over ``repeats`` calls with ``before`` (untimed) ahead of each: the compiled
+    kernels' entry points are wrapped with timers for the calls and restored after."""
+    lib = kernels.lib()
+    assert lib is not None
+    spent: dict[str, float] = {}
+
+    def timer(part: str, fn: Callable[..., object]) -> Callable[..., object]:
+        def timed(*args: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                spent[part] = spent.get(part, 0.0) + time.perf_counter() - t0
+        return timed
+
+    part_of = {name: part for name in kernels.SIGNATURES for part, pre in KERNEL_PARTS.items()
+               if name.startswith(pre) and hasattr(lib, name)}
+    originals = {name: getattr(lib, name) for name in part_of}
+    best = {k: float("inf") for k in (*KERNEL_PARTS, "rest", "total")}
+    try:
+        for name, fn in originals.items():
+            setattr(lib, name, timer(part_of[name], fn))
+        step()  # warm
+        for _ in range(repeats):
+            before()
+            spent.clear()
+            t0 = time.perf_counter()
+            step()
+            total = time.perf_counter() - t0
+            spent["rest"] = total - sum(spent.values())
+            spent["total"] = total
+            for k in best:
+                best[k] = min(best[k], spent.get(k, 0.0))
+    finally:
+        for name, fn in originals.items():
+            setattr(lib, name, fn)
+    return best
 
 
 def _variants(sm: str, layer: SLIDELayer, h: torch.Tensor, labels: torch.Tensor
@@ -217,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="MiB written before every timed call (evicts the caches; 0: off)")
     ap.add_argument("--sampling", default="topk,vanilla",
                     help="comma-separated: topk, vanilla (SLIDELayer's sampling modes)")
+    ap.add_argument("--by-kernel", action="store_true",
+                    help="a second table: the compiled step's time split by kernel")
     a = ap.parse_args(argv)
     try:
         widths = [int(v) for v in a.widths.split(",")]
@@ -249,10 +307,12 @@ def main(argv: list[str] | None = None) -> int:
           "| touched rows gathered / (dense x active) | fused / touched rows gathered |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
           "---:|---:|---:|")
+    split: list[dict[str, Any]] = []
     for C in widths:
         for s in fractions:
             for r in rows(C, a.hidden, a.batch, s, a.K, a.L, a.repeats, samplings, bandwidth,
-                          flush):
+                          flush, a.by_kernel):
+                split.append(r)
                 print(f"| {C} | {s:g} | {r['sampling']} | {r['dense_s']:.4f} | "
                       f"{r['sparse_s']:.4f} | {r['ratio']:.1f} | "
                       f"{r['sparse_torch_ratio']:.1f} | {r['query_share']:.0%} | "
@@ -262,6 +322,16 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['fused_floor_ratio']:.2f} | {r['distinct_floor_ratio']:.2f} | "
                       f"{r['touched_s']:.4f} | {r['touched_ratio']:.2f} | "
                       f"{r['fused_over_touched']:.2f} |", flush=True)
+    if a.by_kernel and PATH == "1":
+        cols = [*KERNEL_PARTS, "rest", "total"]
+        print("\n# the compiled step (retrieval included) by kernel, least ms of each part over "
+              f"{a.repeats} steps; rest: the Python and torch around the kernels")
+        print("| width | active | sampling | " + " | ".join(f"{c} ms" for c in cols) + " |")
+        print("|---|---|---|" + "---:|" * len(cols))
+        for r in split:
+            parts = r["parts"]
+            print(f"| {r['C']} | {r['s']:g} | {r['sampling']} | "
+                  + " | ".join(f"{1e3 * parts[c]:.2f}" for c in cols) + " |")
     return 0
 
 

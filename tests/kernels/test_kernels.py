@@ -402,19 +402,22 @@ def _logits_by_definition(w: np.ndarray, x: np.ndarray, bias: np.ndarray) -> np.
 
 
 def _weight_rows_by_definition(g: np.ndarray, h: np.ndarray, on: np.ndarray, ids: np.ndarray,
-                               A: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                               A: int) -> tuple[np.ndarray, ...]:
     """The touched rows ascending, each row's slots ascending, and each row's weight gradient
-    summed in that order from 0 in float32: sum over its slots p of g[p] h[p // A] (0 g where
-    ``on`` drops the slot), by numpy, the j-th slot of every row added in step j."""
+    and bias gradient summed in that order from 0 in float32: sum over its slots p of
+    g[p] h[p // A] and of g[p] (0 g where ``on`` drops the slot), by numpy, the j-th slot of
+    every row added in step j."""
     order = np.argsort(ids, kind="stable")
     rows, first, count = np.unique(ids[order], return_index=True, return_counts=True)
     gp = np.where(on, g, np.float32(0)).astype(np.float32)
     gw = np.zeros((rows.size, h.shape[1]), np.float32)
+    gb = np.zeros(rows.size, np.float32)
     for j in range(int(count.max())):
         has = count > j
         p = order[first[has] + j]
         gw[has] = gw[has] + gp[p][:, None] * h[p // A]
-    return rows, order, gw
+        gb[has] = gb[has] + gp[p]
+    return rows, order, gw, gb
 
 
 @needs_kernels
@@ -424,9 +427,9 @@ def test_fused_slide_rows_equal_their_sums_in_the_kernels_order_streamed_or_not(
     min(n, C) places), each slot's logit (the dot product's 32 lanes, -inf where masked), and
     each row's weight gradient, summed in registers and written once -- by streaming stores for
     a gradient of at least 2^23 floats with 32-byte aligned rows, by plain stores otherwise
-    (the same gradient one float off alignment). Widths 64 and 128 (compiled as constants), 72
-    (eight vectors, then one), 75 (the scalar tail) and 16; some slots masked, rows repeated
-    within a sample and across samples."""
+    (the same gradient one float off alignment) -- and each row's bias gradient. Widths 64
+    and 128 (compiled as constants), 72 (eight vectors, then one), 75 (the scalar tail) and
+    16; some slots masked, rows repeated within a sample and across samples."""
     lib = kernels.lib()
     assert lib is not None
     rng = np.random.default_rng(5)
@@ -440,7 +443,7 @@ def test_fused_slide_rows_equal_their_sums_in_the_kernels_order_streamed_or_not(
         h = rng.standard_normal((B, H)).astype(np.float32)
         W = rng.standard_normal((C, H)).astype(np.float32)
         bias = rng.standard_normal(C).astype(np.float32)
-        rows_ref, order_ref, gw_ref = _weight_rows_by_definition(g, h, on, ids, A)
+        rows_ref, order_ref, gw_ref, gb_ref = _weight_rows_by_definition(g, h, on, ids, A)
         # one guard place past the rows' min(n, C): the last case touches every row
         rows, start, order = (np.full(min(n, C) + 1, -7, np.int64),
                               np.empty(n + 1, np.int64), np.empty(n, np.int64))
@@ -466,6 +469,7 @@ def test_fused_slide_rows_equal_their_sums_in_the_kernels_order_streamed_or_not(
                                     gb.ctypes.data, 1)
             assert np.array_equal(gw.reshape(U, H).view(np.uint32), gw_ref.view(np.uint32)), \
                 f"C={C} H={H} streamed={streamed}"
+            assert np.array_equal(gb.view(np.uint32), gb_ref.view(np.uint32)), f"C={C} H={H}"
         assert C != 200_000 or U * H >= 1 << 23  # the first case does stream
 
 

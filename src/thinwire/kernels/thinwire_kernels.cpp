@@ -1736,13 +1736,6 @@ namespace {
 struct IdSet {
   std::vector<uint64_t> bits;
   explicit IdSet(int64_t C) : bits(static_cast<size_t>((C + 63) / 64), 0) {}
-  bool insert(int64_t v) {  // true when v was not in the set
-    uint64_t& w = bits[static_cast<size_t>(v >> 6)];
-    const uint64_t m = uint64_t{1} << (v & 63);
-    if (w & m) return false;
-    w |= m;
-    return true;
-  }
   int64_t added(int64_t v) {  // insert without a branch: 1 when v was not in the set
     uint64_t& w = bits[static_cast<size_t>(v >> 6)];
     const uint64_t m = uint64_t{1} << (v & 63);
@@ -1750,6 +1743,7 @@ struct IdSet {
     w |= m;
     return fresh;
   }
+  bool insert(int64_t v) { return added(v) != 0; }  // true when v was not in the set
   void erase(int64_t v) { bits[static_cast<size_t>(v >> 6)] &= ~(uint64_t{1} << (v & 63)); }
 };
 
