@@ -321,6 +321,54 @@ def test_qsgd_norm_sums_in_its_documented_order_on_1_2_4_threads(path: str) -> N
         assert abs(round_float32(math.sqrt(want)) - math.sqrt(exact)) <= 2.0**-22 * math.sqrt(exact)
 
 
+def _sign_scale_by_definition(x: np.ndarray) -> float:
+    """ScaledSign's ||x||_1 / d in the order sign.py's docstring gives, written out as loops
+    over rows: a block's whole rows of 1024 added one after another in float32, widened, the
+    partial row added in float64, blocks in order, then the lanes in order."""
+    lanes = np.zeros(1024, np.float64)
+    for s in range(0, x.size, 1 << 17):
+        block = np.abs(x[s:s + (1 << 17)])
+        rows = block.size // 1024
+        acc = np.zeros(1024, np.float32)
+        for r in range(rows):
+            acc = acc + block[r * 1024:(r + 1) * 1024]  # float32 + float32, one row at a time
+        part = acc.astype(np.float64)
+        tail = block[rows * 1024:]
+        part[:tail.size] = part[:tail.size] + tail.astype(np.float64)
+        lanes = lanes + part
+    total = 0.0
+    for v in lanes.tolist():
+        total += v
+    return float(np.float32(total / max(x.size, 1)))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_sign_scale_sums_in_its_documented_order_on_1_2_4_threads(path: str) -> None:
+    """ScaledSign's CPU scale adds |x| in the order its docstring gives (float32 rows within a
+    block, float64 across blocks), so the compiled encode (parallel over blocks, eight rows in
+    registers at a time) and numpy's reduction over rows agree bit for bit on any thread
+    count; and the float32 rows keep it within 1e-6 relative of the exact mean."""
+    # a lane whose first row is 1e4 and whose next 127 rows add 1e-4 each: lost in float32
+    # (below half a unit of 1e4), kept in float64, so the two orders give different scales
+    tall = np.full((1 << 17) + 5000, 1e-4, np.float32)
+    tall[:1024] = 1e4
+    for d in (1, 1023, 1025, 9 * 1024 + 5, (1 << 17) + 3000, 300_001, tall.size):
+        x = tall if d == tall.size else (
+            torch.randn(d, generator=torch.Generator().manual_seed(d)) ** 3).numpy()
+        want = _sign_scale_by_definition(x)
+        for threads in (1, 2, 4):
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                with kernels.forced(path):
+                    got = float(ScaledSign().encode(torch.from_numpy(x), 0)[0])
+            finally:
+                torch.set_num_threads(before)
+            assert got == want, f"d={d} threads={threads}: {got!r} != {want!r}"
+        exact = math.fsum(np.abs(x.astype(np.float64)).tolist()) / d
+        assert abs(want - exact) <= (1e-5 if x is tall else 1e-6) * exact
+
+
 def slide_step(layer: SLIDELayer, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                labels: torch.Tensor, path: str, threads: int) -> dict[str, torch.Tensor]:
     before = torch.get_num_threads()

@@ -16,11 +16,13 @@ Biased: error feedback is on by default (``ef``).
 On CPU, steps 1-2 run block by block in cache (x is read from memory once), and step 3 is one
 table lookup per packed byte: row b of a (256, 8) table holds the eight decoded values of byte b,
 so each output element is written once; with the compiled kernels (:mod:`thinwire.kernels`)
-each step is one compiled pass. ||x||_1 on CPU is summed in float64 lanes, so that the numpy
-and the compiled paths give the same bits on any thread count: per block of 2^17 elements, lane
-j is the sum of |x| at column j of the block's rows of 1024, in row order (a partial last row
-adds to the first lanes); the blocks' lanes are added in block order, then the 1024 lanes in
-order.
+each step is one compiled pass. ||x||_1 on CPU is summed in lanes in an order fixed by the
+indices, so that the numpy and the compiled paths give the same bits on any thread count: per
+block of 2^17 elements, lane j is the float32 sum of |x| at column j of the block's whole rows
+of 1024, in row order, widened to float64 (a partial last row then adds to the first lanes in
+float64); the blocks' lanes are added in block order, then the 1024 lanes in order. A lane's
+float32 sum of at most 128 rows is within 128 units in the last place of its value (the
+compiled encode spent half its operations widening every element to float64).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class ScaledSign(Compressor):
             # 1. ||x||_1, block by block, as lane sums (module doc)
             ab = np.abs(xb, out=a[:e - s])
             full = (e - s) // LANES * LANES
-            part = ab[:full].reshape(-1, LANES).sum(axis=0, dtype=np.float64)
+            part = ab[:full].reshape(-1, LANES).sum(axis=0, dtype=np.float32).astype(np.float64)
             part[:e - s - full] += ab[full:]
             lanes += part
             # 2. the bits

@@ -740,58 +740,56 @@ void for_chunks(int nt, int64_t d, int64_t chunk, bool stream, F fn) {
 
 // --- scaled sign (compression/sign.py): the block bodies of sign_encode / sign_decode --------
 // Bits b_i = [x_i >= 0], packed most significant first, and ||x||_1 as the sign module's lane
-// sums: per block of SIGN_BLOCK elements, lane j = sum over the block's rows of 1024 of |x|
-// at column j, in row order, in double (a partial last row adds to its first lanes); lanes
-// summed over blocks in block order, then the lanes added in order (np.cumsum's last value);
-// scale = float(total / d), the sign module's.
+// sums: per block of SIGN_BLOCK elements, lane j = the float32 sum of |x| at column j over the
+// block's whole rows of 1024, in row order, widened to double (a partial last row then adds to
+// its first lanes in double); lanes summed over blocks in block order, then the lanes added in
+// order (np.cumsum's last value); scale = float(total / d), the sign module's. The rows are
+// summed in float32 because widening every |x| to double took half the encode's operations
+// (a block's 128 rows keep a lane's sum within 128 units in float32's last place).
 constexpr int64_t SIGN_BLOCK = 1 << 17;
 constexpr int64_t LANES = 1024;
 constexpr int64_t SIGN_ROWS = 8;  // rows added to a lane's register before it is stored
 
-struct Reversed {  // REVERSED[b]: the bits of byte b in the opposite order
-  uint8_t v[256];
-  Reversed() {
-    for (int b = 0; b < 256; ++b) {
-      int r = 0;
-      for (int j = 0; j < 8; ++j) r |= ((b >> j) & 1) << (7 - j);
-      v[b] = static_cast<uint8_t>(r);
-    }
-  }
-  uint8_t operator[](int b) const { return v[b]; }
-};
-const Reversed REVERSED;
-
-// Elements [a, e) (a a multiple of 1024): acc[j] += |x| of column j of each row in row order,
-// and the bits, in one read of x. Pointers arrive as parameters (as in every kernel body here):
-// a vector or byte store may alias any object, a lambda's captured pointers included, which
-// the compiler would then reload after every store (twice the time of a decode, measured).
+// Elements [a, e) (a a multiple of 1024): acc[j] += the column sums above, and the bits, in
+// one read of x. A byte of bits is one compare of its eight elements in reverse order
+// (movemask's lowest bit is then the eighth: the first element lands most significant); two
+// bytes a store (little-endian: the first byte at the lower address). Pointers arrive as
+// parameters (as in every kernel body here): a vector or byte store may alias any object, a
+// lambda's captured pointers included, which the compiler would then reload after every
+// store (twice the time of a decode, measured).
 inline void sign_encode_block(const float* __restrict x, int64_t a, int64_t e,
                               uint8_t* __restrict packed, double* __restrict acc) {
+  alignas(32) float sum[LANES] = {};  // the float32 column sums of the block's whole rows
+  const int64_t whole = a + (e - a) / LANES * LANES;
   int64_t r = a;
 #ifdef __AVX2__
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 zero = _mm256_setzero_ps();
-  for (; r + SIGN_ROWS * LANES <= e; r += SIGN_ROWS * LANES) {  // whole groups of rows
-    for (int64_t j = 0; j < LANES; j += 8) {  // 8 lanes in two registers, SIGN_ROWS rows
-      __m256d lo = _mm256_loadu_pd(acc + j), hi = _mm256_loadu_pd(acc + j + 4);
+  const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+  const auto byte = [rev, zero](__m256 v) {  // the bits of 8 elements, the first most significant
+    return _mm256_movemask_ps(_mm256_cmp_ps(_mm256_permutevar8x32_ps(v, rev), zero, _CMP_GE_OQ));
+  };
+  for (; r + SIGN_ROWS * LANES <= whole; r += SIGN_ROWS * LANES) {  // whole groups of rows
+    for (int64_t j = 0; j < LANES; j += 16) {  // 16 lanes in two registers, SIGN_ROWS rows
+      __m256 lo = _mm256_load_ps(sum + j), hi = _mm256_load_ps(sum + j + 8);
       for (int64_t k = 0; k < SIGN_ROWS; ++k) {
         const int64_t i = r + k * LANES + j;
-        const __m256 v = _mm256_loadu_ps(x + i);  // bit j of the mask is element j
-        packed[i >> 3] = REVERSED[_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ))];
-        const __m256 m = _mm256_and_ps(v, mag);
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(m)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1)));
+        const __m256 v = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
+        const uint16_t m = static_cast<uint16_t>(byte(v) | (byte(w) << 8));
+        std::memcpy(packed + (i >> 3), &m, 2);
+        lo = _mm256_add_ps(lo, _mm256_and_ps(v, mag));
+        hi = _mm256_add_ps(hi, _mm256_and_ps(w, mag));
       }
-      _mm256_storeu_pd(acc + j, lo);
-      _mm256_storeu_pd(acc + j + 4, hi);
+      _mm256_store_ps(sum + j, lo);
+      _mm256_store_ps(sum + j + 8, hi);
     }
   }
 #endif
-  const int64_t rest = r;  // the remaining rows (a partial last one adds to its first lanes)
-  for (; r < e; r += LANES) {
-    const int64_t w = std::min(LANES, e - r);
-    for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(std::fabs(x[r + j]));
-  }
+  const int64_t rest = r;  // the remaining whole rows, then a partial last row in double
+  for (; r < whole; r += LANES)
+    for (int64_t j = 0; j < LANES; ++j) sum[j] += std::fabs(x[r + j]);
+  for (int64_t j = 0; j < LANES; ++j) acc[j] += static_cast<double>(sum[j]);
+  for (int64_t j = 0; j < e - whole; ++j) acc[j] += static_cast<double>(std::fabs(x[whole + j]));
   for (int64_t i = rest; i < e; i += 8) {  // rest is a multiple of 8
     uint8_t byte = 0;
     const int64_t w = std::min<int64_t>(8, e - i);
