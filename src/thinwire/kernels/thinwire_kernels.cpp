@@ -125,53 +125,41 @@ inline uint32_t bits_of(float v) {
 
 // The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
 // and the loops would not be vectorised).
-// rint(x / safe): round half to even, as torch.round (the rounding mode is never changed), of
-// the same IEEE quotient as the reference's division. A division costs 3.5 cycles a vector,
-// most of the encode from the caches, so each vector is first rounded from x (1 / safe):
-// that product is within 3 units of 2^-24 |x / safe| <= 127 of the quotient (2.3e-5), so its
-// rounding can differ from the quotient's only where the product lies within 4.6e-5 of a
-// half-integer; where any of 32 products lies within 2^-13 of one (about 1 group in 130 on
-// smooth data, and every exact half), those 32 are rounded from the divisions instead. The
-// shortcut needs 1 / safe normal (safe a normal float whose reciprocal is normal too).
+// rint(x inv): round half to even, as torch.round (the rounding mode is never changed), of the
+// product by inv = 1 / safe rounded to float32, the int8 codec's step 3 (compression/
+// quantize.py, `scaled`): x / safe where that reciprocal overflows (safe below 2^-128).
 inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe,
                        bool stream) {
   int64_t i = 0;
+  const float inv = 1.0f / safe;
+  const bool product = std::isfinite(inv);
 #ifdef __AVX2__
   stream = stream && !(reinterpret_cast<uintptr_t>(q) & 31);
-  const float inv = 1.0f / safe;
-  const bool fast = std::isnormal(safe) && std::isnormal(inv);
-  const __m256 sv = _mm256_set1_ps(safe), iv = _mm256_set1_ps(inv);
-  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 near = _mm256_set1_ps(0.5f - 0.0001220703125f);  // 0.5 - 2^-13
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  constexpr int NEAREST = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  for (; i + 32 <= n; i += 32) {  // 32 at a time: four roundings, packed to 32 bytes
-    __m256i v[4];
-    bool exact = !fast;
-    if (fast) {
-      __m256 off = _mm256_setzero_ps();  // the largest |y - rint(y)| of the 32
-      for (int j = 0; j < 4; ++j) {
-        const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), iv);
-        const __m256 r = _mm256_round_ps(y, NEAREST);
-        off = _mm256_max_ps(_mm256_and_ps(_mm256_sub_ps(y, r), mag), off);  // NaN: off kept
-        v[j] = _mm256_cvtps_epi32(r);
-      }
-      exact = _mm256_movemask_ps(_mm256_cmp_ps(off, near, _CMP_GE_OQ)) != 0;
+  const auto rows = [&](auto op) {  // 32 at a time: four roundings, packed to 32 bytes
+    for (; i + 32 <= n; i += 32) {
+      __m256i v[4];
+      for (int j = 0; j < 4; ++j)  // cvtps rounds half to even (the default rounding mode)
+        v[j] = _mm256_cvtps_epi32(op(_mm256_loadu_ps(x + i + 8 * j)));
+      const __m256i w = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+          perm);
+      if (stream)
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i), w);
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), w);
     }
-    if (exact)
-      for (int j = 0; j < 4; ++j)  // round half to even (the default rounding mode)
-        v[j] = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * j), sv));
-    const __m256i w = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), perm);
-    if (stream)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i), w);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), w);
-  }
+  };
+  const __m256 iv = _mm256_set1_ps(inv), sv = _mm256_set1_ps(safe);
+  if (product)
+    rows([iv](__m256 v) { return _mm256_mul_ps(v, iv); });
+  else
+    rows([sv](__m256 v) { return _mm256_div_ps(v, sv); });
 #else
   (void)stream;
 #endif
-  for (; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[i] / safe)));
+  for (; i < n; ++i)
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(product ? x[i] * inv : x[i] / safe)));
 }
 
 // Outputs of at least STREAM elements are written with non-temporal stores: they bypass the
