@@ -130,7 +130,7 @@ def generator(*parts: int, device: torch.device | str = "cpu") -> torch.Generato
 def on_cpu(x: torch.Tensor) -> bool:
     """Whether ``x`` is in CPU memory, where the numpy fast paths apply (every other device
     takes the torch path, which is also the fast paths' reference in the tests)."""
-    return x.device.type == "cpu"
+    return x.is_cpu
 
 
 def is_cpu_float32(x: torch.Tensor) -> bool:

@@ -37,6 +37,7 @@ int8 (blockwise absmax scaling):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -71,9 +72,12 @@ LOWBIAS = (np.uint32(0x7FEB352D), np.uint32(0x846CA68B))
 x ^= x >> 15; x *= m2; x ^= x >> 16), a bijection of 32-bit words with low bias."""
 
 
+@functools.lru_cache(maxsize=1024)
 def counter_keys(seed: int, step: int, key: int, rank: int | None) -> tuple[int, int, int]:
     """(k0 odd, k1, k2 odd): the 32-bit keys of this rank's counter stream at (step, key);
-    ``rank`` None: the stream every rank shares (Rand-k's offsets)."""
+    ``rank`` None: the stream every rank shares (Rand-k's offsets). Kept for the last 1,024
+    tuples (seven splitmix64 rounds in Python cost more than a kernel call: Rand-k's encode
+    and the decodes of its step ask for the same keys)."""
     a = mix_seed(seed, step, key, rank, 0x5EED) if rank is not None else mix_seed(
         seed, step, key, 0x5A4D)
     b = mix_seed(a, 1)
@@ -210,6 +214,16 @@ class QSGD(Compressor):
         flat = x.reshape(-1).float()
         s = self.levels
         # 1. the norm (on CPU its squares summed in a fixed order: sum_squares)
+        lib = kernels.wants(flat)
+        if lib is not None:  # steps 1-3 in two compiled passes, nothing else around them
+            d, nt = flat.numel(), kernels.threads()
+            n = round_float32(math.sqrt(lib.sum_squares(flat.data_ptr(), d, nt)))
+            levels = empty(d, level_dtype(s))
+            lib.qsgd_encode_counter(flat.data_ptr(), d, float(np.float32(s / n if n > 0 else 0.0)),
+                                    *counter_keys(self.seed, step, key, self.rank),
+                                    levels.data_ptr(), levels.element_size(), s, int(self._wide),
+                                    nt)
+            return (torch.full((1,), n, dtype=torch.float32), levels)
         xn: np.ndarray | None = None
         if on_cpu(flat):
             xn = as_numpy(flat)
@@ -232,16 +246,13 @@ class QSGD(Compressor):
         return (norm.reshape(1), torch.copysign(level, flat).to(level_dtype(s)))
 
     def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
-        """Steps 2-3 on CPU, block by block: floor(c x + u), within [-s, s] (see the module's
-        docstring for why this is sign(x) level in law), u from :func:`counter_uniform`."""
+        """Steps 2-3 on CPU without the kernels (``encode`` calls them, with the same draws and
+        roundings, where they apply), block by block: floor(c x + u), within [-s, s] (see the
+        module's docstring for why this is sign(x) level in law), u from
+        :class:`CounterUniform`."""
         s, wide = self.levels, self._wide
         q = np.empty(xn.size, dtype=self._level_numpy)
         keys = counter_keys(self.seed, step, key, self.rank)
-        lib = kernels.lib() if xn.flags.c_contiguous and xn.dtype == np.float32 else None
-        if lib is not None:  # the same draws and roundings in one compiled pass, in parallel
-            lib.qsgd_encode_counter(xn.ctypes.data, xn.size, float(c), *keys, q.ctypes.data,
-                                    q.itemsize, s, int(wide), kernels.threads())
-            return q
         size = min(xn.size, BLOCK)
         t, u = np.empty(size, np.float32), np.empty(size, np.float32)
         draws = CounterUniform(keys, size)
