@@ -157,7 +157,8 @@ def empty(numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") ->
     to touch as one from torch's allocator."""
     if (device != "cpu" and torch.device(device).type != "cpu") or dtype not in NUMPY_DTYPES:
         return torch.empty(numel, dtype=dtype, device=device)
-    return torch.from_numpy(np.empty(numel, NUMPY_DTYPES[dtype])).view(dtype)
+    t = torch.from_numpy(np.empty(numel, NUMPY_DTYPES[dtype]))
+    return t if t.dtype is dtype else t.view(dtype)  # bfloat16 is numpy's uint16
 
 
 def blocks(numel: int, block: int = BLOCK) -> Iterator[tuple[int, int]]:

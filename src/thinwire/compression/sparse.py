@@ -63,6 +63,7 @@ selection, Rand-k), which share their payload and its decode.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,7 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 else torch.int64
 
 
+@functools.lru_cache(maxsize=1024)
 def _sample_plan(d: int, k: int) -> tuple[int, int] | None:
     """(stride, wanted sample entries) of step 1a, or None where it does not pay (small d,
     or k so large that most entries are candidates anyway)."""
