@@ -5,7 +5,8 @@ input, time ``decode(encode(x), out=y)`` -- decoded into a preallocated buffer, 
 decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / seconds, median of the
 repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)`` into a
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
-speed. Each repeat times the copy and every codec in turn, each timed call right after an untimed
+speed; beside it the floor of any codec that reads x and writes y: one read of x (``x.sum()``)
+and one write of y (``y.zero_()``), each timed alone. Each repeat times the copy and every codec in turn, each timed call right after an untimed
 call of the same row (steady state: the row's code, tables and buffers warm), and each cell is
 the median of its repeats; a second table splits each codec's time into encode and decode, in units of the
 copy's time (a copy reads x once and writes y once); with PowerSGD among the codecs, a third
@@ -110,8 +111,10 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: tor
     x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
     y = torch.empty_like(x)
     y.copy_(x)
-    times: dict[str, list[tuple[float, float, float]]] = {"memcpy (copy_)": [],
-                                                          "memcpy (clone)": []}
+    base: dict[str, Callable[[], object]] = {
+        "memcpy (copy_)": lambda: y.copy_(x), "memcpy (clone)": lambda: x.clone(),
+        "read x (sum)": lambda: x.sum(), "write y (zero_)": lambda: y.zero_()}
+    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in base}
     times.update({name: [] for name in chosen})
 
     def codec(c: Compressor, i: int, path: str) -> tuple[float, float, float]:
@@ -127,12 +130,11 @@ def measure(numel: int, repeats: int, chosen: dict[str, Compressor], device: tor
         return t2 - t0, t1 - t0, t2 - t1
 
     for i in range(repeats):
-        y.copy_(x)  # each timed call follows an untimed one of the same row (steady state)
-        t = seconds(lambda: y.copy_(x), device, clock)
-        times["memcpy (copy_)"].append((t, t, 0.0))
-        x.clone()
-        t = seconds(lambda: x.clone(), device, clock)
-        times["memcpy (clone)"].append((t, t, 0.0))
+        for name, fn in base.items():
+            fn()  # each timed call follows an untimed one of the same row (steady state)
+            t = seconds(fn, device, clock)
+            times[name].append((t, t, 0.0))
+        y.copy_(x)
         for name, comp in chosen.items():
             path = PATHS[name.rpartition(" ")[2]]
             codec(comp, 2 * i, path)
