@@ -17,7 +17,7 @@ from loco_cases import run as _run
 
 from thinwire.compression import build
 from thinwire.compression.fp4 import FP4
-from thinwire.compression.quantize import Int8
+from thinwire.compression.int8 import Int8
 from thinwire.compression.scatter import ScatteredExchange, shard_numel
 from thinwire.runtime.comm import Comm
 from thinwire.strategies import METHODS

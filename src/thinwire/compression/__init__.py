@@ -4,10 +4,10 @@ One interface (:class:`Compressor`: spec, encode, decode, with their tensor form
 :class:`Site`) for every codec slot: data-parallel gradients, outer deltas, tensor-parallel
 sums, a pipeline boundary's activations and activation gradients (:data:`SLOTS`).
 One file per family: :mod:`.casts` (none, fp16, bf16), :mod:`.sparse` (topk, randk),
-:mod:`.quantize` (qsgd, int8), :mod:`.fp4` (fp4), :mod:`.int4` (int4), :mod:`.sign` (sign),
-:mod:`.powersgd` (powersgd), :mod:`.chunked` (SparseLoCo's topk2bit), :mod:`.dct` (DeMo's
-dcttopk), :mod:`.lowrank` (Optimus-CC's lowrank, activation gradients only), :mod:`.aqsgd`
-(AQ-SGD, pipeline boundaries only); :mod:`.feedback` wraps biased codecs with error feedback;
+:mod:`.quantize` (qsgd), :mod:`.int8` (int8), :mod:`.fp4` (fp4), :mod:`.int4` (int4),
+:mod:`.sign` (sign), :mod:`.powersgd` (powersgd), :mod:`.chunked` (SparseLoCo's topk2bit),
+:mod:`.dct` (DeMo's dcttopk), :mod:`.lowrank` (Optimus-CC's lowrank, activation gradients
+only), :mod:`.aqsgd` (AQ-SGD, pipeline boundaries only); :mod:`.feedback` wraps biased codecs with error feedback;
 :mod:`.registry` builds any of them from plain arguments for a slot, refusing a codec outside
 its slots in one line; :mod:`.hooks` turns any of them into a DDP hook that exchanges through
 :class:`~thinwire.runtime.comm.Comm`. Codecs know no training method.
@@ -39,9 +39,10 @@ from thinwire.compression.hooks import (
     register,
 )
 from thinwire.compression.int4 import Int4
+from thinwire.compression.int8 import Int8
 from thinwire.compression.lowrank import LowRank
 from thinwire.compression.powersgd import PowerSGD
-from thinwire.compression.quantize import QSGD, Int8
+from thinwire.compression.quantize import QSGD
 from thinwire.compression.registry import (
     CODECS,
     SLOTS,

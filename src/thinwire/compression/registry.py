@@ -22,8 +22,8 @@ tensor-parallel sums, a pipeline boundary's activations and activation gradients
      feedback) is averaged by :class:`~thinwire.compression.scatter.ScatteredExchange`: a
      quantised reduce-scatter summed in fp32, then an all-gather of the re-quantised mean.
 
-Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``fp4``, ``int4``,
-``sign``, ``powersgd``, ``chunked``, ``dct``, ``lowrank``, ``aqsgd``); a new codec is one module
+Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``int8``, ``fp4``,
+``int4``, ``sign``, ``powersgd``, ``chunked``, ``dct``, ``lowrank``, ``aqsgd``); a new codec is one module
 plus one line here, and goes in every slot unless its entry names its ``slots``.
 """
 
@@ -112,7 +112,7 @@ CODECS: Registry[CodecEntry] = Registry("codec", {
     "topk": "thinwire.compression.sparse:TOPK",
     "randk": "thinwire.compression.sparse:RANDK",
     "qsgd": "thinwire.compression.quantize:QSGD_ENTRY",
-    "int8": "thinwire.compression.quantize:INT8",
+    "int8": "thinwire.compression.int8:INT8",
     "int4": "thinwire.compression.int4:INT4",
     "fp4": "thinwire.compression.fp4:FP4_ENTRY",
     "sign": "thinwire.compression.sign:SIGN",

@@ -126,8 +126,8 @@ inline uint32_t bits_of(float v) {
 // The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
 // and the loops would not be vectorised).
 // rint(x inv): round half to even, as torch.round (the rounding mode is never changed), of the
-// product by inv = 1 / safe rounded to float32, the int8 codec's step 3 (compression/
-// quantize.py, `scaled`): x / safe where that reciprocal overflows (safe below 2^-128).
+// product by inv = 1 / safe rounded to float32, the int8 codec's step 3 (compression/int8.py,
+// `scaled`): x / safe where that reciprocal overflows (safe below 2^-128).
 inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe,
                        bool stream) {
   int64_t i = 0;
@@ -1087,7 +1087,7 @@ extern "C" {
 
 int thinwire_kernels_version() { return 2; }
 
-// --- int8 with one absmax scale per chunk (compression/quantize.py, Int8) --------------------
+// --- int8 with one absmax scale per chunk (compression/int8.py) -----------------------------
 void int8_encode(const float* x, int64_t d, int64_t chunk, int8_t* q, float* scale, int nt) {
   const bool stream = d >= STREAM && chunk % 32 == 0;  // chunks start on 32 bytes of q
   const int64_t chunks = (d + chunk - 1) / chunk, per = std::max<int64_t>(1, BLOCK / chunk);
