@@ -166,7 +166,7 @@ def test_biased_codecs_stay_within_their_contraction(world2: Any, world4: Any) -
         scales = torch.stack([(torch.nn.functional.pad(x, (0, (-D) % 64)).view(-1, 64)
                                .abs().amax(1) / 127).repeat_interleave(64)[:D] for x in xs])
         err = (results[0]["int8:chunk=64"]["means"][0] - m).abs()
-        assert torch.all(err <= scales.mean(0) * (0.5 + 2**-16) + 1e-6)  # quantize.py's bound
+        assert torch.all(err <= scales.mean(0) * (0.5 + 2**-16) + 1e-6)  # int8.py's bound
 
 
 def test_qsgd_mean_is_unbiased_within_its_variance() -> None:

@@ -347,7 +347,7 @@ def test_int8_error_within_half_a_step_per_chunk(d: int, chunk: int) -> None:
     out = comp.decode(payload, d, 0)
     pad = torch.cat([x, x.new_zeros((-d) % chunk)]).view(-1, chunk)
     step = (pad.abs().amax(dim=1) / 127).repeat_interleave(chunk)[:d]
-    assert torch.all((out - x).abs() <= step * (0.5 + 2**-16) + 1e-6)  # quantize.py's int8 doc
+    assert torch.all((out - x).abs() <= step * (0.5 + 2**-16) + 1e-6)  # int8.py's doc
     q, scale = comp._encode_torch(x)
     assert torch.equal(payload[0], q) and torch.equal(payload[1], scale)
 

@@ -176,7 +176,7 @@ def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
         q, scale = Int8().encode(x, 0)
         y = Int8().decode((q, scale), x.numel(), 0)
         step = torch.repeat_interleave(scale, 512)[:x.numel()]
-        # x (1 / scale) is within 127 * 2^-23 < 2^-16 of x / scale (quantize.py's int8 doc)
+        # x (1 / scale) is within 127 * 2^-23 < 2^-16 of x / scale (int8.py's doc)
         assert torch.all((y - x).abs() <= step * (0.5 + 2**-16) * (1 + 1e-6))
         s = ScaledSign().decode(ScaledSign().encode(x, 0), x.numel(), 0)
         assert torch.allclose(s.abs(), x.abs().mean().expand_as(s), rtol=1e-6)

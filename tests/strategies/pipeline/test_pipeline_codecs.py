@@ -52,7 +52,7 @@ def test_quantisers_error_within_half_a_step_of_each_chunk(spec, levels, chunk) 
     level_bytes = d if levels == 127 else (d + 1) // 2
     assert n == level_bytes + 4 * math.ceil(d / chunk)
     flat, err = x.reshape(-1), (y - x).reshape(-1).abs()
-    half = 0.5 + 2**-16 if levels == 127 else 0.5  # int8 rounds x (1 / step): quantize.py
+    half = 0.5 + 2**-16 if levels == 127 else 0.5  # int8 rounds x (1 / step): int8.py
     for start in range(0, d, chunk):
         step = flat[start:start + chunk].abs().max() / levels
         assert err[start:start + chunk].max() <= step * half * (1 + 1e-5) + 1e-7
