@@ -158,8 +158,10 @@ inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t 
 #else
   (void)stream;
 #endif
-  for (; i < n; ++i)
-    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(product ? x[i] * inv : x[i] / safe)));
+  for (; i < n; ++i) {
+    const float y = product ? x[i] * inv : x[i] / safe;
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(y)));
+  }
 }
 
 // Outputs of at least STREAM elements are written with non-temporal stores: they bypass the
@@ -231,9 +233,9 @@ inline void fence(bool stream) {
 // follow land on the zeros): a line written without being read first, the sparse decodes'
 // zero fill from 4M floats on, where out is larger than the caches.
 inline void zero_fill(float* __restrict out, int64_t n, bool stream) {
-  int64_t i = 0;
 #ifdef __AVX2__
   if (stream) {
+    int64_t i = 0;
     for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 31); ++i) out[i] = 0.0f;
     const __m256 z = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) _mm256_stream_ps(out + i, z);
@@ -371,6 +373,8 @@ inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* _
     _mm256_storeu_ps(t + i0, _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
         _mm256_loadu_ps(x + i0), cv), u)));
   }
+#else
+  (void)total;  // the streamed int8 stores above are the only use
 #endif
   for (int64_t i = i0; i < m; ++i) {
     const uint32_t h = lowbias32(base + static_cast<uint32_t>(i) * k0);
@@ -754,7 +758,7 @@ inline void sign_encode_block(const float* __restrict x, int64_t a, int64_t e,
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 zero = _mm256_setzero_ps();
   const __m256i rev = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-  const auto byte = [rev, zero](__m256 v) {  // the bits of 8 elements, the first most significant
+  const auto bits8 = [rev, zero](__m256 v) {  // 8 elements' bits, the first most significant
     return _mm256_movemask_ps(_mm256_cmp_ps(_mm256_permutevar8x32_ps(v, rev), zero, _CMP_GE_OQ));
   };
   for (; r + SIGN_ROWS * LANES <= whole; r += SIGN_ROWS * LANES) {  // whole groups of rows
@@ -763,7 +767,7 @@ inline void sign_encode_block(const float* __restrict x, int64_t a, int64_t e,
       for (int64_t k = 0; k < SIGN_ROWS; ++k) {
         const int64_t i = r + k * LANES + j;
         const __m256 v = _mm256_loadu_ps(x + i), w = _mm256_loadu_ps(x + i + 8);
-        const uint16_t m = static_cast<uint16_t>(byte(v) | (byte(w) << 8));
+        const uint16_t m = static_cast<uint16_t>(bits8(v) | (bits8(w) << 8));
         std::memcpy(packed + (i >> 3), &m, 2);
         lo = _mm256_add_ps(lo, _mm256_and_ps(v, mag));
         hi = _mm256_add_ps(hi, _mm256_and_ps(w, mag));
