@@ -97,9 +97,9 @@ def test_streamed_outputs_equal_the_pure_paths() -> None:
 
 @needs_kernels
 def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
-    """Chunks whose x / scale are exact half-integers (scale 1): both paths divide by the
-    scale and round half to even, so a kernel that multiplied by 1 / scale instead (or rounded
-    half away from zero) would fail here."""
+    """Chunks whose x / scale are exact half-integers (scale 1, so x times 1 / scale is exact):
+    both paths round half to even, so a kernel that rounded half away from zero would fail
+    here."""
     ties = torch.tensor([127.0] + [k + 0.5 for k in range(-63, 63)] * 4)
     x = ties.repeat(9)
     ref = round_trip(Int8(127), x, "0", 1)
@@ -110,12 +110,12 @@ def test_int8_half_way_values_round_to_even_on_both_paths() -> None:
 
 
 @needs_kernels
-def test_int8_rounds_x_times_the_reciprocal_and_divides_only_where_it_overflows() -> None:
+def test_int8_rounds_x_times_the_reciprocal_and_sends_subnormal_scales_as_zeros() -> None:
     """Int8's step 3 on both paths: values within 4 floats of each (n + 1/2) scale (scale =
     3.7 / 127, the chunk's absmax first), where rounding the product x (1 / scale) and the
     quotient x / scale differ for about 1 in 20 of them (checked, so a path that divided would
-    fail), give the product's roundings; a chunk whose scale is below 2^-128 (its reciprocal
-    overflows) gives the quotient's."""
+    fail), give the product's roundings; a chunk whose scale is subnormal (below 2^-126) is
+    sent as zeros, and one just above it is rounded as any other."""
     m = np.float32(3.7)
     scale = m / np.float32(127)
     halves = ((np.arange(-126, 126, dtype=np.float32) + np.float32(0.5)) * scale
@@ -132,11 +132,10 @@ def test_int8_rounds_x_times_the_reciprocal_and_divides_only_where_it_overflows(
     chunk = 512
     pieces = [np.concatenate([[m], xs[a:a + chunk - 1]]) for a in range(0, xs.size, chunk - 1)]
     tiny = np.float32(2.0**-126) * np.linspace(-1, 1, chunk, dtype=np.float32)  # scale ~ 1e-40
-    x = torch.from_numpy(np.concatenate([tiny] + pieces).astype(np.float32))
-    small = np.abs(tiny).max() / np.float32(127)
-    with np.errstate(over="ignore"):
-        assert np.isinf(np.float32(1) / small)
-    want = np.concatenate([np.rint(tiny / small)] + [
+    least = np.float32(127 * 2.0**-126) * np.linspace(-1, 1, chunk, dtype=np.float32)
+    assert np.abs(least).max() / np.float32(127) == np.float32(2.0**-126)  # the least normal
+    x = torch.from_numpy(np.concatenate([tiny, least] + pieces).astype(np.float32))
+    want = np.concatenate([np.zeros(chunk), np.rint(least * np.float32(2.0**126))] + [
         np.rint(p * (np.float32(1) / (p.max() / np.float32(127)))) for p in pieces])
     for path, threads in (("0", 1), ("1", 1), ("1", 2)):
         got = round_trip(Int8(chunk), x, path, threads)

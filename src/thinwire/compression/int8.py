@@ -3,9 +3,11 @@
   1. cut x into chunks of ``chunk`` elements (512: a 4-byte scale costs 0.8 %);
   2. per chunk, scale = max |x_i| / 127 (sent as fp32);
   3. send round(x_i inv) as int8 (half to even), inv = 1 / scale rounded to float32 once per
-     chunk (as PyTorch's own quantize_per_tensor multiplies by its inverse scale; x_i / scale
-     where 1 / scale overflows, a scale below 2^-128); the product is within 127 * 2^-23 of
-     x_i / scale, so the error is at most scale (1/2 + 2^-16) per element;
+     chunk, as PyTorch's own quantize_per_tensor multiplies by its inverse scale; the product
+     is within 127 * 2^-23 of x_i / scale, so the error is at most scale (1/2 + 2^-16) per
+     element. A chunk whose scale is subnormal (below 2^-126: its absmax under 127 * 2^-126,
+     about 1.5e-36; 1 / scale could overflow) takes inv = 0 and is sent as zeros (error
+     feedback keeps it);
   4. decode q_i scale.
   Deterministic rounding is biased (slightly); error feedback removes the bias (``ef``, on by
   default). On CPU, steps 2-4 run block by block of whole chunks, in cache.
@@ -36,18 +38,17 @@ from thinwire.compression.registry import CodecEntry, check_exchange, exchange_o
 from thinwire.options import check, opt
 
 
+LEAST_SCALE = 2.0**-126
+"""float32's least normal number: a chunk with a smaller scale is sent as zeros (step 3)."""
+
+
 def scaled(chunks: torch.Tensor, safe: torch.Tensor, out: torch.Tensor | None = None
            ) -> torch.Tensor:
     """Int8's step 3 before the rounding: each row of ``chunks`` times the float32 reciprocal
-    of its (positive) ``safe`` scale, or divided by it where that reciprocal overflows."""
-    inv = torch.reciprocal(safe)
-    y = torch.mul(chunks, inv[:, None], out=out)
-    wide = ~torch.isfinite(inv)  # a scale below 2^-128: 1 / scale is infinite, divide
-    if not y.is_cpu:  # no host sync on an accelerator
-        return torch.where(wide[:, None], chunks / safe[:, None], y)
-    if bool(wide.any()):
-        y[wide] = chunks[wide] / safe[wide, None]
-    return y
+    of its (positive) ``safe`` scale, or times 0 where that scale is below
+    :data:`LEAST_SCALE`."""
+    inv = torch.where(safe >= LEAST_SCALE, torch.reciprocal(safe), 0.0)
+    return torch.mul(chunks, inv[:, None], out=out)
 
 
 class Int8(Compressor):

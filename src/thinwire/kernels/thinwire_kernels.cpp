@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -127,41 +128,30 @@ inline uint32_t bits_of(float v) {
 // and the loops would not be vectorised).
 // rint(x inv): round half to even, as torch.round (the rounding mode is never changed), of the
 // product by inv = 1 / safe rounded to float32, the int8 codec's step 3 (compression/int8.py,
-// `scaled`): x / safe where that reciprocal overflows (safe below 2^-128).
+// `scaled`); inv = 0 where safe is subnormal (its reciprocal could overflow): zeros.
 inline void round_int8(const float* __restrict x, int8_t* __restrict q, int64_t n, float safe,
                        bool stream) {
   int64_t i = 0;
-  const float inv = 1.0f / safe;
-  const bool product = std::isfinite(inv);
+  const float inv = safe >= std::numeric_limits<float>::min() ? 1.0f / safe : 0.0f;
 #ifdef __AVX2__
   stream = stream && !(reinterpret_cast<uintptr_t>(q) & 31);
+  const __m256 iv = _mm256_set1_ps(inv);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const auto rows = [&](auto op) {  // 32 at a time: four roundings, packed to 32 bytes
-    for (; i + 32 <= n; i += 32) {
-      __m256i v[4];
-      for (int j = 0; j < 4; ++j)  // cvtps rounds half to even (the default rounding mode)
-        v[j] = _mm256_cvtps_epi32(op(_mm256_loadu_ps(x + i + 8 * j)));
-      const __m256i w = _mm256_permutevar8x32_epi32(
-          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
-          perm);
-      if (stream)
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i), w);
-      else
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), w);
-    }
-  };
-  const __m256 iv = _mm256_set1_ps(inv), sv = _mm256_set1_ps(safe);
-  if (product)
-    rows([iv](__m256 v) { return _mm256_mul_ps(v, iv); });
-  else
-    rows([sv](__m256 v) { return _mm256_div_ps(v, sv); });
+  for (; i + 32 <= n; i += 32) {  // 32 at a time: four roundings, packed to 32 bytes
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j)  // cvtps rounds half to even (the default rounding mode)
+      v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), iv));
+    const __m256i w = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])), perm);
+    if (stream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i), w);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), w);
+  }
 #else
   (void)stream;
 #endif
-  for (; i < n; ++i) {
-    const float y = product ? x[i] * inv : x[i] / safe;
-    q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(y)));
-  }
+  for (; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int32_t>(std::rint(x[i] * inv)));
 }
 
 // Outputs of at least STREAM elements are written with non-temporal stores: they bypass the
