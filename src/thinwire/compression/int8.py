@@ -37,7 +37,6 @@ from thinwire.compression.base import (
 from thinwire.compression.registry import CodecEntry, check_exchange, exchange_option
 from thinwire.options import check, opt
 
-
 LEAST_SCALE = 2.0**-126
 """float32's least normal number: a chunk with a smaller scale is sent as zeros (step 3)."""
 
