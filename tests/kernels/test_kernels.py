@@ -16,7 +16,9 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +46,25 @@ def codecs() -> list[Compressor]:
             QSGD(127), QSGD(300), FP4(), FP4(7), FP4(100_000)]
 
 
-def round_trip(c: Compressor, x: torch.Tensor, path: str, threads: int
-               ) -> tuple[list[bytes], torch.Tensor, torch.Tensor]:
+@contextmanager
+def on(path: str, threads: int) -> Iterator[None]:
+    """The kernels' path forced and torch's thread count set, both restored after."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with kernels.forced(path):
-            payload = c.encode(x, 5, key=2)
-            y = c.decode(payload, x.numel(), 5, key=2)
-            z = torch.randn(x.numel(), generator=torch.Generator().manual_seed(9))
-            c.decode_add(payload, z, 5, key=2)
+            yield
     finally:
         torch.set_num_threads(before)
+
+
+def round_trip(c: Compressor, x: torch.Tensor, path: str, threads: int
+               ) -> tuple[list[bytes], torch.Tensor, torch.Tensor]:
+    with on(path, threads):
+        payload = c.encode(x, 5, key=2)
+        y = c.decode(payload, x.numel(), 5, key=2)
+        z = torch.randn(x.numel(), generator=torch.Generator().manual_seed(9))
+        c.decode_add(payload, z, 5, key=2)
     return [p.contiguous().view(torch.uint8).numpy().tobytes() for p in payload], y, z
 
 
@@ -208,13 +217,8 @@ def test_approximate_topk_sends_exactly_k_and_the_same_bits_on_every_path(
          else torch.randn(d, generator=torch.Generator().manual_seed(3)) ** 3)
     reference = c.encode(x.double(), 0)[1].long()  # the any-device torch code
     for threads in (1, 2, 4):
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            with kernels.forced(path):
-                values, idx = c.encode(x, 0)
-        finally:
-            torch.set_num_threads(before)
+        with on(path, threads):
+            values, idx = c.encode(x, 0)
         assert idx.numel() == k and bool(torch.all(idx[1:] > idx[:-1]))
         assert torch.equal(idx.long(), reference)
         assert torch.equal(values, x[idx.long()])
@@ -314,13 +318,8 @@ def test_qsgd_norm_sums_in_its_documented_order_on_1_2_4_threads(path: str) -> N
         x = (torch.randn(d, generator=torch.Generator().manual_seed(d)) ** 3).numpy()
         want = _sum_squares_by_definition(x)
         for threads in (1, 2, 4):
-            before = torch.get_num_threads()
-            torch.set_num_threads(threads)
-            try:
-                with kernels.forced(path):
-                    got = sum_squares(x)
-            finally:
-                torch.set_num_threads(before)
+            with on(path, threads):
+                got = sum_squares(x)
             assert got == want, f"d={d} threads={threads}: {got!r} != {want!r}"
         exact = math.fsum((x.astype(np.float64) ** 2).tolist())
         assert abs(want - exact) <= 1e-6 * exact
@@ -363,13 +362,8 @@ def test_sign_scale_sums_in_its_documented_order_on_1_2_4_threads(path: str) -> 
             torch.randn(d, generator=torch.Generator().manual_seed(d)) ** 3).numpy()
         want = _sign_scale_by_definition(x)
         for threads in (1, 2, 4):
-            before = torch.get_num_threads()
-            torch.set_num_threads(threads)
-            try:
-                with kernels.forced(path):
-                    got = float(ScaledSign().encode(torch.from_numpy(x), 0)[0])
-            finally:
-                torch.set_num_threads(before)
+            with on(path, threads):
+                got = float(ScaledSign().encode(torch.from_numpy(x), 0)[0])
             assert got == want, f"d={d} threads={threads}: {got!r} != {want!r}"
         exact = math.fsum(np.abs(x.astype(np.float64)).tolist()) / d
         assert abs(want - exact) <= (1e-5 if x is tall else 1e-6) * exact
@@ -377,16 +371,11 @@ def test_sign_scale_sums_in_its_documented_order_on_1_2_4_threads(path: str) -> 
 
 def slide_step(layer: SLIDELayer, h: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
                labels: torch.Tensor, path: str, threads: int) -> dict[str, torch.Tensor]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
     layer.zero_grad(set_to_none=True)
     h = h.detach().clone().requires_grad_(True)
-    try:
-        with kernels.forced(path):
-            out = layer(h, ids, mask)
-            active_softmax_loss(out, ids, mask, labels).backward()
-    finally:
-        torch.set_num_threads(before)
+    with on(path, threads):
+        out = layer(h, ids, mask)
+        active_softmax_loss(out, ids, mask, labels).backward()
     gw = layer.weight.grad.coalesce()
     gb = layer.bias.grad.coalesce()
     return {"out": out.detach(), "gh": h.grad, "rows": gw.indices()[0], "gw": gw.values(),
@@ -570,17 +559,12 @@ def test_powersgd_decode_kernel_is_the_fused_multiply_add_chain_on_1_2_4_threads
     g = torch.Generator().manual_seed(n)
     p, q = torch.randn(n, r, generator=g), torch.randn(m, r, generator=g)
     want = fma_chain(p, q).reshape(-1)[:numel]
-    before = torch.get_num_threads()
-    try:
-        for t in (1, 2, 4):
-            torch.set_num_threads(t)
-            with kernels.forced("1"):
-                got = outer(p, q, numel, torch.full((numel,), float("nan")))
-            assert torch.equal(got, want), f"{t} threads"
-        with kernels.forced("0"):  # torch's product: any order and rounding of the r terms
-            ref = outer(p, q, numel, torch.full((numel,), float("nan")))
-    finally:
-        torch.set_num_threads(before)
+    for t in (1, 2, 4):
+        with on("1", t):
+            got = outer(p, q, numel, torch.full((numel,), float("nan")))
+        assert torch.equal(got, want), f"{t} threads"
+    with kernels.forced("0"):  # torch's product: any order and rounding of the r terms
+        ref = outer(p, q, numel, torch.full((numel,), float("nan")))
     bound = 2 * gamma(r) * (p.abs() @ q.abs().T).reshape(-1)[:numel]
     assert torch.all((ref - want).abs() <= bound)
 
@@ -626,13 +610,8 @@ def test_bad_mode_is_one_line_naming_the_fix(monkeypatch: pytest.MonkeyPatch) ->
 
 def _int8_bytes(x: torch.Tensor, threads: int) -> bytes:
     """Int8's payload of x through the compiled kernels on `threads` threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with kernels.forced("1"):
-            q, scale = Int8().encode(x, 0)
-    finally:
-        torch.set_num_threads(before)
+    with on("1", threads):
+        q, scale = Int8().encode(x, 0)
     return q.numpy().tobytes() + scale.numpy().tobytes()
 
 
