@@ -86,6 +86,23 @@ def test_compiled_codecs_equal_the_pure_paths_bit_for_bit_on_1_2_4_threads(d: in
 
 
 @needs_kernels
+@pytest.mark.parametrize("d", [70_000, 300_001])
+def test_topk_ties_at_the_kth_magnitude_equal_the_pure_path(d: int) -> None:
+    """Top-k from a sampled threshold where the k-th magnitude is shared by hundreds to
+    thousands of elements (values on a grid of 7 or 101 levels): the compiled selection (the
+    k-th found by counting, the kept ones packed eight at a time, ties at the k-th to the
+    lowest indices) gives the pure path's indices and values on 1 and 2 threads."""
+    for levels in (3, 50):
+        x = torch.randint(-levels, levels + 1, (d,),
+                          generator=torch.Generator().manual_seed(d + levels)).float() * 0.25
+        for ratio in (0.01, 0.2):
+            ref = round_trip(TopK(ratio), x, "0", 1)
+            for threads in (1, 2):
+                got = round_trip(TopK(ratio), x, "1", threads)
+                assert got[0] == ref[0], f"levels={levels} ratio={ratio} threads={threads}"
+
+
+@needs_kernels
 def test_streamed_outputs_equal_the_pure_paths() -> None:
     """From 4M floats on (the kernels' STREAM) the decodes write with non-temporal stores (the
     sparse ones zero-fill so, then store their values over the zeros): the same bytes and

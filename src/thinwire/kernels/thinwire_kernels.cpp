@@ -506,15 +506,80 @@ float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& me
   return v;
 }
 
-// The rank-th largest of n magnitudes given as their bits, or of n floats' magnitudes.
+// The rank-th largest of n magnitudes given as their bits.
 float kth_largest(const uint32_t* mags, int64_t n, int64_t rank,
                   std::vector<uint32_t>& members, int levels = 3) {
   return kth_largest_by([mags](int64_t i) { return mags[i]; }, n, rank, members, levels);
 }
-float kth_largest_abs(const float* vals, int64_t n, int64_t rank,
-                      std::vector<uint32_t>& members, int64_t* counts) {
-  return kth_largest_by([vals](int64_t i) { return bits_of(vals[i]) & 0x7fffffffu; }, n, rank,
-                        members, 3, counts);
+
+// How many of n floats have magnitude bits (|v| & 0x7fffffff) of at least tb (tb <= 2^31).
+inline int64_t count_at_least(const float* __restrict vals, int64_t n, uint32_t tb) {
+  int64_t i = 0, c = 0;
+#ifdef __AVX2__
+  {  // magnitude bits are non-negative int32s: a signed compare orders them
+    const __m256i mag = _mm256_set1_epi32(0x7fffffff);
+    const __m256i above = _mm256_set1_epi32(static_cast<int>(tb - 1u));  // > tb - 1
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    for (; i + 16 <= n; i += 16) {
+      const __m256i b0 = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(vals + i)), mag);
+      const __m256i b1 =
+          _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(vals + i + 8)), mag);
+      a0 = _mm256_sub_epi32(a0, _mm256_cmpgt_epi32(b0, above));  // a true lane is -1
+      a1 = _mm256_sub_epi32(a1, _mm256_cmpgt_epi32(b1, above));
+    }
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi32(a0, a1));
+    for (int j = 0; j < 8; ++j) c += lanes[j];
+  }
+#endif
+  for (; i < n; ++i) c += (bits_of(vals[i]) & 0x7fffffffu) >= tb;
+  return c;
+}
+
+// The rank-th largest magnitude (1 <= rank <= n) of n floats, in the order of their magnitude
+// bits (as kth_largest), with counts[0] = how many are above it and counts[1] how many equal it,
+// given lo, magnitude bits that at least rank of them reach (0 always serves). By counting:
+// [lo, one past the largest) brackets the answer, the largest bits with at least rank at or
+// above them; each step counts the magnitudes at or above a guess (one vectorised pass over
+// the n, from the caches) and keeps the half of the bracket that holds the answer. The guess
+// is interpolated between the bracket's counts, or the bracket halved where the last guess did
+// not halve it. On top-k's ~13,000 candidates at 1M floats: 13-17 passes, half the radix
+// selection's time (its histograms and its two passes that collect members cost more).
+float kth_by_counting(const float* vals, int64_t n, int64_t rank, uint32_t lo,
+                      int64_t* counts) {
+  uint32_t top = 0;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, bits_of(vals[i]) & 0x7fffffffu);
+  uint64_t a = lo, b = uint64_t{top} + 1;  // count(>= a) >= rank > count(>= b)
+  int64_t ca = count_at_least(vals, n, lo), cb = 0;
+  if (ca < rank) {  // lo was no bound: start from 0
+    a = 0;
+    ca = n;
+  }
+  bool halve = false;
+  while (b - a > 1) {
+    uint64_t g = a + (b - a) / 2;
+    if (!halve) {
+      const double f = (static_cast<double>(ca - rank) + 0.5) / static_cast<double>(ca - cb);
+      g = std::min(std::max(a + static_cast<uint64_t>(f * static_cast<double>(b - a)), a + 1),
+                   b - 1);
+    }
+    const uint64_t width = b - a;
+    const int64_t c = count_at_least(vals, n, static_cast<uint32_t>(g));
+    if (c >= rank) {
+      a = g;
+      ca = c;
+    } else {
+      b = g;
+      cb = c;
+    }
+    halve = !halve && 2 * (b - a) > width;
+  }
+  counts[0] = cb;
+  counts[1] = ca - cb;
+  const uint32_t v = static_cast<uint32_t>(a);
+  float r;
+  std::memcpy(&r, &v, sizeof r);
+  return r;
 }
 
 // One block's top-k candidates (topk_encode), and the calling thread's scratch: grow-only
@@ -598,13 +663,57 @@ int64_t topk_candidates(const float* __restrict x, int64_t a, int64_t e, int64_t
   return w;
 }
 
+#ifdef __AVX2__
+struct Packs {  // PACKS.lanes[m]: the lanes of m's set bits in order, then the others
+  alignas(32) int32_t lanes[256][8];
+  Packs() {
+    for (int m = 0; m < 256; ++m) {
+      int w = 0;
+      for (int j = 0; j < 8; ++j)
+        if ((m >> j) & 1) lanes[m][w++] = j;
+      for (int j = 0; j < 8; ++j)
+        if (!((m >> j) & 1)) lanes[m][w++] = j;
+    }
+  }
+};
+const Packs PACKS;
+
+// keep_largest's usual case for a list of candidates and int32 indices: the candidates with
+// |v_i| >= v written in order, eight at a time (their lanes packed to the front by one
+// permutation from PACKS, all eight stored, the write place advanced by how many were kept),
+// while eight more fit in the k places; returns where it stopped (i, w), the rest is the
+// caller's. A quarter of the scalar loop's time (a store a candidate whose place depends on
+// the compare before it).
+inline void keep_at_least8(const int64_t* __restrict cand, const float* __restrict vals,
+                           int64_t n, int64_t k, float v, int32_t* __restrict out_idx,
+                           float* __restrict out_val, int64_t& i, int64_t& w) {
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), vv = _mm256_set1_ps(v);
+  const __m256i low = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);  // int64 -> int32 halves
+  for (; i + 8 <= n && w + 8 <= k; i += 8) {
+    const __m256 x = _mm256_loadu_ps(vals + i);
+    const int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(x, mag), vv, _CMP_GE_OQ));
+    const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(PACKS.lanes[m]));
+    const __m256i i0 = _mm256_permutevar8x32_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cand + i)), low);
+    const __m256i i1 = _mm256_permutevar8x32_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cand + i + 4)), low);
+    _mm256_storeu_ps(out_val + w, _mm256_permutevar8x32_ps(x, p));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_idx + w),
+                        _mm256_permutevar8x32_epi32(_mm256_blend_epi32(i0, i1, 0xF0), p));
+    w += __builtin_popcount(static_cast<unsigned>(m));
+  }
+}
+#endif
+
 // Top-k's exact selection (compression/sparse.py, _keep_numpy): of n candidates (ascending
 // indices, their values), keep the k largest magnitudes, ties at the k-th going to the lowest
-// indices. Writes k (index, value) pairs in index order.
-// cand(i) is the i-th candidate's index (a list, or i itself where every element is one).
-template <class I, class Cand>
-void keep_largest(Cand cand, const float* vals, int64_t n, int64_t k, I* out_idx,
-                  float* out_val, TopkScratch& s) {
+// indices. Writes k (index, value) pairs in index order. list holds the candidates' indices,
+// or is null where every element is one (candidate i is index i); lo: magnitude bits that at
+// least k of the n reach (kth_by_counting's start; 0 always serves).
+template <class I>
+void keep_largest(const int64_t* list, const float* vals, int64_t n, int64_t k, uint32_t lo,
+                  I* out_idx, float* out_val) {
+  const auto cand = [list](int64_t i) { return list != nullptr ? list[i] : i; };
   if (n == k) {
     for (int64_t i = 0; i < n; ++i) {
       out_idx[i] = static_cast<I>(cand(i));
@@ -613,11 +722,16 @@ void keep_largest(Cand cand, const float* vals, int64_t n, int64_t k, I* out_idx
     return;
   }
   int64_t counts[2];  // above v, equal to v
-  const float v = kth_largest_abs(vals, n, k, s.members, counts);  // the k-th largest magnitude
+  const float v = kth_by_counting(vals, n, k, lo, counts);  // the k-th largest magnitude
   const int64_t above = counts[0], equal = counts[1];
   int64_t equal_left = k - above, w = 0;
   if (equal_left == equal) {  // every tie is kept (the usual case): keep |v_i| >= v
-    for (int64_t i = 0; i < n && w < k; ++i) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    if constexpr (std::is_same<I, int32_t>::value)
+      if (list != nullptr) keep_at_least8(list, vals, n, k, v, out_idx, out_val, i, w);
+#endif
+    for (; i < n && w < k; ++i) {
       out_idx[w] = static_cast<I>(cand(i));  // written always, kept when w advances
       out_val[w] = vals[i];
       w += std::fabs(vals[i]) >= v;
@@ -1214,9 +1328,9 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
   }
   if (stride == 0 && want_hi == 0) {  // every element a candidate: select from x itself
     if (idx64)
-      keep_largest([](int64_t i) { return i; }, x, d, k, static_cast<int64_t*>(idx), vals, s);
+      keep_largest(nullptr, x, d, k, 0, static_cast<int64_t*>(idx), vals);
     else
-      keep_largest([](int64_t i) { return i; }, x, d, k, static_cast<int32_t*>(idx), vals, s);
+      keep_largest(nullptr, x, d, k, 0, static_cast<int32_t*>(idx), vals);
     return 0;
   }
   const int64_t block = 4 * BLOCK;
@@ -1245,12 +1359,10 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     fix_count(x, cand, cval, n, k, t_hi, static_cast<int64_t*>(idx), vals);
   else if (approx)
     fix_count(x, cand, cval, n, k, t_hi, static_cast<int32_t*>(idx), vals);
-  else if (idx64)
-    keep_largest([cand](int64_t i) { return cand[i]; }, cval, n, k, static_cast<int64_t*>(idx),
-                 vals, s);
+  else if (idx64)  // every candidate is at least t
+    keep_largest(cand, cval, n, k, bits_of(t) & 0x7fffffffu, static_cast<int64_t*>(idx), vals);
   else
-    keep_largest([cand](int64_t i) { return cand[i]; }, cval, n, k, static_cast<int32_t*>(idx),
-                 vals, s);
+    keep_largest(cand, cval, n, k, bits_of(t) & 0x7fffffffu, static_cast<int32_t*>(idx), vals);
   return 0;
 }
 
