@@ -6,7 +6,8 @@ decodes into the DDP bucket -- and report GB/s of fp32 input (4 d bytes / second
 repeats), next to the bandwidth of a plain copy measured in the same run (``y.copy_(x)`` into a
 preallocated buffer, and ``x.clone()``), so a codec's cost reads as a fraction of a copy's
 speed; beside it the floor of any codec that reads x and writes y: one read of x (``x.sum()``)
-and one write of y (``y.zero_()``), each timed alone. Each repeat times the copy and every codec in turn, each timed call right after an untimed
+and one write of y (``y.zero_()``), each timed alone. Each repeat times the copy and every
+codec in turn, each timed call right after an untimed
 call of the same row (steady state: the row's code, tables and buffers warm), and each cell is
 the median of its repeats; a second table splits each codec's time into encode and decode, in units of the
 copy's time (a copy reads x once and writes y once); with PowerSGD among the codecs, a third

@@ -144,7 +144,8 @@ def rows(C: int, H: int, B: int, s: float, K: int, L: int, repeats: int,
     td = t["dense"]
     parts = {sm: by_kernel(fns[f"{sm}.sparse"], repeats, before) if kernel_parts and PATH == "1"
              else {} for sm in layers}
-    return [{"parts": parts[sm], "C": C, "s": s, "sampling": sm, "dense_s": td, "sparse_s": t[f"{sm}.sparse"],
+    return [{"parts": parts[sm], "C": C, "s": s, "sampling": sm, "dense_s": td,
+             "sparse_s": t[f"{sm}.sparse"],
              "ratio": t[f"{sm}.sparse"] / (td * s),
              "query_share": t[f"{sm}.query"] / t[f"{sm}.sparse"],
              "compute_s": t[f"{sm}.compute"], "compute_ratio": t[f"{sm}.compute"] / (td * s),

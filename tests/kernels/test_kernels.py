@@ -192,7 +192,8 @@ def test_fp4_rounds_to_the_nearest_power_of_two_at_and_beside_each_midpoint(path
 @pytest.mark.parametrize("path", PATHS)
 def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
     """What the codecs promise, checked against the math on each path: top-k keeps the k
-    largest magnitudes, int8 is within half a step (and 2^-16 of one), sign decodes to +-||x||_1 / d."""
+    largest magnitudes, int8 is within half a step (and 2^-16 of one), sign decodes to
+    +-||x||_1 / d."""
     x = torch.randn(100_003, generator=torch.Generator().manual_seed(1))
     with kernels.forced(path):
         (vals, idx) = TopK(0.01).encode(x, 0)

@@ -7,9 +7,9 @@ One file per family: :mod:`.casts` (none, fp16, bf16), :mod:`.sparse` (topk, ran
 :mod:`.quantize` (qsgd), :mod:`.int8` (int8), :mod:`.fp4` (fp4), :mod:`.int4` (int4),
 :mod:`.sign` (sign), :mod:`.powersgd` (powersgd), :mod:`.chunked` (SparseLoCo's topk2bit),
 :mod:`.dct` (DeMo's dcttopk), :mod:`.lowrank` (Optimus-CC's lowrank, activation gradients
-only), :mod:`.aqsgd` (AQ-SGD, pipeline boundaries only); :mod:`.feedback` wraps biased codecs with error feedback;
-:mod:`.registry` builds any of them from plain arguments for a slot, refusing a codec outside
-its slots in one line; :mod:`.hooks` turns any of them into a DDP hook that exchanges through
+only), :mod:`.aqsgd` (AQ-SGD, pipeline boundaries only); :mod:`.feedback` wraps biased codecs
+with error feedback; :mod:`.registry` builds any of them from plain arguments for a slot,
+refusing a codec outside its slots in one line; :mod:`.hooks` turns any of them into a DDP hook that exchanges through
 :class:`~thinwire.runtime.comm.Comm`. Codecs know no training method.
 
     >>> from thinwire.compression import build

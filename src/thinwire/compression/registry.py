@@ -23,8 +23,8 @@ tensor-parallel sums, a pipeline boundary's activations and activation gradients
      quantised reduce-scatter summed in fp32, then an all-gather of the re-quantised mean.
 
 Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``int8``, ``fp4``,
-``int4``, ``sign``, ``powersgd``, ``chunked``, ``dct``, ``lowrank``, ``aqsgd``); a new codec is one module
-plus one line here, and goes in every slot unless its entry names its ``slots``.
+``int4``, ``sign``, ``powersgd``, ``chunked``, ``dct``, ``lowrank``, ``aqsgd``); a new codec is
+one module plus one line here, and goes in every slot unless its entry names its ``slots``.
 """
 
 from __future__ import annotations

@@ -1355,14 +1355,15 @@ int topk_encode(const float* x, int64_t d, int64_t k, int64_t stride, int64_t wa
     std::memcpy(cval + o, blocks[b].val.data(), static_cast<size_t>(blocks[b].n) * 4);
     o += blocks[b].n;
   }
+  const uint32_t at_least_t = bits_of(t) & 0x7fffffffu;  // every candidate's magnitude reaches t
   if (approx && idx64)
     fix_count(x, cand, cval, n, k, t_hi, static_cast<int64_t*>(idx), vals);
   else if (approx)
     fix_count(x, cand, cval, n, k, t_hi, static_cast<int32_t*>(idx), vals);
-  else if (idx64)  // every candidate is at least t
-    keep_largest(cand, cval, n, k, bits_of(t) & 0x7fffffffu, static_cast<int64_t*>(idx), vals);
+  else if (idx64)
+    keep_largest(cand, cval, n, k, at_least_t, static_cast<int64_t*>(idx), vals);
   else
-    keep_largest(cand, cval, n, k, bits_of(t) & 0x7fffffffu, static_cast<int32_t*>(idx), vals);
+    keep_largest(cand, cval, n, k, at_least_t, static_cast<int32_t*>(idx), vals);
   return 0;
 }
 
