@@ -9,8 +9,8 @@ One file per family: :mod:`.casts` (none, fp16, bf16), :mod:`.sparse` (topk, ran
 :mod:`.dct` (DeMo's dcttopk), :mod:`.lowrank` (Optimus-CC's lowrank, activation gradients
 only), :mod:`.aqsgd` (AQ-SGD, pipeline boundaries only); :mod:`.feedback` wraps biased codecs
 with error feedback; :mod:`.registry` builds any of them from plain arguments for a slot,
-refusing a codec outside its slots in one line; :mod:`.hooks` turns any of them into a DDP hook that exchanges through
-:class:`~thinwire.runtime.comm.Comm`. Codecs know no training method.
+refusing a codec outside its slots in one line; :mod:`.hooks` turns any of them into a DDP
+hook that exchanges through :class:`~thinwire.runtime.comm.Comm`. Codecs know no training method.
 
     >>> from thinwire.compression import build
     >>> c = build("topk:ratio=0.01")                 # or build("topk", ratio=0.01)
