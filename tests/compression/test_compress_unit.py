@@ -217,13 +217,14 @@ def test_randk_shared_indices_and_unbiased() -> None:
 
 def test_randk_offsets_are_the_counter_words_and_uniform_in_each_stratum() -> None:
     """Guards Rand-k's index stream: the offset of stratum j is floor(h_j b_j / 2^32), h_j the
-    counter word QSGD's uniforms are cut from (the same hash, so one definition), and over many
-    steps each stratum's offsets are uniform (a chi-square over the offsets of all strata)."""
+    counter word QSGD's 16-bit draws are cut from (two a word: the same hash, so one
+    definition), and over many steps each stratum's offsets are uniform (a chi-square over the
+    offsets of all strata)."""
     keys = counter_keys(7, 3, 1, None)
-    words = np.empty(4096, np.float32)
-    CounterUniform(keys, 4096).fill(0, words)
-    h = counter_hash(torch.arange(4096), keys)
-    assert np.array_equal(((h >> 8).float() * 2.0**-24).numpy(), words)
+    draws = np.empty(8192, np.int64)  # QSGD's: halves of the words, two elements a word
+    CounterUniform(keys, 8192).fill(0, draws)
+    h = counter_hash(torch.arange(4096), keys).numpy().reshape(-1, 8)
+    assert np.array_equal(np.stack([h & 0xFFFF, h >> 16], axis=1).reshape(-1), draws)
     d, b = 1000, 10
     c = RandK(1 / b, seed=3)
     counts = torch.zeros(b)

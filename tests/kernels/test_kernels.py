@@ -28,6 +28,7 @@ import torch
 
 from thinwire import kernels
 from thinwire.compression import QSGD, Compressor, ErrorFeedback, Int8, RandK, ScaledSign, TopK
+from thinwire.compression.quantize import level_dtype
 from thinwire.compression.fp4 import BOUNDS, FP4
 from thinwire.compression.powersgd import outer
 from thinwire.compression.sparse import _approx_plan
@@ -43,7 +44,7 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 def codecs() -> list[Compressor]:
     return [TopK(0.01), TopK(0.3), TopK(0.01, approx=True), TopK(0.002, approx=True),
             RandK(0.01), RandK(0.05, scale=False), Int8(), Int8(100), ScaledSign(), QSGD(16),
-            QSGD(127), QSGD(300), FP4(), FP4(7), FP4(100_000)]
+            QSGD(127), QSGD(300), QSGD(40_000), FP4(), FP4(7), FP4(100_000)]
 
 
 @contextmanager
@@ -284,23 +285,70 @@ def test_approximate_topk_with_error_feedback_delays_what_it_does_not_send(path:
 
 
 def test_qsgd_counter_stream_is_uniform_and_draws_each_block_alone() -> None:
-    """QSGD's CPU uniforms (CounterUniform): a block drawn on its own equals the same elements
-    of a longer draw, and the 24-bit draws are uniform (a chi-square test on 256 cells at
-    2^20 draws, far from its 1e-6 tail) with neighbours uncorrelated."""
-    import numpy as np
-
-    from thinwire.compression.quantize import CounterUniform, counter_keys
+    """QSGD's CPU draws (CounterUniform): element i is the low (i mod 16 < 8) or high half of
+    counter word 8 floor(i / 16) + i mod 8 (counter_hash), a block drawn on its own equals the
+    same elements of a longer draw (a partial last group included), and the 16-bit draws are
+    uniform (a chi-square test on 256 cells at 2^20 draws, far from its 1e-6 tail) with
+    neighbours and the two halves of a word uncorrelated."""
+    from thinwire.compression.quantize import CounterUniform, counter_hash, counter_keys
     keys = counter_keys(0, 7, 2, 1)
     n = 1 << 20
-    whole = np.empty(n, np.float32)
+    whole = np.empty(n, np.uint16)
     CounterUniform(keys, n).fill(0, whole)
-    part = np.empty(1 << 16, np.float32)
+    i = torch.arange(5000)
+    h = counter_hash(8 * (i // 16) + i % 8, keys)
+    assert np.array_equal(torch.where(i % 16 < 8, h & 0xFFFF, h >> 16).numpy(), whole[:5000])
+    part = np.empty((1 << 16) - 5, np.int64)
     CounterUniform(keys, 1 << 16).fill(3 << 16, part)
-    assert np.array_equal(part, whole[3 << 16: 4 << 16])
-    counts = np.bincount((whole * 256).astype(np.int64), minlength=256)
+    assert np.array_equal(part, whole[3 << 16: (4 << 16) - 5])
+    counts = np.bincount(whole >> 8, minlength=256)
     chi2 = float(((counts - n / 256) ** 2 / (n / 256)).sum())
     assert chi2 < 400  # 255 degrees of freedom: P(chi2 > 400) < 1e-8
-    assert abs(float(np.corrcoef(whole[:-1], whole[1:])[0, 1])) < 0.01
+    u = whole.astype(np.float64)
+    for lag in (1, 8):  # the next element; the other half of the same word
+        assert abs(float(np.corrcoef(u[:-lag], u[lag:])[0, 1])) < 0.01
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("s", [1, 16, 127, 300, 32767, 40_000])
+def test_qsgd_levels_are_the_fixed_point_rounding_of_their_draws(path: str, s: int) -> None:
+    """QSGD's CPU levels, each written out in Python integers: T = x c16 rounded to float32 then
+    to the nearest integer (ties to even), level = floor((T + u) / 2^16) within [-s, s] with u
+    the element's 16-bit draw, on 1 and 2 threads. c16 = 2^10 (exact products) so that ties
+    (x = (k + 1/2) 2^-10, some where the tie rule decides the level), T = 2^16 s exactly (level s whatever the draw), products past
+    +-2^16 s (clipped) and a NaN (-s, as a non-finite norm gives) are placed on purpose; the
+    rest are normal draws, over a second block and a partial group of sixteen."""
+    from thinwire.compression.quantize import CounterUniform, counter_keys
+    d = (1 << 16) + 37
+    x = torch.randn(d, generator=torch.Generator().manual_seed(s)) * (64 * s / 3)
+    special = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 10.5, 11.5, 0.0, -0.0,
+               65536 * s, -65536 * s, 65536 * s + 40000, -65536 * s - 40000, math.nan]
+    x[:len(special)] = torch.tensor(special, dtype=torch.float64) / 1024
+    comp = QSGD(s, seed=4, rank=1)
+    keys = counter_keys(4, 3, 2, 1)
+    u = np.empty(d, np.int64)
+    CounterUniform(keys, d).fill(0, u)
+    # ties where the rule decides the level: t = N + 1/2 with N even and N + 1 + u = 2^16
+    # (level 0 to even, 1 away from zero), and t = -(u + 1/2) for an even u (0 against -1)
+    odd = [i for i in range(20, 400) if u[i] % 2][:4]
+    even = [i for i in range(20, 400) if u[i] % 2 == 0][:4]
+    for i in odd:
+        x[i] = (65535 - float(u[i]) + 0.5) / 1024
+    for i in even:
+        x[i] = -(float(u[i]) + 0.5) / 1024
+    t = (x.numpy() * np.float32(1024)).astype(np.float32)
+    want = [-s if math.isnan(ti) else max(-s, min(s, (round(float(ti)) + int(ui)) >> 16))
+            for ti, ui in zip(t, u)]
+    for threads in (1, 2):
+        with on(path, threads):
+            if path == "1":
+                q = torch.empty(d, dtype=level_dtype(s))
+                kernels.lib().qsgd_encode_counter(x.data_ptr(), d, 1024.0, *keys, q.data_ptr(),
+                                                  q.element_size(), s, kernels.threads())
+            else:
+                q = torch.from_numpy(comp._levels_cpu(x.numpy(), 1024.0, 3, 2))
+        assert q.tolist() == want
+    assert want[8:12] == [0, 0, s, -s] and [want[i] for i in odd + even] == [0] * 8
 
 
 def _sum_squares_by_definition(x: np.ndarray) -> float:

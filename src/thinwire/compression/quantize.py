@@ -6,9 +6,8 @@ QSGD -- Alistarh, Grubic, Li, Tomioka and Vojnovic, "QSGD: Communication-Efficie
 Gradient Quantization and Encoding" (NeurIPS 2017), with s levels:
   1. send the norm ||x||_2 (one fp32);
   2. r_i = s |x_i| / ||x||_2 in [0, s]; round r_i up with probability r_i - floor(r_i), down
-     otherwise: level_i = floor(r_i + u_i) with u_i uniform on the 2^24-point grid of [0, 1)
-     (the resolution of ``torch.rand``'s float32), each rank drawing its own u from its private
-     randomness, so E[level_i] = r_i up to that grid;
+     otherwise: level_i = floor(r_i + u_i) with u_i uniform on [0, 1), each rank drawing its
+     own u from its private randomness, so E[level_i] = r_i;
   3. send sign(x_i) x level_i as one signed integer in the smallest dtype that holds [-s, s]
      (int8 for s <= 127: 1 byte an element, less than separate sign bits plus uint8 levels;
      int16 up to 32767; int32 above);
@@ -17,13 +16,18 @@ Gradient Quantization and Encoding" (NeurIPS 2017), with s levels:
   Not linear (norms differ by rank): the exchange all-gathers and decodes each rank's payload.
   On CPU the norm's squares are summed in an order fixed by the indices (:func:`sum_squares`,
   the compiled kernel and numpy giving the same bits), and steps 2-3 run block by block in
-  cache as floor(c x_i + u_i) with c = s / ||x||_2,
-  which is sign(x_i) level_i in law: for x_i < 0 it is -ceil(r_i - u_i), the upper neighbour
-  of r_i with probability P(u_i < r_i - floor(r_i)), as in step 2 up to the grid (so no sign
-  bits are split off and joined back); u comes from a counter-based stream there
-  (:class:`CounterUniform`: element i's draw is a hash of i and the rank's keys, so the
-  compiled kernel draws blocks in parallel with the same bits; ``torch.rand`` on one core
-  costs ~8x a copy of x), from the device's ``torch.Generator`` elsewhere.
+  cache in fixed point with 16 fraction bits: t_i = x_i c16 in float32 with
+  c16 = 2^16 s / ||x||_2 (computed in double, rounded to float32), T_i = rint(t_i) (to
+  nearest, ties to even), level_i = floor((T_i + u_i) / 2^16) within [-s, s] for a 16-bit draw
+  u_i. That is sign(x_i) level_i in law for r'_i = |T_i| / 2^16, within 2^-17 of r_i (a
+  float32 product is off by 2^-24 relative, as much at r_i near 128): T_i + u_i passes the
+  next multiple of 2^16 with probability exactly frac(r'_i), so E[level_i] = r'_i with no grid
+  bias, and for x_i < 0 the upper neighbour in magnitude comes with the same probability (no
+  sign bits are split off and joined back). u comes from a counter-based stream there
+  (:class:`CounterUniform`: element i's draw is half of a hash of i / 2 and the rank's keys,
+  so the compiled kernel draws blocks in parallel with the same bits, one hash for two
+  elements; ``torch.rand`` on one core costs ~8x a copy of x), from the device's
+  ``torch.Generator`` elsewhere (floor(r_i + u_i) with u_i on float32's 2^24-point grid).
 """
 
 from __future__ import annotations
@@ -54,9 +58,6 @@ from thinwire.compression.base import (
 from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
 
-_U24 = np.float32(2.0**-24)
-
-
 _M32 = 0xFFFFFFFF
 LOWBIAS = (np.uint32(0x7FEB352D), np.uint32(0x846CA68B))
 """The multipliers of C. Wellons' ``lowbias32`` integer hash (x ^= x >> 16; x *= m1;
@@ -79,7 +80,8 @@ def counter_hash(index: torch.Tensor, keys: tuple[int, int, int]) -> torch.Tenso
     """h_i = lowbias32(lo32(i) k0 + k1 + hi32(i) k2) (mod 2^32) of int64 indices, as int64
     holding 32-bit words, on the indices' device: :class:`CounterUniform`'s words before the
     shift, computed with torch's int64 ops (every product of two 32-bit words wraps mod 2^64,
-    whose low 32 bits are the word's), the bits the compiled kernels compute."""
+    whose low 32 bits are the word's), the bits the compiled kernels compute; the words
+    :class:`CounterUniform` cuts QSGD's draws from."""
     k0, k1, k2 = keys
     h = ((index & _M32) * k0 + k1 + (index >> 32) * k2) & _M32
     for shift, mult in ((16, int(LOWBIAS[0])), (15, int(LOWBIAS[1]))):
@@ -88,34 +90,49 @@ def counter_hash(index: torch.Tensor, keys: tuple[int, int, int]) -> torch.Tenso
 
 
 class CounterUniform:
-    """QSGD's uniforms on CPU, counter-based: element i's u_i = (h_i >> 8) 2^-24 with
-    h_i = lowbias32(lo32(i) k0 + k1 + hi32(i) k2) (mod 2^32), a function of the index and the
-    keys alone, so any block is drawn on its own (the compiled kernel draws blocks in parallel,
-    with the same bits). For each i, k1 uniform makes lowbias32's input, and so h_i, uniform
-    (a bijection): E[u_i] is exactly the grid's mean and the rounding stays unbiased up to the
-    2^-24 grid, whatever the other elements draw."""
+    """QSGD's draws on CPU, counter-based, 16 bits an element and one 32-bit word for two:
+    element i takes word j = 8 floor(i / 16) + (i mod 8), its low half where i mod 16 < 8 and
+    its high half otherwise (eight lanes of words serve sixteen consecutive elements in the
+    compiled kernel), and word j is h_j = lowbias32(lo32(j) k0 + k1 + hi32(j) k2) (mod 2^32,
+    :func:`counter_hash`): a function of the index and the keys alone, so any block is drawn
+    on its own (the compiled kernel draws blocks in parallel, with the same bits). For each j,
+    k1 uniform makes lowbias32's input, and so h_j, uniform (a bijection): each element's draw
+    is uniform on [0, 2^16), whatever the other elements draw."""
 
     def __init__(self, keys: tuple[int, int, int], size: int) -> None:
         self.k0, self.k1, self.k2 = keys
-        self.base = np.arange(size, dtype=np.uint32) * np.uint32(self.k0)  # j k0 mod 2^32
-        self.h = np.empty(size, np.uint32)
-        self.t = np.empty(size, np.uint32)
+        words = -(-size // 16) * 8
+        self.base = np.arange(words, dtype=np.uint32) * np.uint32(self.k0)  # j k0 mod 2^32
+        self.h = np.empty(words, np.uint32)
+        self.t = np.empty(words, np.uint32)
 
     def fill(self, a: int, out: np.ndarray) -> None:
-        """u_i for i in [a, a + out.size) into ``out`` (float32); a block that does not cross a
-        multiple of 2^32 (every block of :data:`BLOCK` from 0)."""
+        """Draws of elements [a, a + out.size) into ``out`` (any integer or float dtype that
+        holds 0..65535); ``a`` a multiple of 16 whose block does not cross a multiple of 2^33
+        (every block of :data:`BLOCK` from 0)."""
+        if a % 16:
+            raise ValueError(f"CounterUniform.fill starts at a multiple of 16, got {a}")
         m = out.size
-        h, t = self.h[:m], self.t[:m]
-        offset = ((a & _M32) * self.k0 + self.k1 + (a >> 32) * self.k2) & _M32
-        np.add(self.base[:m], np.uint32(offset), out=h)
+        w = -(-m // 16) * 8
+        h, t = self.h[:w], self.t[:w]
+        j = a // 2
+        offset = ((j & _M32) * self.k0 + self.k1 + (j >> 32) * self.k2) & _M32
+        np.add(self.base[:w], np.uint32(offset), out=h)
         for shift, mult in ((16, LOWBIAS[0]), (15, LOWBIAS[1])):
             np.right_shift(h, shift, out=t)
             h ^= t
             h *= mult
         np.right_shift(h, 16, out=t)
         h ^= t
-        h >>= 8  # 24 random bits, exact in float32
-        np.multiply(h, _U24, out=out, dtype=np.float32, casting="unsafe")
+        words = h.reshape(-1, 8)
+        g = m // 16
+        whole = out[:16 * g].reshape(g, 2, 8)
+        np.bitwise_and(words[:g], 0xFFFF, out=whole[:, 0], casting="unsafe")
+        np.right_shift(words[:g], 16, out=whole[:, 1], casting="unsafe")
+        if m > 16 * g:  # a last, partial group of sixteen
+            lane = np.arange(m - 16 * g)
+            word = words[g, lane & 7]
+            out[16 * g:] = np.where(lane < 8, word & 0xFFFF, word >> 16)
 
 
 SQ_LANES, SQ_ROWS = 32, 64
@@ -187,8 +204,6 @@ class QSGD(Compressor):
             raise ValueError(f"qsgd needs at least 1 level, got {levels}")
         self.levels = levels
         self._level_numpy = NUMPY_DTYPES[level_dtype(levels)]
-        # r_i <= s, but c |x_i| may exceed s by a rounding and r_i + u_i reach s + 1
-        self._wide = levels >= torch.iinfo(level_dtype(levels)).max
 
     def params(self) -> dict[str, Any]:
         return {"levels": self.levels}
@@ -210,23 +225,18 @@ class QSGD(Compressor):
             d, nt = flat.numel(), kernels.threads()
             n = round_float32(math.sqrt(lib.sum_squares(flat.data_ptr(), d, nt)))
             levels = empty(d, level_dtype(s))
-            lib.qsgd_encode_counter(flat.data_ptr(), d, float(np.float32(s / n if n > 0 else 0.0)),
+            lib.qsgd_encode_counter(flat.data_ptr(), d, self._c16(n),
                                     *counter_keys(self.seed, step, key, self.rank),
-                                    levels.data_ptr(), levels.element_size(), s, int(self._wide),
-                                    nt)
+                                    levels.data_ptr(), levels.element_size(), s, nt)
             return (torch.full((1,), n, dtype=torch.float32), levels)
-        xn: np.ndarray | None = None
         if on_cpu(flat):
             xn = as_numpy(flat)
-            norm = torch.full((1,), round_float32(math.sqrt(sum_squares(xn))),
-                              dtype=torch.float32, device=flat.device)
-        else:
-            norm = torch.linalg.vector_norm(flat)
+            n = round_float32(math.sqrt(sum_squares(xn)))
+            q = self._levels_cpu(xn, self._c16(n), step, key)
+            return (torch.full((1,), n, dtype=torch.float32), torch.from_numpy(q))
+        norm = torch.linalg.vector_norm(flat)
         n = float(norm)
         c = s / n if n > 0 else 0.0
-        if xn is not None:
-            q = self._levels_cpu(xn, np.float32(c), step, key)
-            return (norm, torch.from_numpy(q))
         # 2. stochastic rounding: floor(r + u), u ~ U[0, 1), is r's upper neighbour with
         #    probability r - floor(r)
         r = flat.abs().mul_(c)
@@ -236,31 +246,38 @@ class QSGD(Compressor):
         # 3. sign and level in one signed integer
         return (norm.reshape(1), torch.copysign(level, flat).to(level_dtype(s)))
 
-    def _levels_cpu(self, xn: np.ndarray, c: np.float32, step: int, key: int) -> np.ndarray:
+    def _c16(self, n: float) -> float:
+        """c16 = 2^16 s / ||x|| computed in double and rounded to float32 (0 for a zero norm).
+        Finite for any positive float32 norm of float32 squares (at least ~3.7e-23)."""
+        return float(np.float32(65536.0 * self.levels / n)) if n > 0 else 0.0
+
+    def _levels_cpu(self, xn: np.ndarray, c16: float, step: int, key: int) -> np.ndarray:
         """Steps 2-3 on CPU without the kernels (``encode`` calls them, with the same draws and
-        roundings, where they apply), block by block: floor(c x + u), within [-s, s] (see the
-        module's docstring for why this is sign(x) level in law), u from
-        :class:`CounterUniform`."""
-        s, wide = self.levels, self._wide
+        roundings, where they apply), block by block in fixed point (the module's docstring):
+        floor((rint(x c16) + u) / 2^16) within [-s, s], u the 16-bit draws of
+        :class:`CounterUniform`, a NaN product (a non-finite norm) giving -s as the kernel
+        does. In double, where rint(x c16) + u is exact."""
+        s = self.levels
         q = np.empty(xn.size, dtype=self._level_numpy)
         keys = counter_keys(self.seed, step, key, self.rank)
         size = min(xn.size, BLOCK)
-        t, u = np.empty(size, np.float32), np.empty(size, np.float32)
+        t, v = np.empty(size, np.float32), np.empty(size, np.float64)
+        u = np.empty(size, np.uint16)
         draws = CounterUniform(keys, size)
         for a, b in blocks(xn.size, size):
             m = b - a
-            tb, ub = t[:m], u[:m]
-            np.multiply(xn[a:b], c, out=tb)  # 2. c x_i, signed: |c x_i| = r_i
-            draws.fill(a, ub)  # u on the 2^24-point grid of [0, 1)
-            tb += ub
-            # 3. floor(c x_i + u_i): floor(r_i + u_i) for x_i >= 0, -ceil(r_i - u_i) for
-            #    x_i < 0, both the upper neighbour of r_i with probability frac(r_i)
-            np.floor(tb, out=tb)
-            if wide:  # s + 1 would not fit the level dtype: clip before narrowing
-                np.clip(tb, -s, s, out=tb)
-            q[a:b] = tb
-        if not wide:
-            np.clip(q, -s, s, out=q)  # cheaper on the narrow levels
+            tb, vb, ub = t[:m], v[:m], u[:m]
+            np.multiply(xn[a:b], np.float32(c16), out=tb)  # 2. x_i c16, rounded to float32
+            np.rint(tb, out=tb)  # T_i, ties to even as the CPU's conversion
+            draws.fill(a, ub)  # u_i in [0, 2^16)
+            np.add(tb, ub, out=vb, dtype=np.float64)
+            vb *= 2.0**-16
+            # 3. floor((T_i + u_i) / 2^16): for x_i < 0 the upper neighbour in magnitude with
+            #    the same probability as for x_i > 0 (the module's docstring)
+            np.floor(vb, out=vb)
+            np.fmax(vb, -s, out=vb)  # NaN to -s
+            np.minimum(vb, s, out=vb)
+            q[a:b] = vb
         return q
 
     def decode(self, payload: Payload, numel: int, step: int, *, key: int = 0,

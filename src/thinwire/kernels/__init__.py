@@ -71,7 +71,7 @@ SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "sign_encode": (None, (_p, _i64, _p, _p, _int)),
     "sign_decode": (None, (_p, _i64, _f32, _p, _int, _int)),
     "qsgd_encode_counter": (None, (_p, _i64, _f32, _u32, _u32, _u32, _p, _int, ctypes.c_int32,
-                                   _int, _int)),
+                                   _int)),
     "qsgd_decode": (None, (_p, _int, _i64, _f32, _p, _int)),
     "sum_squares": (ctypes.c_double, (_p, _i64, _int)),
     "topk_encode": (_int, (_p, _i64, _i64, _i64, _i64, _i64, _p, _int, _p, _int)),

@@ -256,10 +256,12 @@ inline uint32_t at_least(const float* x, float t) {
 
 inline int64_t nblocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
-// QSGD's counter-based uniform (compression/quantize.py, counter_uniform): element i's 24 bits
-// are lowbias32(lo32(i) k0 + k1 + hi32(i) k2) >> 8 (mod 2^32 arithmetic; lowbias32 is
-// C. Wellons' 32-bit integer hash), so any element's draw is computed from its index alone and
-// blocks run in parallel with the same bits.
+// QSGD's counter-based draws (compression/quantize.py, CounterUniform): 16 bits an element,
+// two elements a 32-bit word. Element i takes word j = 8 (i >> 4) + (i & 7), its low half
+// where i & 8 is clear and its high half where set (so eight lanes of words serve sixteen
+// consecutive elements), and word j is lowbias32(lo32(j) k0 + k1 + hi32(j) k2) (mod 2^32
+// arithmetic; lowbias32 is C. Wellons' 32-bit integer hash): any element's draw is computed
+// from its index alone and blocks run in parallel with the same bits.
 inline uint32_t lowbias32(uint32_t h) {
   h ^= h >> 16;
   h *= 0x7feb352du;
@@ -269,116 +271,94 @@ inline uint32_t lowbias32(uint32_t h) {
   return h;
 }
 
+inline uint32_t word_base(int64_t j, uint32_t k0, uint32_t k1, uint32_t k2) {
+  return static_cast<uint32_t>(j) * k0 + k1 +
+         static_cast<uint32_t>(static_cast<uint64_t>(j) >> 32) * k2;
+}
+
+// QSGD's level of one element (compression/quantize.py, QSGD): t = x c16 rounded to float32,
+// T = rint(t) (to nearest, ties to even), level = floor((T + u) / 2^16) within [-s, s], u its
+// 16-bit draw. In double: T and T + u are exact there (|T| <= 2^48). A NaN t (a non-finite
+// norm) gives -s, as the vector path's conversion does.
+inline int32_t qsgd_level(float x, float c16, uint32_t u, int32_t s) {
+  const double v = std::floor((static_cast<double>(std::nearbyint(x * c16)) + u) * 0x1p-16);
+  if (!(v >= -s)) return -s;
+  return v > s ? s : static_cast<int32_t>(v);
+}
+
+// Levels of x[0, m) (block start a, a multiple of 16) into q. Below s = 32767 (where T + u
+// fits int32), 16 at a time in integers: the product converted to int32 by the CPU's default
+// rounding (to nearest even), the draw added and shifted right arithmetically (the floor);
+// int8 levels narrowed by saturating packs (which clip to [-127, 127]) and a byte min/max to
+// [-s, s], int16 ones likewise in 16-bit lanes. Other levels element by element.
 template <class T>
-inline void qsgd_hash_round(const float* __restrict x, float* __restrict t, T* __restrict q,
-                            int64_t a, int64_t m, float c, uint32_t k0, uint32_t k1,
-                            uint32_t k2, int32_t s, int wide, int64_t total) {
-  const float u24 = 5.9604644775390625e-08f;  // 2^-24
-  // a is a multiple of the block size (2^16): hi32 is the same for the whole block
-  const uint32_t base = static_cast<uint32_t>(a) * k0 + k1 +
-                        static_cast<uint32_t>(static_cast<uint64_t>(a) >> 32) * k2;
+inline void qsgd_hash_round(const float* __restrict x, T* __restrict q, int64_t a, int64_t m,
+                            float c16, uint32_t k0, uint32_t k1, uint32_t k2, int32_t s,
+                            int64_t total) {
+  const int64_t j0 = a / 2;  // the first element's word (a is a multiple of 16)
   int64_t i0 = 0;
 #ifdef __AVX2__
-  const __m256 cv = _mm256_set1_ps(c), uv = _mm256_set1_ps(u24);
-  const __m256i c1 = _mm256_set1_epi32(0x7feb352d), c2 = _mm256_set1_epi32(0x846ca68bu);
-  auto hash8 = [&](__m256i h) {  // lowbias32 on 8 lanes, then u = (h >> 8) 2^-24
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    h = _mm256_mullo_epi32(h, c1);
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
-    h = _mm256_mullo_epi32(h, c2);
-    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), uv);
-  };
-  const __m256i step8 = _mm256_set1_epi32(static_cast<int>(8u * k0));
-  __m256i h0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(base)),
-                                _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                   _mm256_set1_epi32(static_cast<int>(k0))));
-  if constexpr (std::is_same<T, int8_t>::value) {
-    if (!wide) {  // int8 levels: clip and narrow 32 at a time, no float buffer
+  if constexpr (sizeof(T) <= 2) {
+    if (s < 32767) {
       const bool stream = total >= STREAM && !(reinterpret_cast<uintptr_t>(q) & 31);
-      const __m256i lo = _mm256_set1_epi32(-s), hi = _mm256_set1_epi32(s);
-      const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-#ifdef __AVX512F__
-      {  // the same operations 16 at a time where the CPU has them (half the instructions)
-        const __m512 cz = _mm512_set1_ps(c), uz = _mm512_set1_ps(u24);
-        const __m512i c1z = _mm512_set1_epi32(0x7feb352d);
-        const __m512i c2z = _mm512_set1_epi32(static_cast<int>(0x846ca68bu));
-        const __m512i loz = _mm512_set1_epi32(-s), hiz = _mm512_set1_epi32(s);
-        const __m512i stepz = _mm512_set1_epi32(static_cast<int>(16u * k0));
-        __m512i hz = _mm512_add_epi32(
-            _mm512_set1_epi32(static_cast<int>(base)),
-            _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-                                                 14, 15),
-                               _mm512_set1_epi32(static_cast<int>(k0))));
-        for (; i0 + 16 <= m; i0 += 16) {
-          __m512i h = hz;
-          hz = _mm512_add_epi32(hz, stepz);
-          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-          h = _mm512_mullo_epi32(h, c1z);
-          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
-          h = _mm512_mullo_epi32(h, c2z);
-          h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-          const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), uz);
-          const __m512 f = _mm512_roundscale_ps(
-              _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i0), cz), u),
-              _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-          const __m512i v = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(f), loz), hiz);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i0), _mm512_cvtsepi32_epi8(v));
-        }
-        h0 = _mm256_add_epi32(
-            _mm256_set1_epi32(static_cast<int>(base + static_cast<uint32_t>(i0) * k0)),
-            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                               _mm256_set1_epi32(static_cast<int>(k0))));
-      }
-#endif
-      for (; i0 + 32 <= m; i0 += 32) {
-        __m256i v[4];
-        for (int j = 0; j < 4; ++j) {
-          const __m256 u = hash8(h0);
-          h0 = _mm256_add_epi32(h0, step8);
-          const __m256 f = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
-              _mm256_loadu_ps(x + i0 + 8 * j), cv), u));
-          v[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(f), lo), hi);
-        }
-        const __m256i w = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
-            perm);
+      const __m256 cv = _mm256_set1_ps(c16);
+      const __m256i m1 = _mm256_set1_epi32(0x7feb352d), m2 = _mm256_set1_epi32(0x846ca68bu);
+      const __m256i low = _mm256_set1_epi32(0xffff), step = _mm256_set1_epi32(8u * k0);
+      __m256i ctr = _mm256_add_epi32(
+          _mm256_set1_epi32(word_base(j0, k0, k1, k2)),
+          _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(k0)));
+      auto level8 = [&](const float* p, __m256i u) {
+        const __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), cv));
+        return _mm256_srai_epi32(_mm256_add_epi32(t, u), 16);
+      };
+      auto levels16 = [&](const float* p, __m256i* v) {  // one word a lane for 16 elements
+        __m256i h = ctr;
+        ctr = _mm256_add_epi32(ctr, step);
+        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+        h = _mm256_mullo_epi32(h, m1);
+        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+        h = _mm256_mullo_epi32(h, m2);
+        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+        v[0] = level8(p, _mm256_and_si256(h, low));
+        v[1] = level8(p + 8, _mm256_srli_epi32(h, 16));
+      };
+      auto put = [&](T* p, __m256i w) {
         if (stream)
-          _mm256_stream_si256(reinterpret_cast<__m256i*>(q + i0), w);
+          _mm256_stream_si256(reinterpret_cast<__m256i*>(p), w);
         else
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i0), w);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
+      };
+      if constexpr (sizeof(T) == 1) {
+        const __m256i lo = _mm256_set1_epi8(static_cast<char>(-s));
+        const __m256i hi = _mm256_set1_epi8(static_cast<char>(std::min(s, 127)));
+        const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (; i0 + 32 <= m; i0 += 32) {
+          __m256i v[4];
+          levels16(x + i0, v);
+          levels16(x + i0 + 16, v + 2);
+          const __m256i w = _mm256_permutevar8x32_epi32(
+              _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+              perm);
+          put(q + i0, _mm256_min_epi8(_mm256_max_epi8(w, lo), hi));
+        }
+      } else {
+        const __m256i lo = _mm256_set1_epi16(static_cast<int16_t>(-s));
+        const __m256i hi = _mm256_set1_epi16(static_cast<int16_t>(s));
+        for (; i0 + 16 <= m; i0 += 16) {
+          __m256i v[2];
+          levels16(x + i0, v);
+          const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xd8);
+          put(q + i0, _mm256_min_epi16(_mm256_max_epi16(w, lo), hi));
+        }
       }
-      for (int64_t i = i0; i < m; ++i) {
-        const uint32_t h = lowbias32(base + static_cast<uint32_t>(i) * k0);
-        const float u = static_cast<float>(static_cast<int32_t>(h >> 8)) * u24;
-        q[i] = static_cast<T>(std::min(std::max(static_cast<int32_t>(std::floor(x[i] * c + u)),
-                                                -s), s));
-      }
-      return;
     }
   }
-  for (; i0 + 8 <= m; i0 += 8) {
-    const __m256 u = hash8(h0);
-    h0 = _mm256_add_epi32(h0, step8);
-    _mm256_storeu_ps(t + i0, _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(
-        _mm256_loadu_ps(x + i0), cv), u)));
-  }
 #else
-  (void)total;  // the streamed int8 stores above are the only use
+  (void)total;  // the streamed stores above are the only use
 #endif
   for (int64_t i = i0; i < m; ++i) {
-    const uint32_t h = lowbias32(base + static_cast<uint32_t>(i) * k0);
-    const float u = static_cast<float>(static_cast<int32_t>(h >> 8)) * u24;
-    t[i] = std::floor(x[i] * c + u);
-  }
-  if (wide) {
-    const float lo = static_cast<float>(-s), hi = static_cast<float>(s);
-    for (int64_t i = 0; i < m; ++i)
-      q[i] = static_cast<T>(static_cast<int32_t>(std::min(std::max(t[i], lo), hi)));
-  } else {
-    const int32_t sl = -s, sh = s;
-    for (int64_t i = 0; i < m; ++i)
-      q[i] = static_cast<T>(std::min(std::max(static_cast<int32_t>(t[i]), sl), sh));
+    const uint32_t h = lowbias32(word_base(j0 + 8 * (i >> 4) + (i & 7), k0, k1, k2));
+    q[i] = static_cast<T>(qsgd_level(x[i], c16, (i & 8) ? h >> 16 : h & 0xffffu, s));
   }
 }
 
@@ -426,12 +406,11 @@ inline double block_sum_squares(const float* __restrict x, int64_t m) {
 }
 
 template <class T>
-void qsgd_levels_hash(const float* x, int64_t d, float c, uint32_t k0, uint32_t k1, uint32_t k2,
-                      T* q, int32_t s, int wide, int nt) {
+void qsgd_levels_hash(const float* x, int64_t d, float c16, uint32_t k0, uint32_t k1,
+                      uint32_t k2, T* q, int32_t s, int nt) {
   parallel(nt, nblocks_of(d, BLOCK), [&](int64_t b) {
-    float t[BLOCK];
     const int64_t a = b * BLOCK, e = std::min(d, a + BLOCK);
-    qsgd_hash_round(x + a, t, q + a, a, e - a, c, k0, k1, k2, s, wide, d);
+    qsgd_hash_round(x + a, q + a, a, e - a, c16, k0, k1, k2, s, d);
     fence(d >= STREAM);
   });
 }
@@ -1270,15 +1249,16 @@ void sign_decode(const uint8_t* packed, int64_t d, float scale, float* out, int 
 }
 
 // --- QSGD (compression/quantize.py) -----------------------------------------------------------
-// The counter-based stream (k0 odd, k1, k2 odd: the keys of counter_uniform), in parallel.
-void qsgd_encode_counter(const float* x, int64_t d, float c, uint32_t k0, uint32_t k1,
-                         uint32_t k2, void* q, int elem, int32_t s, int wide, int nt) {
+// The levels from the counter-based draws (k0 odd, k1, k2 odd: CounterUniform's keys) and
+// c16 = 2^16 s / ||x|| rounded to float32, in parallel.
+void qsgd_encode_counter(const float* x, int64_t d, float c16, uint32_t k0, uint32_t k1,
+                         uint32_t k2, void* q, int elem, int32_t s, int nt) {
   if (elem == 1)
-    qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int8_t*>(q), s, wide, nt);
+    qsgd_levels_hash(x, d, c16, k0, k1, k2, static_cast<int8_t*>(q), s, nt);
   else if (elem == 2)
-    qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int16_t*>(q), s, wide, nt);
+    qsgd_levels_hash(x, d, c16, k0, k1, k2, static_cast<int16_t*>(q), s, nt);
   else
-    qsgd_levels_hash(x, d, c, k0, k1, k2, static_cast<int32_t*>(q), s, wide, nt);
+    qsgd_levels_hash(x, d, c16, k0, k1, k2, static_cast<int32_t*>(q), s, nt);
 }
 
 double sum_squares(const float* x, int64_t d, int nt) {
