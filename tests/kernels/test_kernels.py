@@ -28,9 +28,9 @@ import torch
 
 from thinwire import kernels
 from thinwire.compression import QSGD, Compressor, ErrorFeedback, Int8, RandK, ScaledSign, TopK
-from thinwire.compression.quantize import level_dtype
 from thinwire.compression.fp4 import BOUNDS, FP4
 from thinwire.compression.powersgd import outer
+from thinwire.compression.quantize import level_dtype
 from thinwire.compression.sparse import _approx_plan
 from thinwire.strategies.slide.layer import SLIDELayer, active_softmax_loss
 
