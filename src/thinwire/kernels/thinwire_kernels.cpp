@@ -318,9 +318,10 @@ inline void qsgd_hash_round(const float* __restrict x, T* __restrict q, int64_t 
         h = _mm256_mullo_epi32(h, m1);
         h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
         h = _mm256_mullo_epi32(h, m2);
-        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-        v[0] = level8(p, _mm256_and_si256(h, low));
-        v[1] = level8(p + 8, _mm256_srli_epi32(h, 16));
+        const __m256i top = _mm256_srli_epi32(h, 16);  // the word's high half (the last
+        // shift-xor leaves it as it is); its low half is the low bits of h ^ top
+        v[0] = level8(p, _mm256_and_si256(_mm256_xor_si256(h, top), low));
+        v[1] = level8(p + 8, top);
       };
       auto put = [&](T* p, __m256i w) {
         if (stream)
