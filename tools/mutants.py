@@ -73,8 +73,8 @@ MUTANTS = (
            "compression/powersgd.py", "q_avg = q_sum / world", "q_avg = q_sum",
            ("tests/compression",)),
     Mutant("qsgd-scale", "codecs", "QSGD scales by s / (2 ||x||)",
-           "compression/quantize.py", "c = s / n if n > 0 else 0.0",
-           "c = s / n / 2 if n > 0 else 0.0", ("tests/compression",)),
+           "compression/quantize.py", "65536.0 * self.levels / n",
+           "65536.0 * self.levels / n / 2", ("tests/compression",)),
     # --- IST ------------------------------------------------------------------------------------
     Mutant("ist-shared-sum", "ist", "shared tensors add every worker's update without / n",
            "strategies/ist/store.py", "alpha=1.0 / n)", "alpha=1.0)", ("tests/strategies/ist",)),
