@@ -316,13 +316,13 @@ def test_qsgd_levels_are_the_fixed_point_rounding_of_their_draws(path: str, s: i
     to the nearest integer (ties to even), level = floor((T + u) / 2^16) within [-s, s] with u
     the element's 16-bit draw, on 1 and 2 threads. c16 = 2^10 (exact products) so that ties
     (x = (k + 1/2) 2^-10, some where the tie rule decides the level), T = 2^16 s exactly (level s whatever the draw), products past
-    +-2^16 s (clipped) and a NaN (-s, as a non-finite norm gives) are placed on purpose; the
-    rest are normal draws, over a second block and a partial group of sixteen."""
+    +-2^16 s (clipped) are placed on purpose; the rest are normal draws, over a second block and
+    a partial group of sixteen. Non-finite elements (then c16 is 0) give -s."""
     from thinwire.compression.quantize import CounterUniform, counter_keys
     d = (1 << 16) + 37
     x = torch.randn(d, generator=torch.Generator().manual_seed(s)) * (64 * s / 3)
     special = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 10.5, 11.5, 0.0, -0.0,
-               65536 * s, -65536 * s, 65536 * s + 40000, -65536 * s - 40000, math.nan]
+               65536 * s, -65536 * s, 65536 * s + 40000, -65536 * s - 40000]
     x[:len(special)] = torch.tensor(special, dtype=torch.float64) / 1024
     comp = QSGD(s, seed=4, rank=1)
     keys = counter_keys(4, 3, 2, 1)
@@ -337,17 +337,22 @@ def test_qsgd_levels_are_the_fixed_point_rounding_of_their_draws(path: str, s: i
     for i in even:
         x[i] = -(float(u[i]) + 0.5) / 1024
     t = (x.numpy() * np.float32(1024)).astype(np.float32)
-    want = [-s if math.isnan(ti) else max(-s, min(s, (round(float(ti)) + int(ui)) >> 16))
-            for ti, ui in zip(t, u)]
+    want = [max(-s, min(s, (round(float(ti)) + int(ui)) >> 16)) for ti, ui in zip(t, u)]
+
+    def levels(x: torch.Tensor, c16: float) -> list[int]:
+        if path == "1":
+            q = torch.empty(x.numel(), dtype=level_dtype(s))
+            kernels.lib().qsgd_encode_counter(x.data_ptr(), x.numel(), c16, *keys, q.data_ptr(),
+                                              q.element_size(), s, kernels.threads())
+            return q.tolist()
+        return comp._levels_cpu(x.numpy(), c16, 3, 2).tolist()
+
     for threads in (1, 2):
         with on(path, threads):
-            if path == "1":
-                q = torch.empty(d, dtype=level_dtype(s))
-                kernels.lib().qsgd_encode_counter(x.data_ptr(), d, 1024.0, *keys, q.data_ptr(),
-                                                  q.element_size(), s, kernels.threads())
-            else:
-                q = torch.from_numpy(comp._levels_cpu(x.numpy(), 1024.0, 3, 2))
-        assert q.tolist() == want
+            assert levels(x, 1024.0) == want
+            # a non-finite element makes the norm non-finite and c16 0: its NaN product gives -s
+            bad = torch.tensor([1.0, math.nan, -math.inf, math.inf, -2.0] * 7)
+            assert levels(bad, 0.0) == [0, -s, -s, -s, 0] * 7
     assert want[8:12] == [0, 0, s, -s] and [want[i] for i in odd + even] == [0] * 8
 
 

@@ -255,28 +255,32 @@ class QSGD(Compressor):
         """Steps 2-3 on CPU without the kernels (``encode`` calls them, with the same draws and
         roundings, where they apply), block by block in fixed point (the module's docstring):
         floor((rint(x c16) + u) / 2^16) within [-s, s], u the 16-bit draws of
-        :class:`CounterUniform`, a NaN product (a non-finite norm) giving -s as the kernel
-        does. In double, where rint(x c16) + u is exact."""
+        :class:`CounterUniform`; a non-finite x_i (then the norm is not finite and c16 is 0)
+        gives a NaN product and -s, as in the kernel. In float32 below s = 255
+        (|rint(x c16)| + u < 2^24 there, so the sum is exact), in double above."""
         s = self.levels
         q = np.empty(xn.size, dtype=self._level_numpy)
         keys = counter_keys(self.seed, step, key, self.rank)
         size = min(xn.size, BLOCK)
-        t, v = np.empty(size, np.float32), np.empty(size, np.float64)
+        t, v = np.empty(size, np.float32), np.empty(size, np.float32 if s < 255 else np.float64)
         u = np.empty(size, np.uint16)
+        lo, hi = v.dtype.type(-s), v.dtype.type(s)
         draws = CounterUniform(keys, size)
         for a, b in blocks(xn.size, size):
             m = b - a
             tb, vb, ub = t[:m], v[:m], u[:m]
-            np.multiply(xn[a:b], np.float32(c16), out=tb)  # 2. x_i c16, rounded to float32
+            with np.errstate(invalid="ignore"):  # inf 0 where the norm is not finite
+                np.multiply(xn[a:b], np.float32(c16), out=tb)  # 2. x_i c16 in float32
             np.rint(tb, out=tb)  # T_i, ties to even as the CPU's conversion
             draws.fill(a, ub)  # u_i in [0, 2^16)
-            np.add(tb, ub, out=vb, dtype=np.float64)
-            vb *= 2.0**-16
+            np.add(tb, ub, out=vb, dtype=vb.dtype)
+            vb *= vb.dtype.type(2.0**-16)
             # 3. floor((T_i + u_i) / 2^16): for x_i < 0 the upper neighbour in magnitude with
             #    the same probability as for x_i > 0 (the module's docstring)
             np.floor(vb, out=vb)
-            np.fmax(vb, -s, out=vb)  # NaN to -s
-            np.minimum(vb, s, out=vb)
+            np.clip(vb, lo, hi, out=vb)
+            if c16 == 0:  # a zero or non-finite norm: x c16 is NaN where x is not finite
+                np.copyto(vb, lo, where=np.isnan(vb))
             q[a:b] = vb
         return q
 
