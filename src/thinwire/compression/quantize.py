@@ -274,7 +274,7 @@ class QSGD(Compressor):
             np.rint(tb, out=tb)  # T_i, ties to even as the CPU's conversion
             draws.fill(a, ub)  # u_i in [0, 2^16)
             np.add(tb, ub, out=vb, dtype=vb.dtype)
-            vb *= vb.dtype.type(2.0**-16)
+            np.multiply(vb, 2.0**-16, out=vb)  # exact: a power of two
             # 3. floor((T_i + u_i) / 2^16): for x_i < 0 the upper neighbour in magnitude with
             #    the same probability as for x_i > 0 (the module's docstring)
             np.floor(vb, out=vb)
