@@ -221,22 +221,31 @@ inline void fence(bool stream) {
 
 // out[0, n) = 0, with non-temporal stores where stream (then fenced, so the sparse stores that
 // follow land on the zeros): a line written without being read first, the sparse decodes'
-// zero fill from 4M floats on, where out is larger than the caches.
+// zero fill from 4M floats on, where out is larger than the caches. Otherwise plain vector
+// stores: glibc's memset took 1.2x their time on 64 KB spans and 3x on 1 MB ones on an AMD
+// Zen 3 (its string-instruction path).
 inline void zero_fill(float* __restrict out, int64_t n, bool stream) {
 #ifdef __AVX2__
+  int64_t i = 0;
+  const __m256 z = _mm256_setzero_ps();
   if (stream) {
-    int64_t i = 0;
     for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 31); ++i) out[i] = 0.0f;
-    const __m256 z = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) _mm256_stream_ps(out + i, z);
     for (; i < n; ++i) out[i] = 0.0f;
     _mm_sfence();
     return;
   }
+  for (; i + 32 <= n; i += 32) {
+    _mm256_storeu_ps(out + i, z);
+    _mm256_storeu_ps(out + i + 8, z);
+    _mm256_storeu_ps(out + i + 16, z);
+    _mm256_storeu_ps(out + i + 24, z);
+  }
+  for (; i < n; ++i) out[i] = 0.0f;
 #else
   (void)stream;
-#endif
   std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
+#endif
 }
 
 // Bit j set where |x_j| >= t, for x[0..16).
@@ -1366,7 +1375,7 @@ void scatter_decode(const float* v, const void* idx, int idx64, int64_t k, float
   if (!add)
     parallel(nt, nblocks_of(d, 4 * BLOCK), [&](int64_t b) {
       const int64_t a = b * 4 * BLOCK, e = std::min(d, a + 4 * BLOCK);
-      std::memset(out + a, 0, static_cast<size_t>(e - a) * sizeof(float));
+      zero_fill(out + a, e - a, d >= STREAM);
     });
   for (int64_t j = 0; j < k; ++j) {
     if (add)
