@@ -248,17 +248,26 @@ inline void zero_fill(float* __restrict out, int64_t n, bool stream) {
 #endif
 }
 
-// Bit j set where |x_j| >= t, for x[0..16).
-inline uint32_t at_least(const float* x, float t) {
+// Bit j set where |x_j| >= t, for x[0..64): the compares' lanes narrowed by saturating packs
+// (all-ones stays -1) and put back in order by one permutation, then a byte mask per 32 (a
+// third fewer operations than a movemask per 8 and the shifts that join them).
+inline uint64_t at_least64(const float* x, float t) {
 #ifdef __AVX2__
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tv = _mm256_set1_ps(t);
-  const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x), mag);
-  const __m256 b = _mm256_and_ps(_mm256_loadu_ps(x + 8), mag);
-  return static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, tv, _CMP_GE_OQ))) |
-         (static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(b, tv, _CMP_GE_OQ))) << 8);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  auto ge = [&](const float* p) {
+    return _mm256_castps_si256(
+        _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(p), mag), tv, _CMP_GE_OQ));
+  };
+  auto half = [&](const float* p) {  // 32 elements' bits, in order
+    const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(ge(p), ge(p + 8)),
+                                         _mm256_packs_epi32(ge(p + 16), ge(p + 24)));
+    return static_cast<uint32_t>(_mm256_movemask_epi8(_mm256_permutevar8x32_epi32(w, perm)));
+  };
+  return uint64_t{half(x)} | (uint64_t{half(x + 32)} << 32);
 #else
-  uint32_t hit = 0;
-  for (int j = 0; j < 16; ++j) hit |= static_cast<uint32_t>(std::fabs(x[j]) >= t) << j;
+  uint64_t hit = 0;
+  for (int j = 0; j < 64; ++j) hit |= static_cast<uint64_t>(std::fabs(x[j]) >= t) << j;
   return hit;
 #endif
 }
@@ -611,9 +620,7 @@ int64_t topk_candidates(const float* __restrict x, int64_t a, int64_t e, int64_t
     int64_t bits = 0;
     for (int64_t g = 0; g < nw; ++g) {  // 1.
       const float* p = x + s0 + 64 * g;
-      const uint64_t m = uint64_t{at_least(p, t)} | (uint64_t{at_least(p + 16, t)} << 16) |
-                         (uint64_t{at_least(p + 32, t)} << 32) |
-                         (uint64_t{at_least(p + 48, t)} << 48);
+      const uint64_t m = at_least64(p, t);
       mw[g] = m;
       bits += __builtin_popcountll(m);
     }
