@@ -89,8 +89,9 @@ from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
 
 SAMPLE = 1 << 16
-"""Most elements of Top-k's threshold sample (step 1a); 1 in 64 elements is sampled (a strided
-read touches a cache line per sampled element), and never fewer than :data:`LEAST_SAMPLE`."""
+"""Most elements of Top-k's threshold sample (step 1a; a strided read touches a cache line per
+sampled element), and never fewer than :data:`LEAST_SAMPLE`: the exact selection samples
+:func:`sample_size` elements, the approximate one 1 in 64."""
 
 LEAST_SAMPLE = 4096
 """Fewest elements of the sample: from d = 16 x 4096 on (below 64 x 4096 sampling 1 in 16 to 1
@@ -110,14 +111,35 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 else torch.int64
 
 
+SAMPLE_COST = 3.0
+""":func:`sample_size`'s factor: (SPREAD c / (2 c_s))^(2/3) for a sampled element's cost c_s (a
+cache line read) and an extra candidate's c (its extraction and share of the selection), fitted
+to the compiled encode on one thread of an AMD Zen 3."""
+
+
+def sample_size(d: int, k: int) -> int:
+    """Elements of the exact selection's sample (step 1a): SAMPLE_COST (k d)^(1/3) within
+    [LEAST_SAMPLE, SAMPLE], the size that minimises the sample's cost plus that of the extra
+    candidates its margin lets through. A sample of n elements costs c_s n; its margin of SPREAD
+    standard deviations lets through about SPREAD sqrt(mu) d / n = SPREAD sqrt(k d / n)
+    candidates beyond k (mu = k n / d), c each; the sum is least at
+    n = (SPREAD c / (2 c_s))^(2/3) (k d)^(1/3): for k = d / 100 a quarter of the 1 in 64
+    elements sampled before at d = 1M, the same 65,536 at 64M (docs/benchmarks/compression.md
+    measures both)."""
+    return min(SAMPLE, max(LEAST_SAMPLE, round(SAMPLE_COST * (k * d) ** (1 / 3))))
+
+
+def _stride(d: int, size: int) -> int:
+    return (d // size) | 1  # odd: does not follow the rows of a power-of-two-wide matrix
+
+
 @functools.lru_cache(maxsize=1024)
 def _sample_plan(d: int, k: int) -> tuple[int, int] | None:
     """(stride, wanted sample entries) of step 1a, or None where it does not pay (small d,
     or k so large that most entries are candidates anyway)."""
     if d < 16 * LEAST_SAMPLE or 4 * k > d:
         return None
-    size = min(SAMPLE, max(LEAST_SAMPLE, d // 64))
-    stride = (d // size) | 1  # odd: does not follow the rows of a power-of-two-wide matrix
+    stride = _stride(d, sample_size(d, k))
     n = len(range(0, d, stride))
     mu = k * n / d
     want = min(n, math.ceil(mu + SPREAD * math.sqrt(mu)) + 8)
@@ -127,11 +149,11 @@ def _sample_plan(d: int, k: int) -> tuple[int, int] | None:
 def _approx_plan(d: int, k: int) -> tuple[int, int, int] | None:
     """(stride, sampled entries at or above t_lo, at or above t_hi) of step 1'a, or None where
     the sample does not pay or is under 1 in 64 elements of LEAST_SAMPLE (then the selection is
-    exact)."""
-    plan = _sample_plan(d, k)
-    if plan is None or d // 64 < LEAST_SAMPLE:
+    exact). The sample is 1 in 64 elements (at most SAMPLE): its thresholds decide which
+    elements are sent."""
+    if d < 16 * LEAST_SAMPLE or 4 * k > d or d // 64 < LEAST_SAMPLE:
         return None
-    stride = plan[0]
+    stride = _stride(d, min(SAMPLE, d // 64))
     n = len(range(0, d, stride))
     mu = k * n / d
     want = min(n, math.ceil(mu + 2 * math.sqrt(mu)) + 1)
