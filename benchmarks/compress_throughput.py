@@ -22,6 +22,7 @@ other processes hold the core.
     python benchmarks/compress_throughput.py [--sizes 1M,16M,64M] [--repeats N] [--threads T]
                                              [--device cpu|cuda] [--codecs topk,int8,...]
                                              [--clock wall|cpu] [--paths compiled,torch]
+                                             [--ratio 0.01]
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ PATHS = {"[compiled]": "1", "[torch]": "0"}
 path (the codecs without kernels, fp16, bf16 and PowerSGD, run the same code on both)."""
 
 
-def codecs() -> dict[str, Compressor]:
+def codecs(ratio: float = 0.01) -> dict[str, Compressor]:
     """Each codec with its registry defaults (ratio 0.01, 16 levels, chunk 512 / 256 for fp4,
-    rank 2), without error feedback; ``topk~`` is top-k with ``approx=True``. The identity is
-    left out: its encode and decode are views of the input."""
+    rank 2), without error feedback, top-k's and Rand-k's ratio as given; ``topk~`` is top-k
+    with ``approx=True``. The identity is left out: its encode and decode are views of the
+    input."""
     return {
         "fp16": Cast(torch.float16), "bf16": Cast(torch.bfloat16),
-        "topk": TopK(0.01), "topk~": TopK(0.01, approx=True), "randk": RandK(0.01),
+        "topk": TopK(ratio), "topk~": TopK(ratio, approx=True), "randk": RandK(ratio),
         "qsgd": QSGD(16), "int8": Int8(), "fp4": FP4(), "sign": ScaledSign(),
         "powersgd": PowerSGD(POWERSGD_RANK),
     }
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="torch threads (1: as one worker of a loaded host; copy uses the same)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
     ap.add_argument("--codecs", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--ratio", type=float, default=0.01,
+                    help="fraction of elements top-k and Rand-k keep (default 0.01)")
     ap.add_argument("--paths", default="compiled,torch",
                     help="compiled (thinwire.kernels), torch (the pure-torch/numpy path) or "
                          "both, one row each")
@@ -220,10 +224,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.codecs and set(args.codecs.split(",")) - set(codecs()):
         unknown = ",".join(sorted(set(args.codecs.split(",")) - set(codecs())))
         ap.exit(2, f"--codecs: unknown {unknown}; choose from {','.join(codecs())}\n")
+    if not 0 < args.ratio <= 1:
+        ap.exit(2, f"--ratio {args.ratio}: use a fraction in (0, 1]\n")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = parse_sizes(args.sizes)
-    every = codecs()
+    every = codecs(args.ratio)
     names = args.codecs.split(",") if args.codecs else list(every)
     paths = [p for p in args.paths.split(",") if p]
     if set(paths) - {"compiled", "torch"}:
@@ -232,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.exit(2, "--paths compiled: the compiled kernels cannot be built here (no C++ "
                    "compiler); use --paths torch\n")
     # one codec object a row: no cache (Rand-k's indices) is shared between two rows
-    chosen = {f"{n} [{p}]": codecs()[n] for n in names for p in paths}
+    chosen = {f"{n} [{p}]": codecs(args.ratio)[n] for n in names for p in paths}
     for name, comp in chosen.items():  # warm-up: first calls allocate and load kernels
         w = torch.randn(4096, device=device)
         with kernels.forced(PATHS[name.rpartition(" ")[2]]):
