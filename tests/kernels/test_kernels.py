@@ -315,9 +315,10 @@ def test_qsgd_levels_are_the_fixed_point_rounding_of_their_draws(path: str, s: i
     """QSGD's CPU levels, each written out in Python integers: T = x c16 rounded to float32 then
     to the nearest integer (ties to even), level = floor((T + u) / 2^16) within [-s, s] with u
     the element's 16-bit draw, on 1 and 2 threads. c16 = 2^10 (exact products) so that ties
-    (x = (k + 1/2) 2^-10, some where the tie rule decides the level), T = 2^16 s exactly (level s whatever the draw), products past
-    +-2^16 s (clipped) are placed on purpose; the rest are normal draws, over a second block and
-    a partial group of sixteen. Non-finite elements (then c16 is 0) give -s."""
+    (x = (k + 1/2) 2^-10, some where the tie rule decides the level), T = 2^16 s exactly (level
+    s whatever the draw) and products past +-2^16 s (clipped) are placed on purpose; the rest
+    are normal draws, over a second block and a partial group of sixteen. Non-finite elements
+    (then c16 is 0) give -s."""
     from thinwire.compression.quantize import CounterUniform, counter_keys
     d = (1 << 16) + 37
     x = torch.randn(d, generator=torch.Generator().manual_seed(s)) * (64 * s / 3)

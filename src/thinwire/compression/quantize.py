@@ -19,8 +19,8 @@ Gradient Quantization and Encoding" (NeurIPS 2017), with s levels:
   cache in fixed point with 16 fraction bits: t_i = x_i c16 in float32 with
   c16 = 2^16 s / ||x||_2 (computed in double, rounded to float32), T_i = rint(t_i) (to
   nearest, ties to even), level_i = floor((T_i + u_i) / 2^16) within [-s, s] for a 16-bit draw
-  u_i. That is sign(x_i) level_i in law for r'_i = |T_i| / 2^16, within 2^-17 of r_i (a
-  float32 product is off by 2^-24 relative, as much at r_i near 128): T_i + u_i passes the
+  u_i. That is sign(x_i) level_i in law for r'_i = |T_i| / 2^16, within 2^-17 of the float32
+  product |t_i| / 2^16 (itself within 2^-24 relative of r_i): T_i + u_i passes the
   next multiple of 2^16 with probability exactly frac(r'_i), so E[level_i] = r'_i with no grid
   bias, and for x_i < 0 the upper neighbour in magnitude comes with the same probability (no
   sign bits are split off and joined back). u comes from a counter-based stream there

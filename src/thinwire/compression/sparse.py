@@ -123,7 +123,7 @@ def sample_size(d: int, k: int) -> int:
     candidates its margin lets through. A sample of n elements costs c_s n; its margin of SPREAD
     standard deviations lets through about SPREAD sqrt(mu) d / n = SPREAD sqrt(k d / n)
     candidates beyond k (mu = k n / d), c each; the sum is least at
-    n = (SPREAD c / (2 c_s))^(2/3) (k d)^(1/3): for k = d / 100 a quarter of the 1 in 64
+    n = (SPREAD c / (2 c_s))^(2/3) (k d)^(1/3): for k = d / 100 two fifths of the 1 in 64
     elements sampled before at d = 1M, the same 65,536 at 64M (docs/benchmarks/compression.md
     measures both)."""
     return min(SAMPLE, max(LEAST_SAMPLE, round(SAMPLE_COST * (k * d) ** (1 / 3))))

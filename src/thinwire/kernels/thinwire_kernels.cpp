@@ -250,7 +250,7 @@ inline void zero_fill(float* __restrict out, int64_t n, bool stream) {
 
 // Bit j set where |x_j| >= t, for x[0..64): the compares' lanes narrowed by saturating packs
 // (all-ones stays -1) and put back in order by one permutation, then a byte mask per 32 (a
-// third fewer operations than a movemask per 8 and the shifts that join them).
+// quarter fewer operations than a movemask per 8 and the shifts that join them).
 inline uint64_t at_least64(const float* x, float t) {
 #ifdef __AVX2__
   const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), tv = _mm256_set1_ps(t);
