@@ -146,12 +146,13 @@ def _sample_plan(d: int, k: int) -> tuple[int, int] | None:
     return stride, want
 
 
+@functools.lru_cache(maxsize=1024)
 def _approx_plan(d: int, k: int) -> tuple[int, int, int] | None:
     """(stride, sampled entries at or above t_lo, at or above t_hi) of step 1'a, or None where
     the sample does not pay or is under 1 in 64 elements of LEAST_SAMPLE (then the selection is
     exact). The sample is 1 in 64 elements (at most SAMPLE): its thresholds decide which
     elements are sent."""
-    if d < 16 * LEAST_SAMPLE or 4 * k > d or d // 64 < LEAST_SAMPLE:
+    if 4 * k > d or d // 64 < LEAST_SAMPLE:
         return None
     stride = _stride(d, min(SAMPLE, d // 64))
     n = len(range(0, d, stride))

@@ -289,9 +289,14 @@ inline uint32_t lowbias32(uint32_t h) {
   return h;
 }
 
-inline uint32_t word_base(int64_t j, uint32_t k0, uint32_t k1, uint32_t k2) {
+// The counter hash's input for index j, lo32(j) k0 + k1 + hi32(j) k2 (mod 2^32), and its word
+// (compression/quantize.py, counter_hash): QSGD's draws and Rand-k's offsets.
+inline uint32_t counter_input(int64_t j, uint32_t k0, uint32_t k1, uint32_t k2) {
   return static_cast<uint32_t>(j) * k0 + k1 +
          static_cast<uint32_t>(static_cast<uint64_t>(j) >> 32) * k2;
+}
+inline uint32_t counter_word(int64_t j, uint32_t k0, uint32_t k1, uint32_t k2) {
+  return lowbias32(counter_input(j, k0, k1, k2));
 }
 
 // QSGD's level of one element (compression/quantize.py, QSGD): t = x c16 rounded to float32,
@@ -323,7 +328,7 @@ inline void qsgd_hash_round(const float* __restrict x, T* __restrict q, int64_t 
       const __m256i m1 = _mm256_set1_epi32(0x7feb352d), m2 = _mm256_set1_epi32(0x846ca68bu);
       const __m256i low = _mm256_set1_epi32(0xffff), step = _mm256_set1_epi32(8u * k0);
       __m256i ctr = _mm256_add_epi32(
-          _mm256_set1_epi32(word_base(j0, k0, k1, k2)),
+          _mm256_set1_epi32(counter_input(j0, k0, k1, k2)),
           _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(k0)));
       auto level8 = [&](const float* p, __m256i u) {
         const __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), cv));
@@ -376,7 +381,7 @@ inline void qsgd_hash_round(const float* __restrict x, T* __restrict q, int64_t 
   (void)total;  // the streamed stores above are the only use
 #endif
   for (int64_t i = i0; i < m; ++i) {
-    const uint32_t h = lowbias32(word_base(j0 + 8 * (i >> 4) + (i & 7), k0, k1, k2));
+    const uint32_t h = counter_word(j0 + 8 * (i >> 4) + (i & 7), k0, k1, k2);
     q[i] = static_cast<T>(qsgd_level(x[i], c16, (i & 8) ? h >> 16 : h & 0xffffu, s));
   }
 }
@@ -450,20 +455,16 @@ void qsgd_decode(const T* q, int64_t d, float f, float* out, int nt) {
 // nth_element's time on 1M candidates). An order statistic is one value: any selection finds it.
 // `members` is scratch (kept by the caller, so a warm call allocates nothing). With levels = 2
 // it returns a lower bound instead: the rank-th largest with its last 10 bits cleared (within
-// 2^-13 of it, and passed by at least rank of the n), a third less work. With levels = 3 and
-// `counts`, counts[0] = how many of the n are above the result and counts[1] how many equal it
-// (the last level's bucket is the value itself: no further pass over the n).
-template <class Mag>
-float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& members,
-                     int levels = 3, int64_t* counts = nullptr) {
-  const int64_t wanted = rank;
+// 2^-13 of it, and passed by at least rank of the n), a third less work.
+float kth_largest(const uint32_t* mags, int64_t n, int64_t rank, std::vector<uint32_t>& members,
+                  int levels = 3) {
   uint32_t prefix = 0;
   // four histograms, filled in turn and added: magnitudes near the threshold share their top
   // bits, and one histogram would make a chain of increments of the same counter
   int32_t hist[4][2048];
   int64_t total[2048];
   const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
-  int64_t m = n;  // members of the current level (all n at level 0, read through mag)
+  int64_t m = n;  // members of the current level (all n at level 0, read from mags)
   for (int level = 0; level < levels; ++level) {
     const int sh = shifts[level];
     const uint32_t mask = (1u << widths[level]) - 1;
@@ -471,15 +472,15 @@ float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& me
     int64_t i = 0;
     if (level == 0) {
       for (; i + 4 <= n; i += 4)
-        for (int j = 0; j < 4; ++j) ++hist[j][mag(i + j) >> sh];
-      for (; i < n; ++i) ++hist[0][mag(i) >> sh];
+        for (int j = 0; j < 4; ++j) ++hist[j][mags[i + j] >> sh];
+      for (; i < n; ++i) ++hist[0][mags[i] >> sh];
     } else {
       const int up = shifts[level - 1];
       if (level == 1) members.resize(static_cast<size_t>(n));
       uint32_t* to = members.data();  // filtered in place at level 2 (to <= from)
       int64_t w = 0;
       for (int64_t r = 0; r < m; ++r) {
-        const uint32_t v = level == 1 ? mag(r) : to[r];
+        const uint32_t v = level == 1 ? mags[r] : to[r];
         to[w] = v;
         w += (v >> up) == prefix;
       }
@@ -493,10 +494,6 @@ float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& me
     int64_t b = mask;
     for (; b > 0 && total[b] < rank; --b) rank -= total[b];
     prefix = (prefix << widths[level]) | static_cast<uint32_t>(b);
-    if (counts != nullptr && level == 2) {
-      counts[0] = wanted - rank;  // those of the buckets above, at every level
-      counts[1] = total[b];
-    }
   }
   prefix <<= shifts[levels - 1];
   float v;
@@ -504,11 +501,6 @@ float kth_largest_by(Mag mag, int64_t n, int64_t rank, std::vector<uint32_t>& me
   return v;
 }
 
-// The rank-th largest of n magnitudes given as their bits.
-float kth_largest(const uint32_t* mags, int64_t n, int64_t rank,
-                  std::vector<uint32_t>& members, int levels = 3) {
-  return kth_largest_by([mags](int64_t i) { return mags[i]; }, n, rank, members, levels);
-}
 
 // How many of n floats have magnitude bits (|v| & 0x7fffffff) of at least tb (tb <= 2^31).
 inline int64_t count_at_least(const float* __restrict vals, int64_t n, uint32_t tb) {
@@ -953,8 +945,7 @@ struct Strata {
       rem -= k;
       ++len;
     }
-    const uint32_t h = lowbias32(static_cast<uint32_t>(j) * k0 + k1 +
-                                 static_cast<uint32_t>(static_cast<uint64_t>(j) >> 32) * k2);
+    const uint32_t h = counter_word(j, k0, k1, k2);
     const int64_t i = s + static_cast<int64_t>((static_cast<uint64_t>(h) *
                                                 static_cast<uint64_t>(len)) >> 32);
     s += len;
