@@ -47,6 +47,7 @@ from thinwire.compression import (
     TopK,
 )
 from thinwire.compression.fp4 import FP4
+from thinwire.compression.fp8 import FP8
 from thinwire.compression.powersgd import square_shape
 
 MI = 2**20
@@ -59,13 +60,13 @@ path (the codecs without kernels, fp16, bf16 and PowerSGD, run the same code on 
 
 def codecs(ratio: float = 0.01) -> dict[str, Compressor]:
     """Each codec with its registry defaults (ratio 0.01, 16 levels, chunk 512 / 256 for fp4,
-    rank 2), without error feedback, top-k's and Rand-k's ratio as given; ``topk~`` is top-k
-    with ``approx=True``. The identity is left out: its encode and decode are views of the
+    e4m3 for fp8, rank 2), without error feedback, top-k's and Rand-k's ratio as given;
+    ``topk~`` is top-k with ``approx=True``. The identity is left out: its encode and decode are views of the
     input."""
     return {
         "fp16": Cast(torch.float16), "bf16": Cast(torch.bfloat16),
         "topk": TopK(ratio), "topk~": TopK(ratio, approx=True), "randk": RandK(ratio),
-        "qsgd": QSGD(16), "int8": Int8(), "fp4": FP4(), "sign": ScaledSign(),
+        "qsgd": QSGD(16), "int8": Int8(), "fp8": FP8(), "fp4": FP4(), "sign": ScaledSign(),
         "powersgd": PowerSGD(POWERSGD_RANK),
     }
 

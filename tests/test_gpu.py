@@ -127,10 +127,12 @@ def test_every_method_runs_on_cuda_devices_through_nccl(method: str, variant: st
 # --- codecs on CUDA ------------------------------------------------------------------------------
 
 CODECS_ON_GPU = ["none", "fp16", "bf16", "topk:ratio=0.1", "randk:ratio=0.1",
-                 "randk:ratio=0.1,ef=false", "qsgd", "int8", "sign", "powersgd:rank=2"]
+                 "randk:ratio=0.1,ef=false", "qsgd", "int8", "fp8", "fp8:format=e5m2", "sign",
+                 "powersgd:rank=2"]
 # codecs whose payload is a function of x alone with elementwise IEEE arithmetic: the GPU's bytes
-# are the CPU's (Top-k's tie rule, and Rand-k's indices computed by integer hashes on the device)
-BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8"}
+# are the CPU's (Top-k's tie rule, Rand-k's indices computed by integer hashes on the device, and
+# fp8's codes by torch's one float -> float8 conversion on both)
+BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8", "fp8"}
 
 
 @pytest.mark.parametrize("spec", CODECS_ON_GPU)

@@ -7,19 +7,19 @@ import math
 import pytest
 import torch
 
-from thinwire.compression import base, build, quantize, sign, slot_codecs, sparse
+from thinwire.compression import base, build, fp8, quantize, sign, slot_codecs, sparse
 
 SPECS = ["none", "fp16", "bf16", "topk:ratio=0.01", "topk:ratio=0.3", "randk:ratio=0.1",
          "randk:ratio=0.1,ef=false", "qsgd", "qsgd:levels=127", "int8", "int8:chunk=100",
-         "fp4", "fp4:chunk=100", "sign", "powersgd:rank=2", "int4", "topk2bit:chunk=64,topk=8",
-         "dcttopk"]
-BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8", "fp4", "powersgd", "int4",
+         "fp4", "fp4:chunk=100", "fp8", "fp8:chunk=100,format=e5m2", "sign", "powersgd:rank=2",
+         "int4", "topk2bit:chunk=64,topk=8", "dcttopk"]
+BITWISE = {"none", "fp16", "bf16", "topk", "randk", "int8", "fp4", "fp8", "powersgd", "int4",
            "topk2bit", "dcttopk"}
 
 
 def _off_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every codec module sees its input as off the CPU: the paths other devices take."""
-    for module in (base, sparse, sign, quantize):
+    for module in (base, sparse, sign, quantize, fp8):
         for name in ("on_cpu", "is_cpu_float32"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, lambda *_a: False)

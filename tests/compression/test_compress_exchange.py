@@ -24,7 +24,7 @@ SEED = 5
 SPECS = {  # every codec, sparse ones at 10 % so the tests see many kept values
     "none": "none", "fp16": "fp16", "bf16": "bf16", "topk": "topk:ratio=0.1",
     "randk": "randk:ratio=0.1", "randk-scaled": "randk:ratio=0.1,ef=false", "qsgd": "qsgd",
-    "int8": "int8:chunk=64", "fp4": "fp4:chunk=64", "sign": "sign",
+    "int8": "int8:chunk=64", "fp8": "fp8:chunk=64", "fp4": "fp4:chunk=64", "sign": "sign",
     "powersgd": "powersgd:rank=2",
     "powersgd-noef": "powersgd:rank=2,ef=false", "int4": "int4:chunk=64",
     "topk2bit": "topk2bit:chunk=64,topk=8", "dcttopk": "dcttopk:chunk=16,topk=4",

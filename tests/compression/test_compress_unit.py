@@ -10,6 +10,7 @@ import torch
 from thinwire import kernels
 from thinwire.compression import (
     CODECS,
+    FP8,
     QSGD,
     Cast,
     Int8,
@@ -90,6 +91,7 @@ def test_nominal_ratios_without_running() -> None:
     assert QSGD(16).nominal_ratio(d) == pytest.approx(4 * d / (d + 4))  # int8 levels, fp32 norm
     assert QSGD(300).spec(d)[1].dtype == torch.int16
     assert Int8(512).payload_bytes(d) == d + 4 * math.ceil(d / 512)
+    assert FP8(512).payload_bytes(d) == d + 4 * math.ceil(d / 512)  # a byte an element
     assert ScaledSign().payload_bytes(d) == d // 8 + 4
     assert TopK(0.01).nominal_ratio(d, torch.bfloat16) == pytest.approx(2 * d / (10_000 * 6))
 
@@ -119,6 +121,8 @@ def test_registry_builds_from_plain_arguments_and_describes() -> None:
     assert build("qsgd").describe() == "qsgd(levels=16)"
     assert build("none").describe() == "none"
     assert build("int8").describe() == "int8(chunk=512,ef)"
+    assert build("fp8").describe() == "fp8(chunk=512,format=e4m3,ef)"
+    assert build("fp8:format=e5m2,chunk=64,ef=false").describe() == "fp8(chunk=64,format=e5m2)"
     # EF is the codec's business: a wrapper for the biased ones, never for QSGD, the identity
     # or PowerSGD (its own residual)
     assert type(build("topk")).__name__ == "ErrorFeedback"
@@ -137,6 +141,8 @@ def test_registry_builds_from_plain_arguments_and_describes() -> None:
     ("qsgd:ef=true", "unknown option qsgd.ef of codec qsgd; known: levels"),
     ("powersgd:rank=0", "powersgd.rank: got 0; use 1 or more"),
     ("int8:chunk=many", "int8.chunk: expected an integer, got 'many'"),
+    ("fp8:format=e3m4", "fp8.format: got 'e3m4'; use e4m3 or e5m2"),
+    ("fp8:chunk=0", "fp8.chunk: got 0; use 1 or more"),
     ("sign:ef=maybe", "sign.ef: expected true or false, got 'maybe'"),
 ])
 def test_bad_names_and_options_are_one_line_errors(spec: str, message: str) -> None:

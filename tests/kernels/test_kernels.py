@@ -29,6 +29,7 @@ import torch
 from thinwire import kernels
 from thinwire.compression import QSGD, Compressor, ErrorFeedback, Int8, RandK, ScaledSign, TopK
 from thinwire.compression.fp4 import BOUNDS, FP4
+from thinwire.compression.fp8 import FP8
 from thinwire.compression.powersgd import outer
 from thinwire.compression.quantize import level_dtype
 from thinwire.compression.sparse import _approx_plan
@@ -44,7 +45,8 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 def codecs() -> list[Compressor]:
     return [TopK(0.01), TopK(0.3), TopK(0.01, approx=True), TopK(0.002, approx=True),
             RandK(0.01), RandK(0.05, scale=False), Int8(), Int8(100), ScaledSign(), QSGD(16),
-            QSGD(127), QSGD(300), QSGD(40_000), FP4(), FP4(7), FP4(100_000)]
+            QSGD(127), QSGD(300), QSGD(40_000), FP4(), FP4(7), FP4(100_000), FP8(),
+            FP8(100, "e5m2"), FP8(7)]
 
 
 @contextmanager
@@ -110,7 +112,7 @@ def test_streamed_outputs_equal_the_pure_paths() -> None:
     values as the pure paths, with a misaligned output too."""
     d = (1 << 22) + 9
     x = torch.randn(d, generator=torch.Generator().manual_seed(4)) ** 3
-    for c in (TopK(0.01), RandK(0.01), Int8(), ScaledSign(), QSGD(16)):
+    for c in (TopK(0.01), RandK(0.01), Int8(), ScaledSign(), QSGD(16), FP8(), FP8(fmt="e5m2")):
         ref = round_trip(c, x, "0", 1)
         for threads in (1, 2):
             got = round_trip(c, x, "1", threads)
@@ -190,6 +192,89 @@ def test_fp4_rounds_to_the_nearest_power_of_two_at_and_beside_each_midpoint(path
     assert y.tolist() == [VALUES[n] for n in want]
 
 
+def fp8_grid(fmt: str) -> list[tuple[int, float]]:
+    """The finite non-negative codes of a format and their values, from the format's
+    definition (not torch's): exponent field E, mantissa field M, bias 7 (e4m3fn) or 15 (e5m2);
+    2^(E - bias) (1 + M / 2^m) for E > 0, 2^(1 - bias) M / 2^m for E = 0; e4m3fn's 0x7f and
+    e5m2's E = 31 are not finite."""
+    m, bias = (3, 7) if fmt == "e4m3" else (2, 15)
+    grid = []
+    for code in range(128):
+        e, f = code >> m, code & ((1 << m) - 1)
+        if (fmt == "e4m3" and code == 0x7F) or (fmt == "e5m2" and e == 31):
+            continue
+        grid.append((code, math.ldexp(1 + f / 2**m, e - bias) if e else
+                     math.ldexp(f / 2**m, 1 - bias)))
+    return grid
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("path", PATHS)
+def test_fp8_rounds_to_the_nearest_code_and_ties_to_even(path: str, fmt: str) -> None:
+    """fp8's codes on a chunk of absmax FMAX (scale 1, so x inv = x): every finite value, the
+    midpoint of each pair of neighbours (exactly, and one float either side) and values below
+    half the least subnormal, both signs, against the nearest value of the format's grid
+    written out from its definition, ties to the even code; the decode gives the grid's value.
+    A kernel that rounded ties away from zero, or a subnormal or a binade's last value wrongly,
+    fails here."""
+    grid = fp8_grid(fmt)
+    fmax = grid[-1][1]
+    xs = [v for _, v in grid] + [2.0**-30, 0.0]
+    for (_, lo), (_, hi) in zip(grid, grid[1:]):
+        mid = (lo + hi) / 2  # exact in float32: neighbours differ in one bit below theirs
+        xs += [mid, math.nextafter(mid, 0.0), math.nextafter(mid, math.inf)]
+    xs = [float(torch.tensor(v, dtype=torch.float32)) for v in xs]
+    x = torch.tensor([fmax] + xs + [-v for v in xs], dtype=torch.float32)
+
+    def nearest(v: float) -> tuple[int, float]:
+        best = min(grid, key=lambda g: (abs(abs(v) - g[1]), g[0] & 1))  # ties: the even code
+        return best[0] | (0x80 if math.copysign(1.0, v) < 0 else 0), math.copysign(best[1], v)
+
+    c = FP8(x.numel(), fmt)
+    with kernels.forced(path):
+        q, scale = c.encode(x, 0)
+        y = c.decode((q, scale), x.numel(), 0)
+    assert float(scale) == 1.0
+    want = [nearest(v) for v in x.tolist()]
+    assert q.tolist() == [w[0] for w in want]
+    assert y.tolist() == [w[1] for w in want]
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_non_finite_chunks_and_every_code_decode_as_torch_does(fmt: str) -> None:
+    """The compiled fp8 against torch's conversion where the kernel leaves its finite path:
+    chunks holding an infinity or a NaN (torch's codes for them: NaN, and e4m3fn's saturation or
+    e5m2's infinity), an all-zero chunk, one of -0.0, one whose scale is subnormal (sent as
+    zeros); and the decode of all 256 codes against scales whose products by 2^(127 - bias)
+    overflow float32 (1e30), are infinite, NaN, zero or subnormal."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64 * 9, generator=g) * 1e3
+    x[5], x[64 + 7], x[128 + 9], x[128 + 10] = math.inf, -math.inf, math.nan, math.inf
+    x[192:256] = 0.0
+    x[256:320] = -0.0
+    x[320:384] = torch.linspace(-1, 1, 64) * 2.0**-130
+    x[384:448] = torch.linspace(-1, 1, 64) * 3e38
+    c = FP8(64, fmt)
+    ref = round_trip(c, x, "0", 1)
+    for threads in (1, 2):
+        got = round_trip(c, x, "1", threads)
+        assert got[0] == ref[0], f"threads={threads}"
+        assert torch.equal(got[1].isnan(), ref[1].isnan())
+        assert torch.equal(got[1].nan_to_num(), ref[1].nan_to_num())
+    codes = torch.arange(256, dtype=torch.uint8).repeat(7)
+    scales = torch.tensor([1.0, 1e30, math.inf, math.nan, 0.0, 2.0**-140, -3.5])
+    c = FP8(256, fmt)
+    with kernels.forced("0"):
+        want = c.decode((codes, scales), codes.numel(), 0)
+    with kernels.forced("1"):
+        got1 = c.decode((codes, scales), codes.numel(), 0)
+    assert torch.equal(got1.isnan(), want.isnan())
+    assert torch.equal(got1.nan_to_num(), want.nan_to_num())
+    table = torch.arange(256, dtype=torch.uint8).view(c.dtype).float()
+    assert torch.equal(want.nan_to_num(), (table * scales[:, None]).reshape(-1).nan_to_num())
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
     """What the codecs promise, checked against the math on each path: top-k keeps the k
@@ -208,6 +293,16 @@ def test_each_path_keeps_the_codecs_contracts(path: str) -> None:
         s = ScaledSign().decode(ScaledSign().encode(x, 0), x.numel(), 0)
         assert torch.allclose(s.abs(), x.abs().mean().expand_as(s), rtol=1e-6)
         assert torch.equal(s > 0, x >= 0)
+        for fmt, rel, sub, least in (("e4m3", 2**-4, 2**-10, 2**-6), ("e5m2", 2**-3, 2**-17,
+                                                                        2**-14)):
+            f = FP8(fmt=fmt)
+            q8, scale = f.encode(x, 0)
+            y = f.decode((q8, scale), x.numel(), 0)
+            step = torch.repeat_interleave(scale, 512)[:x.numel()]
+            # fp8.py's doc: 2^-M-1 of |x| in the normal range, half a subnormal step below it
+            normal = x.abs() >= least * step
+            assert torch.all((y - x).abs()[normal] <= rel * x.abs()[normal] * (1 + 2**-16))
+            assert torch.all((y - x).abs()[~normal] <= sub * step[~normal] * (1 + 2**-16))
 
 
 def skewed(d: int, k: int, sampled: float) -> torch.Tensor:

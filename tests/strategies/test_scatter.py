@@ -17,6 +17,7 @@ from loco_cases import run as _run
 
 from thinwire.compression import build
 from thinwire.compression.fp4 import FP4
+from thinwire.compression.fp8 import FP8
 from thinwire.compression.int8 import Int8
 from thinwire.compression.scatter import ScatteredExchange, shard_numel
 from thinwire.runtime.comm import Comm
@@ -50,7 +51,8 @@ def _by_hand(quantiser: Any, n: int, step: int) -> torch.Tensor:
 
 def _exchange(comm: Comm) -> dict[str, Any]:
     res: dict[str, Any] = {}
-    for spec in ("fp4:chunk=64,ef=false,exchange=scatter", "int8:chunk=100,ef=false,exchange=scatter"):
+    for spec in ("fp4:chunk=64,ef=false,exchange=scatter", "int8:chunk=100,ef=false,exchange=scatter",
+                 "fp8:chunk=100,ef=false,exchange=scatter"):
         codec = build(spec, rank=comm.rank)
         mark = comm.ledger.mark()
         fut, handed = codec.average_async(comm, _x(comm.rank, 3), 3, key=1, tag="average")
@@ -76,7 +78,8 @@ def test_scattered_exchange_against_hand_reference() -> None:
     out = run_workers(_exchange, n, timeout=120)
     # relative L2 error bounds of two roundings: E3M0 (a power of two, up to 1/3 off) and int8
     for spec, quantiser, bound in (("fp4:chunk=64,ef=false,exchange=scatter", FP4(64), 0.5),
-                                   ("int8:chunk=100,ef=false,exchange=scatter", Int8(100), 0.05)):
+                                   ("int8:chunk=100,ef=false,exchange=scatter", Int8(100), 0.05),
+                                   ("fp8:chunk=100,ef=false,exchange=scatter", FP8(100), 0.1)):
         ref = _by_hand(quantiser, n, 3)
         exact = sum(_x(r, 3) for r in range(n)) / n
         for rank in range(n):

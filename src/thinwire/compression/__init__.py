@@ -4,13 +4,14 @@ One interface (:class:`Compressor`: spec, encode, decode, with their tensor form
 :class:`Site`) for every codec slot: data-parallel gradients, outer deltas, tensor-parallel
 sums, a pipeline boundary's activations and activation gradients (:data:`SLOTS`).
 One file per family: :mod:`.casts` (none, fp16, bf16), :mod:`.sparse` (topk, randk),
-:mod:`.quantize` (qsgd), :mod:`.int8` (int8), :mod:`.fp4` (fp4), :mod:`.int4` (int4),
-:mod:`.sign` (sign), :mod:`.powersgd` (powersgd), :mod:`.chunked` (SparseLoCo's topk2bit),
-:mod:`.dct` (DeMo's dcttopk), :mod:`.lowrank` (Optimus-CC's lowrank, activation gradients
-only), :mod:`.aqsgd` (AQ-SGD, pipeline boundaries only); :mod:`.feedback` wraps biased codecs
-with error feedback; :mod:`.registry` builds any of them from plain arguments for a slot,
-refusing a codec outside its slots in one line; :mod:`.hooks` turns any of them into a DDP
-hook that exchanges through :class:`~thinwire.runtime.comm.Comm`. Codecs know no training method.
+:mod:`.quantize` (qsgd), :mod:`.int8` (int8), :mod:`.fp8` (fp8), :mod:`.fp4` (fp4),
+:mod:`.int4` (int4), :mod:`.sign` (sign), :mod:`.powersgd` (powersgd), :mod:`.chunked`
+(SparseLoCo's topk2bit), :mod:`.dct` (DeMo's dcttopk), :mod:`.lowrank` (Optimus-CC's lowrank,
+activation gradients only), :mod:`.aqsgd` (AQ-SGD, pipeline boundaries only); :mod:`.feedback`
+wraps biased codecs with error feedback; :mod:`.registry` builds any of them from plain
+arguments for a slot, refusing a codec outside its slots in one line; :mod:`.hooks` turns any of
+them into a DDP hook that exchanges through :class:`~thinwire.runtime.comm.Comm`. Codecs know no
+training method.
 
     >>> from thinwire.compression import build
     >>> c = build("topk:ratio=0.01")                 # or build("topk", ratio=0.01)
@@ -19,7 +20,7 @@ hook that exchanges through :class:`~thinwire.runtime.comm.Comm`. Codecs know no
 
 In a training loop of your own: ``register(ddp_model, "powersgd", rank=2)``.
 Collectives: all-reduce for the linear codecs (none, fp16, bf16, randk; powersgd's P and Q),
-all-gather of the encoded bytes for the rest (topk, qsgd, int8, sign).
+all-gather of the encoded bytes for the rest (topk, qsgd, int8, fp8, sign).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from thinwire.compression.casts import Cast, Identity
 from thinwire.compression.chunked import ChunkTopK2Bit
 from thinwire.compression.dct import DCTTopK
 from thinwire.compression.feedback import ErrorFeedback
+from thinwire.compression.fp8 import FP8
 from thinwire.compression.hooks import (
     HookState,
     average_async,
@@ -60,7 +62,7 @@ from thinwire.compression.sparse import RandK, TopK
 
 __all__ = [
     "AQSGD", "CODECS", "QSGD", "SLOTS", "Cast", "ChunkTopK2Bit", "CodecEntry", "Collective",
-    "Compressor", "DCTTopK", "ErrorFeedback", "HookState", "Identity", "Int4", "Int8", "LowRank",
+    "Compressor", "DCTTopK", "ErrorFeedback", "FP8", "HookState", "Identity", "Int4", "Int8", "LowRank",
     "Part", "Payload", "PowerSGD", "RandK", "ScaledSign", "Shaped", "Site", "Slot", "TopK",
     "average_async", "build", "build_codec", "check_codec", "codec_names", "codec_options",
     "compressed_hook", "ddp_hook", "rebuild_buckets", "register", "slot_codecs",

@@ -18,11 +18,11 @@ tensor-parallel sums, a pipeline boundary's activations and activation gradients
   4. when the options switch error feedback on (``ef``, on by default for every biased codec)
      and the codec wants the generic wrapper (:attr:`Compressor.wants_error_feedback`: PowerSGD
      keeps its own residual), it is wrapped in :class:`~thinwire.compression.feedback.ErrorFeedback`;
-  5. when the options ask for ``exchange=scatter`` (fp4, int8), the codec (with its error
+  5. when the options ask for ``exchange=scatter`` (fp4, fp8, int8), the codec (with its error
      feedback) is averaged by :class:`~thinwire.compression.scatter.ScatteredExchange`: a
      quantised reduce-scatter summed in fp32, then an all-gather of the re-quantised mean.
 
-Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``int8``, ``fp4``,
+Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``int8``, ``fp8``, ``fp4``,
 ``int4``, ``sign``, ``powersgd``, ``chunked``, ``dct``, ``lowrank``, ``aqsgd``); a new codec is
 one module plus one line here, and goes in every slot unless its entry names its ``slots``.
 """
@@ -113,6 +113,7 @@ CODECS: Registry[CodecEntry] = Registry("codec", {
     "randk": "thinwire.compression.sparse:RANDK",
     "qsgd": "thinwire.compression.quantize:QSGD_ENTRY",
     "int8": "thinwire.compression.int8:INT8",
+    "fp8": "thinwire.compression.fp8:FP8_ENTRY",
     "int4": "thinwire.compression.int4:INT4",
     "fp4": "thinwire.compression.fp4:FP4_ENTRY",
     "sign": "thinwire.compression.sign:SIGN",

@@ -75,6 +75,8 @@ SIGNATURES: dict[str, tuple[object, tuple[object, ...]]] = {
     "qsgd_decode": (None, (_p, _int, _i64, _f32, _p, _int)),
     "sum_squares": (ctypes.c_double, (_p, _i64, _int)),
     "topk_encode": (_int, (_p, _i64, _i64, _i64, _i64, _i64, _p, _int, _p, _int)),
+    "fp8_encode": (None, (_p, _i64, _i64, _int, _p, _p, _int)),
+    "fp8_decode": (None, (_p, _p, _i64, _i64, _int, _p, _int)),
     "fp4_encode": (None, (_p, _i64, _i64, _p, _p, _int)),
     "fp4_decode": (None, (_p, _p, _i64, _i64, _p, _int)),
     "scatter_decode": (None, (_p, _p, _int, _i64, _p, _i64, _int, _int)),

@@ -1176,6 +1176,222 @@ void scatter_ascending(const float* __restrict v, const I* __restrict idx, int64
   });
 }
 
+
+// --- fp8 with one absmax scale per chunk (compression/fp8.py) -------------------------------
+// The code of y = x inv is torch's own float -> float8 conversion (c10's fp8e4m3fn /
+// fp8e5m2_from_fp32_value), restated here on the bits so that eight lanes run at once: with
+// a = |y|'s bits, the normal range rounds the mantissa to nearest even by adding
+// (bias - 127) << 23, 2^(shift - 1) - 1 and the kept mantissa's last bit, then shifting;
+// below the least normal number the float sum |y| + 2^magic rounds |y| to the subnormal grid
+// (whose codes are then the sum's low bits); past the largest finite value e4m3fn saturates
+// (NaN 0x7f, the rest 0x7e, and a normal rounding that reaches 0x7f is 0x7e) and e5m2 gives
+// infinity (0x7c; NaN 0x7f). The sign is the code's top bit.
+template <bool E5M2>
+struct Fp8Format {
+  static constexpr uint32_t max_bits = E5M2 ? 143u << 23 : 1087u << 20;  // 65536, 480
+  static constexpr uint32_t least_normal = E5M2 ? 113u << 23 : 121u << 23;  // 2^-14, 2^-6
+  static constexpr uint32_t magic = E5M2 ? 134u << 23 : 141u << 23;  // 2^7, 2^14
+  static constexpr int shift = E5M2 ? 21 : 20;
+  static constexpr uint32_t bias = (E5M2 ? 15u - 127u : 7u - 127u) << 23;  // mod 2^32
+  static constexpr uint32_t half = E5M2 ? 0xFFFFFu : 0x7FFFFu;
+  static constexpr uint32_t over = E5M2 ? 0x7Cu : 0x7Eu;  // finite overflow and infinity
+  static constexpr float unbias = E5M2 ? 0x1p112f : 0x1p120f;  // 2^(127 - bias)
+};
+
+inline float float_of(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+template <bool E5M2>
+inline uint8_t fp8_code(float y) {
+  using F = Fp8Format<E5M2>;
+  uint32_t a = bits_of(y);
+  const uint32_t sign = a & 0x80000000u;
+  a ^= sign;
+  uint32_t r;
+  if (a >= F::max_bits) {
+    r = a > 0x7F800000u ? 0x7Fu : F::over;
+  } else if (a < F::least_normal) {
+    r = (bits_of(float_of(a) + float_of(F::magic)) - F::magic) & 0xFFu;
+  } else {
+    r = (a + F::bias + F::half + ((a >> F::shift) & 1u)) >> F::shift;
+    if (!E5M2 && r == 0x7Fu) r = 0x7Eu;
+  }
+  return static_cast<uint8_t>(r | (sign >> 24));
+}
+
+// The float value of a code (exact): its exponent and mantissa bits placed at float32's and
+// multiplied by 2^(127 - bias) (float32's subnormals then give fp8's), the sign or'ed in; the
+// codes past the finite range are NaN (e4m3fn 0x7f, e5m2 0x7d-0x7f) or infinity (e5m2 0x7c).
+template <bool E5M2>
+inline float fp8_value(uint8_t c) {
+  using F = Fp8Format<E5M2>;
+  const uint32_t m = c & 0x7Fu;
+  float v;
+  if (E5M2 ? m >= 0x7Cu : m == 0x7Fu)
+    v = (E5M2 && m == 0x7Cu) ? std::numeric_limits<float>::infinity()
+                             : std::numeric_limits<float>::quiet_NaN();
+  else
+    v = float_of(m << F::shift) * F::unbias;
+  return (c & 0x80u) ? -v : v;
+}
+
+#ifdef __AVX2__
+// fp8_code of eight y at once (int32 lanes), every case (a chunk holding an infinity or NaN).
+template <bool E5M2>
+inline __m256i fp8_codes8_any(__m256 y) {
+  using F = Fp8Format<E5M2>;
+  const __m256i b = _mm256_castps_si256(y);
+  const __m256i sign = _mm256_and_si256(b, _mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256i a = _mm256_xor_si256(b, sign);
+  const __m256i den = _mm256_sub_epi32(
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a),
+                                        _mm256_set1_ps(float_of(F::magic)))),
+      _mm256_set1_epi32(static_cast<int>(F::magic)));
+  __m256i nor = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(static_cast<int>(F::bias + F::half))),
+                       _mm256_and_si256(_mm256_srli_epi32(a, F::shift), _mm256_set1_epi32(1))),
+      F::shift);
+  if (!E5M2) nor = _mm256_min_epi32(nor, _mm256_set1_epi32(0x7E));
+  const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(F::least_normal)), a);
+  const __m256i big = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(static_cast<int>(F::max_bits - 1)));
+  const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+  __m256i r = _mm256_blendv_epi8(nor, den, small);
+  const __m256i special = _mm256_blendv_epi8(_mm256_set1_epi32(static_cast<int>(F::over)),
+                                             _mm256_set1_epi32(0x7F), nan);
+  r = _mm256_blendv_epi8(r, special, big);
+  return _mm256_or_si256(r, _mm256_srli_epi32(sign, 24));
+}
+
+// The same for |y| within the finite range (a chunk of finite x, see round_fp8), by the CPU's
+// own rounding: with p = 2^max(e, emin) (e = y's exponent, emin the
+// least normal exponent), m = rint(|y| 2^M / p) is the mantissa with its leading bit (2^M to
+// 2^(M+1), the latter carrying into the next exponent) or, below 2^emin, the subnormal code, so
+// the code is (p's exponent - emin) << M + m, M the mantissa bits; ties go to even as in
+// torch's conversion (a product by a power of two is exact).
+template <bool E5M2>
+inline __m256i fp8_codes8(__m256 y) {
+  using F = Fp8Format<E5M2>;
+  constexpr int M = E5M2 ? 2 : 3;
+  const __m256i b = _mm256_castps_si256(y);
+  const __m256i p = _mm256_max_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F800000)),
+                                     _mm256_set1_epi32(static_cast<int>(F::least_normal)));
+  const __m256 r = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_set1_epi32((254 + M) << 23), p));
+  const __m256i m = _mm256_abs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(y, r)));
+  const __m256i code = _mm256_add_epi32(
+      _mm256_srli_epi32(_mm256_sub_epi32(p, _mm256_set1_epi32(static_cast<int>(F::least_normal))),
+                        23 - M),
+      m);
+  return _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80)));
+}
+
+template <bool E5M2, bool FINITE>
+inline void fp8_codes32(const float* __restrict x, uint8_t* __restrict q, __m256 iv, bool stream) {
+  __m256i v[4];
+  for (int j = 0; j < 4; ++j)
+    v[j] = FINITE ? fp8_codes8<E5M2>(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), iv))
+                  : fp8_codes8_any<E5M2>(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), iv));
+  const __m256i w = _mm256_permutevar8x32_epi32(
+      _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  if (stream)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(q), w);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), w);
+}
+#endif
+
+// Codes of x[0, n) against the chunk's (positive) safe scale: y = x inv, inv = 1 / safe rounded
+// to float32 (0 where safe is subnormal), as int8's round_int8. A chunk whose absmax is finite
+// has |y| <= FMAX (1 + 2^-22), short of the rounding range of the next value past the largest
+// finite one, so its codes skip the overflow tests.
+template <bool E5M2>
+inline void round_fp8(const float* __restrict x, uint8_t* __restrict q, int64_t n, float safe,
+                      bool finite, bool stream) {
+  int64_t i = 0;
+  const float inv = safe >= std::numeric_limits<float>::min() ? 1.0f / safe : 0.0f;
+#ifdef __AVX2__
+  stream = stream && !(reinterpret_cast<uintptr_t>(q) & 31);
+  const __m256 iv = _mm256_set1_ps(inv);
+  if (finite)
+    for (; i + 32 <= n; i += 32) fp8_codes32<E5M2, true>(x + i, q + i, iv, stream);
+  else
+    for (; i + 32 <= n; i += 32) fp8_codes32<E5M2, false>(x + i, q + i, iv, stream);
+#else
+  (void)finite;
+  (void)stream;
+#endif
+  for (; i < n; ++i) q[i] = fp8_code<E5M2>(x[i] * inv);
+}
+
+template <bool E5M2>
+inline void fp8_block(const float* __restrict x, int64_t d, int64_t chunk, int64_t c0, int64_t c1,
+                      uint8_t* __restrict q, float* __restrict scale, bool stream) {
+  constexpr float fmax = E5M2 ? 57344.0f : 448.0f;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t a = c * chunk, e = std::min(d, a + chunk);
+    if (stream) prefetch_ahead(x, a, e, d);
+    const float m = absmax(x, a, e);
+    const float sc = m / fmax;
+    scale[c] = sc;
+    const bool finite = m <= std::numeric_limits<float>::max();
+    round_fp8<E5M2>(x + a, q + a, e - a, sc > 0.0f ? sc : 1.0f, finite, stream);
+  }
+  fence(stream);
+}
+
+// out_i = value(q_i) f for the codes of one chunk: the code's bits placed at float32's (the
+// byte sign-extended and shifted, sign and exponent-mantissa bits kept) times F = 2^(127 - bias)
+// f, one product rounded once as value(q_i) f is (value(q_i) is the placed bits times that
+// power of two, exactly), where F is finite or f is not; otherwise (f >= 2^8 or so) the placed
+// bits times 2^(127 - bias), then times f. 32 codes holding a NaN or infinity code take
+// value(q_i) f one by one.
+template <bool E5M2>
+inline void fp8_widen_scale(const uint8_t* __restrict q, float* __restrict out, int64_t n, float f,
+                            bool stream) {
+  int64_t i = 0;
+#ifdef __AVX2__
+  using F = Fp8Format<E5M2>;
+  const float big = f * F::unbias;
+  const bool once = std::isfinite(big) || !std::isfinite(f);
+  const __m256 fv = _mm256_set1_ps(f), bv = _mm256_set1_ps(big), ub = _mm256_set1_ps(F::unbias);
+  const __m256i keep = _mm256_set1_epi32(static_cast<int>(0x80000000u | (0x7Fu << F::shift)));
+  const __m256i spec = _mm256_set1_epi8(static_cast<char>(E5M2 ? 0x7C : 0x7F));
+  stream = stream && !(reinterpret_cast<uintptr_t>(out) & 31);
+  auto run = [&](auto one_product) {  // the loop compiled once per product form
+    for (; i + 32 <= n; i += 32) {
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
+      if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(c, spec), spec))) {
+        for (int64_t j = i; j < i + 32; ++j) out[j] = fp8_value<E5M2>(q[j]) * f;
+        continue;
+      }
+      for (int j = 0; j < 4; ++j) {
+        const __m256i w = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i + 8 * j)));
+        const __m256 placed =
+            _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(w, F::shift), keep));
+        const __m256 v = decltype(one_product)::value
+                             ? _mm256_mul_ps(placed, bv)
+                             : _mm256_mul_ps(_mm256_mul_ps(placed, ub), fv);
+        if (stream)
+          _mm256_stream_ps(out + i + 8 * j, v);
+        else
+          _mm256_storeu_ps(out + i + 8 * j, v);
+      }
+    }
+  };
+  if (once)
+    run(std::true_type{});
+  else
+    run(std::false_type{});
+#else
+  (void)stream;
+#endif
+  for (; i < n; ++i) out[i] = fp8_value<E5M2>(q[i]) * f;
+}
+
 }  // namespace
 
 extern "C" {
@@ -1196,6 +1412,31 @@ void int8_decode(const int8_t* q, const float* scale, int64_t d, int64_t chunk, 
   const bool stream = d >= STREAM;
   for_chunks(nt, d, chunk, stream, [&](int64_t c, int64_t a, int64_t e) {
     widen_scale(q + a, out + a, e - a, scale[c], stream);
+  });
+}
+
+// --- fp8 (e4m3fn or e5m2) with one absmax scale per chunk (compression/fp8.py) --------------
+void fp8_encode(const float* x, int64_t d, int64_t chunk, int e5m2, uint8_t* q, float* scale,
+                int nt) {
+  const bool stream = d >= STREAM && chunk % 32 == 0;  // chunks start on 32 bytes of q
+  const int64_t chunks = (d + chunk - 1) / chunk, per = std::max<int64_t>(1, BLOCK / chunk);
+  parallel(nt, nblocks_of(chunks, per), [&](int64_t b) {
+    const int64_t c0 = b * per, c1 = std::min(chunks, (b + 1) * per);
+    if (e5m2)
+      fp8_block<true>(x, d, chunk, c0, c1, q, scale, stream);
+    else
+      fp8_block<false>(x, d, chunk, c0, c1, q, scale, stream);
+  });
+}
+
+void fp8_decode(const uint8_t* q, const float* scale, int64_t d, int64_t chunk, int e5m2,
+                float* out, int nt) {
+  const bool stream = d >= STREAM;
+  for_chunks(nt, d, chunk, stream, [&](int64_t c, int64_t a, int64_t e) {
+    if (e5m2)
+      fp8_widen_scale<true>(q + a, out + a, e - a, scale[c], stream);
+    else
+      fp8_widen_scale<false>(q + a, out + a, e - a, scale[c], stream);
   });
 }
 
