@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from thinwire.compression.base import Part, Payload, Shaped, Site
+from thinwire.compression.base import Part, Payload, Shaped, Site, chunk_rows
 from thinwire.compression.int4 import dequantize4, quantize4
 from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
@@ -55,8 +55,7 @@ class AQSGD(Shaped):
     def _quantize(self, flat: torch.Tensor) -> Payload:
         if self.bits == 4:
             return quantize4(flat, self.chunk)
-        pad = (-flat.numel()) % self.chunk
-        rows = (torch.cat([flat, flat.new_zeros(pad)]) if pad else flat).view(-1, self.chunk)
+        rows = chunk_rows(flat, self.chunk)
         scale = rows.abs().amax(dim=1) / 127
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         q = torch.round(rows / safe[:, None]).to(torch.int8).reshape(-1)[:flat.numel()]
@@ -66,10 +65,7 @@ class AQSGD(Shaped):
         if self.bits == 4:
             return dequantize4(payload[0], payload[1], numel, self.chunk)
         q, scale = payload
-        pad = (-numel) % self.chunk
-        v = q.float()
-        v = torch.cat([v, v.new_zeros(pad)]) if pad else v
-        return (v.view(-1, self.chunk) * scale[:, None]).reshape(-1)[:numel]
+        return (chunk_rows(q.float(), self.chunk) * scale[:, None]).reshape(-1)[:numel]
 
     def _past(self, ids: torch.Tensor | None, like: torch.Tensor) -> tuple[list[int], torch.Tensor]:
         if ids is None or ids.numel() != like.shape[0]:

@@ -167,6 +167,15 @@ def blocks(numel: int, block: int = BLOCK) -> Iterator[tuple[int, int]]:
         yield start, min(start + block, numel)
 
 
+def chunk_rows(flat: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``flat`` as rows of ``chunk`` elements, the last one padded with zeros (a view where
+    ``chunk`` divides its length): the chunks of the codecs with one scale per chunk."""
+    pad = (-flat.numel()) % chunk
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return flat.view(-1, chunk)
+
+
 def byte_bits() -> np.ndarray:
     """(256, 8) booleans: row b holds the bits of byte b, most significant first."""
     return np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(bool)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from thinwire import kernels
-from thinwire.compression.base import Compressor, Part, Payload, empty, write_out
+from thinwire.compression.base import Compressor, Part, Payload, chunk_rows, empty, write_out
 from thinwire.compression.registry import CodecEntry, check_exchange, exchange_option
 from thinwire.options import check, opt
 
@@ -66,12 +66,6 @@ class FP4(Compressor):
         return (Part(math.ceil(numel / 2), torch.uint8),
                 Part(math.ceil(numel / self.chunk), torch.float32))
 
-    def _chunks(self, flat: torch.Tensor) -> torch.Tensor:
-        pad = (-flat.numel()) % self.chunk
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad)])
-        return flat.view(-1, self.chunk)
-
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
         flat = x.detach().reshape(-1).float()
         d = flat.numel()
@@ -83,7 +77,7 @@ class FP4(Compressor):
                            kernels.threads())
             return (packed, scale)
         # 1. absmax scale per chunk
-        chunks = self._chunks(flat)
+        chunks = chunk_rows(flat, self.chunk)
         scale = chunks.abs().amax(dim=1)
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         # 2. the exponent code of m = |x| / s: how many boundaries m reaches. m = f 2^e with
@@ -116,7 +110,7 @@ class FP4(Compressor):
         nib = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[:numel]
         # 4. (-1)^sign s 2^(c - 7), +-0 for c = 0
         table = torch.tensor(VALUES, dtype=torch.float32, device=packed.device)
-        val = (self._chunks(table[nib.long()]) * scale[:, None]).reshape(-1)[:numel]
+        val = (chunk_rows(table[nib.long()], self.chunk) * scale[:, None]).reshape(-1)[:numel]
         return write_out(val, out)
 
 

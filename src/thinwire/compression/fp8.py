@@ -31,7 +31,15 @@ from typing import Any
 import torch
 
 from thinwire import kernels
-from thinwire.compression.base import Compressor, Part, Payload, empty, on_cpu, write_out
+from thinwire.compression.base import (
+    Compressor,
+    Part,
+    Payload,
+    chunk_rows,
+    empty,
+    on_cpu,
+    write_out,
+)
 from thinwire.compression.int8 import scaled
 from thinwire.compression.registry import CodecEntry, check_exchange, exchange_option
 from thinwire.options import check, opt
@@ -79,15 +87,9 @@ class FP8(Compressor):
             table = self._tables[device] = codes.view(self.dtype).float()
         return table
 
-    def _chunks(self, flat: torch.Tensor) -> torch.Tensor:
-        pad = (-flat.numel()) % self.chunk
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad)])
-        return flat.view(-1, self.chunk)
-
     def _encode_torch(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # 1. chunks; 2. absmax scale per chunk
-        chunks = self._chunks(flat)
+        chunks = chunk_rows(flat, self.chunk)
         scale = chunks.abs().amax(dim=1) / self.fmax
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         # 3. x inv converted by torch (to nearest, ties to even), sent as its bits
@@ -114,7 +116,8 @@ class FP8(Compressor):
             on_cpu(q) and q.is_contiguous() and scale.is_contiguous()
             and (out is None or (out.dtype == torch.float32 and out.is_contiguous()))) else None
         if lib is None:  # 4. fp8 value times scale, per chunk
-            values = self._chunks(self._table(q.device).index_select(0, q.reshape(-1).int()))
+            values = chunk_rows(self._table(q.device).index_select(0, q.reshape(-1).int()),
+                                self.chunk)
             return write_out((values * scale[:, None]).reshape(-1)[:numel], out)
         res = out.view(-1) if out is not None else empty(numel, torch.float32)
         # 4. in one pass

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from thinwire.compression.base import Compressor, Part, Payload, write_out
+from thinwire.compression.base import Compressor, Part, Payload, chunk_rows, write_out
 from thinwire.compression.registry import CodecEntry
 from thinwire.options import check, opt
 
@@ -25,9 +25,7 @@ from thinwire.options import check, opt
 def quantize4(flat: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 1-3: (packed uint8 levels, fp32 scale per chunk)."""
     d = flat.numel()
-    pad = (-d) % chunk
-    x = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
-    rows = x.view(-1, chunk)
+    rows = chunk_rows(flat, chunk)
     scale = rows.abs().amax(dim=1) / 7
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = (torch.round(rows / safe[:, None]).clamp_(-7, 7) + 8).to(torch.uint8).reshape(-1)[:d]
@@ -41,11 +39,7 @@ def dequantize4(packed: torch.Tensor, scale: torch.Tensor, numel: int, chunk: in
                 ) -> torch.Tensor:
     """Step 4: (level - 8) x scale of its chunk, ``numel`` floats."""
     levels = torch.stack([packed >> 4, packed & 15], dim=1).reshape(-1)[:numel]
-    values = levels.float() - 8
-    pad = (-numel) % chunk
-    if pad:
-        values = torch.cat([values, values.new_zeros(pad)])
-    return (values.view(-1, chunk) * scale[:, None]).reshape(-1)[:numel]
+    return (chunk_rows(levels.float() - 8, chunk) * scale[:, None]).reshape(-1)[:numel]
 
 
 class Int4(Compressor):

@@ -30,6 +30,7 @@ from thinwire.compression.base import (
     Part,
     Payload,
     blocks,
+    chunk_rows,
     empty,
     on_cpu,
     write_out,
@@ -67,15 +68,9 @@ class Int8(Compressor):
     def spec(self, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Part, ...]:
         return (Part(numel, torch.int8), Part(math.ceil(numel / self.chunk), torch.float32))
 
-    def _chunks(self, flat: torch.Tensor) -> torch.Tensor:
-        pad = (-flat.numel()) % self.chunk
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad)])
-        return flat.view(-1, self.chunk)
-
     def _encode_torch(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # 1. chunks; 2. absmax scale per chunk
-        chunks = self._chunks(flat)
+        chunks = chunk_rows(flat, self.chunk)
         scale = chunks.abs().amax(dim=1) / 127
         safe = torch.where(scale > 0, scale, torch.ones_like(scale))
         # 3. round x inv to int8 (|x inv| <= 127 up to a rounding: no clamp needed)
@@ -120,7 +115,8 @@ class Int8(Compressor):
         if not on_cpu(q) or (out is not None and (
                 out.dtype != torch.float32 or not out.is_contiguous())):
             # 4. q scale per chunk
-            return write_out((self._chunks(q.float()) * scale[:, None]).reshape(-1)[:numel], out)
+            values = chunk_rows(q.float(), self.chunk) * scale[:, None]
+            return write_out(values.reshape(-1)[:numel], out)
         c, rows = self.chunk, numel // self.chunk
         res = out.view(-1) if out is not None else empty(numel, torch.float32)
         lib = kernels.lib() if q.is_contiguous() and scale.is_contiguous() else None
