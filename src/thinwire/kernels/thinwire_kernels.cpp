@@ -1265,37 +1265,49 @@ inline __m256i fp8_codes8_any(__m256 y) {
   return _mm256_or_si256(r, _mm256_srli_epi32(sign, 24));
 }
 
-// The same for |y| within the finite range (a chunk of finite x, see round_fp8), by the CPU's
-// own rounding: with p = 2^max(e, emin) (e = y's exponent, emin the
-// least normal exponent), m = rint(|y| 2^M / p) is the mantissa with its leading bit (2^M to
-// 2^(M+1), the latter carrying into the next exponent) or, below 2^emin, the subnormal code, so
-// the code is (p's exponent - emin) << M + m, M the mantissa bits; ties go to even as in
-// torch's conversion (a product by a power of two is exact).
+// The same for |y| within the finite range (a chunk of finite x, see round_fp8), by one float
+// addition: with e' = max(e, emin) (e = y's exponent, emin the least normal one, M the mantissa
+// bits), C = 2^(e' + 23 - M) (1.5 + K 2^-23), K = (e' - emin) << M, has a last place of
+// 2^(e' - M), so |y| + C rounds |y| to that grid (to nearest, ties to even, as torch's
+// conversion) and adds its count m of grid steps to C's mantissa: the sum's low byte is
+// K + m, the code (m counts 2^M to 2^(M+1) steps in a binade, the last carrying into the next
+// exponent's code, and 0 to 2^M below 2^emin: the subnormal codes).
 template <bool E5M2>
 inline __m256i fp8_codes8(__m256 y) {
   using F = Fp8Format<E5M2>;
   constexpr int M = E5M2 ? 2 : 3;
+  constexpr uint32_t base = ((23u - M) << 23) + (1u << 22) - (F::least_normal >> (23 - M));
   const __m256i b = _mm256_castps_si256(y);
   const __m256i p = _mm256_max_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F800000)),
                                      _mm256_set1_epi32(static_cast<int>(F::least_normal)));
-  const __m256 r = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_set1_epi32((254 + M) << 23), p));
-  const __m256i m = _mm256_abs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(y, r)));
-  const __m256i code = _mm256_add_epi32(
-      _mm256_srli_epi32(_mm256_sub_epi32(p, _mm256_set1_epi32(static_cast<int>(F::least_normal))),
-                        23 - M),
-      m);
-  return _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(b, 24), _mm256_set1_epi32(0x80)));
+  const __m256i c = _mm256_add_epi32(_mm256_add_epi32(p, _mm256_srli_epi32(p, 23 - M)),
+                                     _mm256_set1_epi32(static_cast<int>(base)));
+  const __m256 mag = _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF)));
+  const __m256i sum = _mm256_castps_si256(_mm256_add_ps(mag, _mm256_castsi256_ps(c)));
+  return _mm256_and_si256(sum, _mm256_set1_epi32(0xFF));  // the sign: fp8_codes32
 }
 
+// 32 codes: eight at a time, narrowed by packs; on the finite path the magnitudes' codes, and the
+// signs of the 32 products packed to bytes beside them (0 or -1 each) give the top bits.
 template <bool E5M2, bool FINITE>
 inline void fp8_codes32(const float* __restrict x, uint8_t* __restrict q, __m256 iv, bool stream) {
-  __m256i v[4];
-  for (int j = 0; j < 4; ++j)
-    v[j] = FINITE ? fp8_codes8<E5M2>(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), iv))
-                  : fp8_codes8_any<E5M2>(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), iv));
-  const __m256i w = _mm256_permutevar8x32_epi32(
-      _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
-      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  __m256i v[4], neg[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), iv);
+    if (FINITE) {
+      v[j] = fp8_codes8<E5M2>(y);
+      neg[j] = _mm256_srai_epi32(_mm256_castps_si256(y), 31);
+    } else {
+      v[j] = fp8_codes8_any<E5M2>(y);
+    }
+  }
+  __m256i w = _mm256_packus_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  if (FINITE)
+    w = _mm256_or_si256(
+        w, _mm256_and_si256(_mm256_packs_epi16(_mm256_packs_epi32(neg[0], neg[1]),
+                                               _mm256_packs_epi32(neg[2], neg[3])),
+                            _mm256_set1_epi8(static_cast<char>(0x80))));
+  w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   if (stream)
     _mm256_stream_si256(reinterpret_cast<__m256i*>(q), w);
   else
