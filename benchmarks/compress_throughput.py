@@ -61,8 +61,8 @@ path (the codecs without kernels, fp16, bf16 and PowerSGD, run the same code on 
 def codecs(ratio: float = 0.01) -> dict[str, Compressor]:
     """Each codec with its registry defaults (ratio 0.01, 16 levels, chunk 512 / 256 for fp4,
     e4m3 for fp8, rank 2), without error feedback, top-k's and Rand-k's ratio as given;
-    ``topk~`` is top-k with ``approx=True``. The identity is left out: its encode and decode are views of the
-    input."""
+    ``topk~`` is top-k with ``approx=True``. The identity is left out: its encode and decode
+    are views of the input."""
     return {
         "fp16": Cast(torch.float16), "bf16": Cast(torch.bfloat16),
         "topk": TopK(ratio), "topk~": TopK(ratio, approx=True), "randk": RandK(ratio),

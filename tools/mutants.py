@@ -77,8 +77,8 @@ MUTANTS = (
            "65536.0 * self.levels / n / 2", ("tests/compression",)),
     Mutant("fp8-scale", "codecs", "fp8's scale is absmax / (FMAX / 2): the largest values "
            "overflow the format", "compression/fp8.py",
-           "scale = chunks.abs().amax(dim=1) / self.fmax",
-           "scale = chunks.abs().amax(dim=1) / (self.fmax / 2)", ("tests/compression",)),
+           "absmax_scaled(flat, self.chunk, self.fmax)",
+           "absmax_scaled(flat, self.chunk, self.fmax / 2)", ("tests/compression",)),
     # --- IST ------------------------------------------------------------------------------------
     Mutant("ist-shared-sum", "ist", "shared tensors add every worker's update without / n",
            "strategies/ist/store.py", "alpha=1.0 / n)", "alpha=1.0)", ("tests/strategies/ist",)),

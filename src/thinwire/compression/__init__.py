@@ -62,8 +62,8 @@ from thinwire.compression.sparse import RandK, TopK
 
 __all__ = [
     "AQSGD", "CODECS", "QSGD", "SLOTS", "Cast", "ChunkTopK2Bit", "CodecEntry", "Collective",
-    "Compressor", "DCTTopK", "ErrorFeedback", "FP8", "HookState", "Identity", "Int4", "Int8", "LowRank",
-    "Part", "Payload", "PowerSGD", "RandK", "ScaledSign", "Shaped", "Site", "Slot", "TopK",
+    "Compressor", "DCTTopK", "ErrorFeedback", "FP8", "HookState", "Identity", "Int4", "Int8",
+    "LowRank", "Part", "Payload", "PowerSGD", "RandK", "ScaledSign", "Shaped", "Site", "Slot", "TopK",
     "average_async", "build", "build_codec", "check_codec", "codec_names", "codec_options",
     "compressed_hook", "ddp_hook", "rebuild_buckets", "register", "slot_codecs",
 ]

@@ -6,8 +6,8 @@ fp8 collectives quantise row- or blockwise).
   2. per chunk, scale = max |x_i| / FMAX (sent as fp32), FMAX the format's largest finite
      value (448 for e4m3fn, 57344 for e5m2), so the chunk's largest magnitude lands on it;
   3. send fp8(x_i inv), inv = 1 / scale rounded to float32 once per chunk as int8's step 3
-     (:func:`thinwire.compression.int8.scaled`; a chunk whose scale is below 2^-126 takes
-     inv = 0 and is sent as zeros), fp8() torch's own conversion (to nearest, ties to even;
+     (:func:`thinwire.compression.int8.absmax_scaled`; a chunk whose scale is below 2^-126
+     takes inv = 0 and is sent as zeros), fp8() torch's own conversion (to nearest, ties to even;
      |x_i inv| <= FMAX (1 + 2^-22), so no finite x reaches the overflow cases: a chunk holding
      an infinity or a NaN sends what torch's conversion makes of it). e4m3fn keeps 3 mantissa
      bits (error at most 2^-4 of |x_i| in its normal range; below it, |x_i| under 2^-6 scale,
@@ -40,7 +40,7 @@ from thinwire.compression.base import (
     on_cpu,
     write_out,
 )
-from thinwire.compression.int8 import scaled
+from thinwire.compression.int8 import absmax_scaled
 from thinwire.compression.registry import CodecEntry, check_exchange, exchange_option
 from thinwire.options import check, opt
 
@@ -70,6 +70,7 @@ class FP8(Compressor):
         self.format = fmt
         self.dtype = FORMATS[fmt]
         self.fmax = largest(fmt)
+        self._e5m2 = int(fmt == "e5m2")  # the kernels' format argument
         self._tables: dict[torch.device, torch.Tensor] = {}
 
     def params(self) -> dict[str, Any]:
@@ -88,12 +89,10 @@ class FP8(Compressor):
         return table
 
     def _encode_torch(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # 1. chunks; 2. absmax scale per chunk
-        chunks = chunk_rows(flat, self.chunk)
-        scale = chunks.abs().amax(dim=1) / self.fmax
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        # 3. x inv converted by torch (to nearest, ties to even), sent as its bits
-        q = scaled(chunks, safe).to(self.dtype).view(torch.uint8)
+        # 1. chunks; 2. absmax scale per chunk; 3. x inv converted by torch (to nearest, ties
+        # to even), sent as its bits
+        y, scale = absmax_scaled(flat, self.chunk, self.fmax)
+        q = y.to(self.dtype).view(torch.uint8)
         return q.reshape(-1)[:flat.numel()], scale
 
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:
@@ -105,7 +104,7 @@ class FP8(Compressor):
         q = empty(d, torch.uint8)
         scale = empty(math.ceil(d / c), torch.float32)
         # steps 2-3 in one pass a chunk
-        lib.fp8_encode(flat.data_ptr(), d, c, int(self.format == "e5m2"), q.data_ptr(),
+        lib.fp8_encode(flat.data_ptr(), d, c, self._e5m2, q.data_ptr(),
                        scale.data_ptr(), kernels.threads())
         return (q, scale)
 
@@ -122,7 +121,7 @@ class FP8(Compressor):
         res = out.view(-1) if out is not None else empty(numel, torch.float32)
         # 4. in one pass
         lib.fp8_decode(q.data_ptr(), scale.data_ptr(), numel, self.chunk,
-                       int(self.format == "e5m2"), res.data_ptr(), kernels.threads())
+                       self._e5m2, res.data_ptr(), kernels.threads())
         return out if out is not None else res
 
 

@@ -51,6 +51,17 @@ def scaled(chunks: torch.Tensor, safe: torch.Tensor, out: torch.Tensor | None = 
     return torch.mul(chunks, inv[:, None], out=out)
 
 
+def absmax_scaled(flat: torch.Tensor, chunk: int, top: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-3 before the rounding on any device, for a code whose largest magnitude is
+    ``top`` (127 here, fp8's FMAX): (rows of ``chunk`` elements of x times the float32
+    reciprocal of their scale (:func:`scaled`), the fp32 scale per chunk, absmax / top)."""
+    chunks = chunk_rows(flat, chunk)
+    scale = chunks.abs().amax(dim=1) / top
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return scaled(chunks, safe), scale
+
+
 class Int8(Compressor):
     """Round to int8 against one fp32 absmax scale per chunk of elements (module doc)."""
 
@@ -69,12 +80,10 @@ class Int8(Compressor):
         return (Part(numel, torch.int8), Part(math.ceil(numel / self.chunk), torch.float32))
 
     def _encode_torch(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # 1. chunks; 2. absmax scale per chunk
-        chunks = chunk_rows(flat, self.chunk)
-        scale = chunks.abs().amax(dim=1) / 127
-        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-        # 3. round x inv to int8 (|x inv| <= 127 up to a rounding: no clamp needed)
-        q = torch.round(scaled(chunks, safe)).to(torch.int8)
+        # 1. chunks; 2. absmax scale per chunk; 3. round x inv to int8 (|x inv| <= 127 up to a
+        # rounding: no clamp needed)
+        y, scale = absmax_scaled(flat, self.chunk, 127)
+        q = torch.round(y).to(torch.int8)
         return q.reshape(-1)[:flat.numel()], scale
 
     def encode(self, x: torch.Tensor, step: int, *, key: int = 0) -> Payload:

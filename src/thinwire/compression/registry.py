@@ -22,9 +22,10 @@ tensor-parallel sums, a pipeline boundary's activations and activation gradients
      feedback) is averaged by :class:`~thinwire.compression.scatter.ScatteredExchange`: a
      quantised reduce-scatter summed in fp32, then an all-gather of the re-quantised mean.
 
-Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``int8``, ``fp8``, ``fp4``,
-``int4``, ``sign``, ``powersgd``, ``chunked``, ``dct``, ``lowrank``, ``aqsgd``); a new codec is
-one module plus one line here, and goes in every slot unless its entry names its ``slots``.
+Entries live in their codecs' modules (``casts``, ``sparse``, ``quantize``, ``int8``, ``fp8``,
+``fp4``, ``int4``, ``sign``, ``powersgd``, ``chunked``, ``dct``, ``lowrank``, ``aqsgd``); a new
+codec is one module plus one line here, and goes in every slot unless its entry names its
+``slots``.
 """
 
 from __future__ import annotations

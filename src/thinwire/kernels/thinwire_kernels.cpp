@@ -124,6 +124,12 @@ inline uint32_t bits_of(float v) {
   return b;
 }
 
+inline float float_of(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
 // The element-wise loops, with restrict pointers (int8 stores may alias anything otherwise,
 // and the loops would not be vectorised).
 // rint(x inv): round half to even, as torch.round (the rounding mode is never changed), of the
@@ -496,9 +502,7 @@ float kth_largest(const uint32_t* mags, int64_t n, int64_t rank, std::vector<uin
     prefix = (prefix << widths[level]) | static_cast<uint32_t>(b);
   }
   prefix <<= shifts[levels - 1];
-  float v;
-  std::memcpy(&v, &prefix, sizeof v);
-  return v;
+  return float_of(prefix);
 }
 
 
@@ -566,10 +570,7 @@ float kth_by_counting(const float* vals, int64_t n, int64_t rank, uint32_t lo,
   }
   counts[0] = cb;
   counts[1] = ca - cb;
-  const uint32_t v = static_cast<uint32_t>(a);
-  float r;
-  std::memcpy(&r, &v, sizeof r);
-  return r;
+  return float_of(static_cast<uint32_t>(a));
 }
 
 // One block's top-k candidates (topk_encode), and the calling thread's scratch: grow-only
@@ -1006,10 +1007,7 @@ inline float absmax(const float* __restrict x, int64_t a, int64_t e) {
   for (; i + 4 <= e; i += 4)
     for (int j = 0; j < 4; ++j) m4[j] = std::max(m4[j], bits_of(x[i + j]) & 0x7fffffffu);
   for (; i < e; ++i) m4[0] = std::max(m4[0], bits_of(x[i]) & 0x7fffffffu);
-  const uint32_t mb = std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
-  float m;
-  std::memcpy(&m, &mb, sizeof m);
-  return m;
+  return float_of(std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3])));
 }
 
 // int8_encode's chunks [c0, c1): per chunk the absmax, the scale, the roundings.
@@ -1197,12 +1195,6 @@ struct Fp8Format {
   static constexpr uint32_t over = E5M2 ? 0x7Cu : 0x7Eu;  // finite overflow and infinity
   static constexpr float unbias = E5M2 ? 0x1p112f : 0x1p120f;  // 2^(127 - bias)
 };
-
-inline float float_of(uint32_t b) {
-  float v;
-  std::memcpy(&v, &b, sizeof v);
-  return v;
-}
 
 template <bool E5M2>
 inline uint8_t fp8_code(float y) {
